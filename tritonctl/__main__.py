@@ -1,0 +1,5 @@
+import sys
+
+from tritonctl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,253 @@
+"""The tritonctl command line: each stage of spec -> plan -> render -> apply runs on its own."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from tritonctl.errors import TritonctlError
+
+DEMO_CLUSTER = Path(__file__).resolve().parent.parent / "examples" / "cpu-demo" / "cluster.yaml"
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _default_plan_path(cluster_path: Path) -> Path:
+    return cluster_path.parent / "plan.yaml"
+
+
+def cmd_export(args) -> int:
+    from tritonctl.export import materialize
+    from tritonctl.spec import load_cluster
+
+    cluster = load_cluster(args.cluster)
+    _say(f"exporting models of {cluster.spec.name}:")
+    for name, artifact in materialize(cluster, log=_say).items():
+        _say(f"  {name}: {artifact.weights_mb:.1f} MB of weights, sha256 {artifact.sha256[:12]}")
+    return 0
+
+
+def _plan(cluster_arg: str, policy: str, output: str | None) -> Path:
+    from tritonctl.export import materialize
+    from tritonctl.plan import save_plan
+    from tritonctl.planner import make_plan
+    from tritonctl.spec import load_cluster
+
+    cluster = load_cluster(cluster_arg)
+    out = Path(output) if output else _default_plan_path(cluster.path)
+    _say(f"models of {cluster.spec.name}:")
+    artifacts = materialize(cluster, log=_say)
+    plan = make_plan(cluster, artifacts, policy, out)
+    save_plan(plan, out)
+    _say(f"plan ({policy}) written to {out}")
+    for model, placement in plan.instances():
+        device = plan.device(placement.device)
+        _say(f"  {placement.instance:24} {placement.device:6} share {placement.share:>3}/{device.units} "
+             f"batch {placement.batch:>2}  port {model.port}")
+    return out
+
+
+def cmd_plan(args) -> int:
+    _plan(args.cluster, args.policy, args.output)
+    return 0
+
+
+def cmd_policies(args) -> int:
+    from tritonctl.policies import POLICIES
+
+    for name, (_, summary) in POLICIES.items():
+        _say(f"{name:14} {summary}")
+    return 0
+
+
+def cmd_render(args) -> int:
+    from tritonctl.plan import load_plan
+    from tritonctl.render import render
+
+    loaded = load_plan(args.plan)
+    for name, (folder, launch) in render(loaded).items():
+        _say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
+    return 0
+
+
+def _runtime(plan=None):
+    from tritonctl.runtime.binary import find_tritonserver
+    from tritonctl.runtime.local import LocalRuntime
+
+    return LocalRuntime(find_tritonserver(plan.runtime.tritonserver if plan else None))
+
+
+def _apply(plan_path: Path, dry_run: bool = False) -> None:
+    from tritonctl.apply import apply_plan
+    from tritonctl.plan import load_plan
+    from tritonctl.runtime import share
+
+    loaded = load_plan(plan_path)
+    if loaded.plan.target == "gpu":
+        raise TritonctlError(
+            "this plan targets GPUs; the local runtime runs CPU plans (render it and deploy on a GPU host)",
+            file=loaded.path, field="target",
+        )
+    runtime = _runtime(loaded.plan)
+    _say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
+    if share.mechanism() == "none":
+        _say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
+    started = time.monotonic()
+    steps = apply_plan(loaded, runtime, log=_say, dry_run=dry_run)
+    changed = sum(step.action != "keep" for step in steps)
+    verb = "would change" if dry_run else "changed"
+    _say(f"{verb} {changed} instance(s), kept {len(steps) - changed}, in {time.monotonic() - started:.1f} s")
+
+
+def cmd_apply(args) -> int:
+    _apply(Path(args.plan), args.dry_run)
+    return 0
+
+
+def _state_dir(plan_arg: str) -> tuple[Path, object]:
+    from tritonctl.plan import load_plan
+
+    loaded = load_plan(plan_arg)
+    return loaded.resolve(loaded.plan.runtime.state_dir), loaded
+
+
+def cmd_status(args) -> int:
+    from tritonctl.runtime.local import LocalRuntime
+    from tritonctl.state import load_state
+
+    state_dir, loaded = _state_dir(args.plan)
+    state = load_state(state_dir)
+    if not state.instances:
+        _say(f"no instances running for {loaded.plan.cluster} (state in {state_dir})")
+        return 0
+    runtime = LocalRuntime(None)
+    _say(f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
+         f"{'pid':>7} {'health':9} share enforcement")
+    unhealthy = 0
+    for rec in sorted(state.instances.values(), key=lambda r: r.instance):
+        health = runtime.health(rec)
+        unhealthy += health.label != "ready"
+        _say(f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
+             f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health.label:9} {rec.share_mechanism}")
+    return 1 if unhealthy else 0
+
+
+def cmd_endpoints(args) -> int:
+    from tritonctl.client import endpoints
+
+    _, loaded = _state_dir(args.plan)
+    _say(f"{'model':18} {'gRPC address':22} input")
+    for ep in endpoints(loaded.plan):
+        _say(f"{ep.model:18} {ep.url:22} {ep.input_name} {ep.input_dtype}[batch, {', '.join(map(str, ep.input_shape))}]")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from tritonctl.apply import down
+    from tritonctl.runtime.local import LocalRuntime
+
+    state_dir, _ = _state_dir(args.plan)
+    count = down(state_dir, LocalRuntime(None), log=_say)
+    _say(f"stopped {count} instance(s)")
+    return 0
+
+
+def _load(plan_path: Path, duration: float, rate_scale: float) -> int:
+    from tritonctl.client import endpoints, format_results, run_load
+    from tritonctl.plan import load_plan
+
+    loaded = load_plan(plan_path)
+    targets = endpoints(loaded.plan)
+    _say(f"sending Poisson traffic for {duration:.0f} s at {rate_scale:g} x the planned rates "
+         f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ...")
+    results = run_load(targets, duration, rate_scale)
+    _say(format_results(results))
+    for r in results:
+        if r.errors:
+            _say(f"  {r.model}: first error: {r.errors[0]}")
+    return 0 if all(r.ok > 0 for r in results) else 1
+
+
+def cmd_load(args) -> int:
+    return _load(Path(args.plan), args.duration, args.rate_scale)
+
+
+def cmd_demo(args) -> int:
+    """Export, plan, apply and load the CPU demo cluster, end to end."""
+    cluster = Path(args.cluster)
+    _say("== 1/4 plan")
+    plan_path = _plan(str(cluster), "spread", None)
+    _say("== 2/4 apply")
+    _apply(plan_path)
+    _say("== 3/4 endpoints")
+    cmd_endpoints(argparse.Namespace(plan=str(plan_path)))
+    _say("== 4/4 load")
+    rc = _load(plan_path, args.duration, 1.0)
+    if args.teardown:
+        cmd_down(argparse.Namespace(plan=str(plan_path)))
+    else:
+        _say(f"\nThe deployment keeps running. Look:  tritonctl status {plan_path}\n"
+             f"Send requests:  python examples/client.py {plan_path}\nStop it:  tritonctl down {plan_path}")
+    return rc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tritonctl",
+        description="Plan, render and apply dense NVIDIA Triton deployments. "
+        "Typical flow: tritonctl plan cluster.yaml && tritonctl apply plan.yaml",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, func, help_text):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("export", cmd_export, "export the cluster's torchvision models to ONNX (cached by content)")
+    p.add_argument("cluster", help="cluster.yaml")
+    p = add("plan", cmd_plan, "choose placements, shares and batch sizes and write a plan file")
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("-o", "--output", help="plan file to write (default: plan.yaml beside the cluster file)")
+    p.add_argument("--policy", default="spread", help="placement policy (see `tritonctl policies`)")
+    add("policies", cmd_policies, "list the placement policies")
+    p = add("render", cmd_render, "render a plan into per-instance Triton model repositories")
+    p.add_argument("plan", help="plan.yaml")
+    p = add("apply", cmd_apply, "start or change local Triton instances to match a plan")
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument("--dry-run", action="store_true", help="print the steps without doing them")
+    p = add("status", cmd_status, "show the running instances, their shares, ports and health")
+    p.add_argument("plan", help="plan.yaml")
+    p = add("endpoints", cmd_endpoints, "show where clients send requests for each model")
+    p.add_argument("plan", help="plan.yaml")
+    p = add("down", cmd_down, "stop every instance of the deployment")
+    p.add_argument("plan", help="plan.yaml")
+    p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of traffic (default 10)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every model's rate (default 1)")
+    p = add("demo", cmd_demo, "plan, apply and load the CPU demo cluster end to end")
+    p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of traffic (default 10)")
+    p.add_argument("--teardown", action="store_true", help="stop the deployment at the end")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TritonctlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Client side: where each model answers, and an open-loop load generator over tritonclient.grpc.
+
+The load generator sends Poisson arrivals at each model's rate with the ordinary Triton
+gRPC client (async_infer), so what it measures is what any client would see.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from tritonctl.plan import Plan
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a client sends requests for one model."""
+
+    model: str
+    url: str
+    input_name: str
+    input_dtype: str
+    input_shape: tuple[int, ...]
+    output_name: str
+    slo_ms: float
+    rate: float
+
+
+def endpoints(plan: Plan) -> list[Endpoint]:
+    return [
+        Endpoint(
+            model=m.name, url=f"{plan.runtime.host}:{m.port}", input_name=m.inputs[0].name,
+            input_dtype=m.inputs[0].dtype, input_shape=tuple(d if d > 0 else 1 for d in m.inputs[0].shape),
+            output_name=m.outputs[0].name, slo_ms=m.slo_ms, rate=m.rate,
+        )
+        for m in plan.models
+    ]
+
+
+@dataclass
+class LoadResult:
+    model: str
+    slo_ms: float
+    duration_s: float
+    sent: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> int:
+        return len(self.latencies_ms)
+
+    @property
+    def throughput(self) -> float:
+        return self.ok / self.duration_s
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+
+    @property
+    def within_slo(self) -> float:
+        if not self.sent:
+            return float("nan")
+        return sum(1 for lat in self.latencies_ms if lat <= self.slo_ms) / self.sent
+
+
+def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: LoadResult) -> None:
+    rng = np.random.default_rng(seed)
+    data = rng.random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
+    lock = threading.Lock()
+    outstanding = threading.Semaphore(0)
+    with grpcclient.InferenceServerClient(endpoint.url) as client:
+        infer_input = grpcclient.InferInput(endpoint.input_name, list(data.shape), _triton_dtype(data.dtype))
+        infer_input.set_data_from_numpy(data)
+        outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
+
+        def done(sent_at: float, result, error) -> None:  # tritonclient calls back with result=, error=
+            latency = (time.perf_counter() - sent_at) * 1000
+            with lock:
+                if error is None:
+                    out.latencies_ms.append(latency)
+                else:
+                    out.errors.append(str(error))
+            outstanding.release()
+
+        start = time.perf_counter()
+        next_at = start + rng.exponential(1 / rate)
+        while next_at < start + duration_s:
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+            sent_at = time.perf_counter()
+            client.async_infer(
+                endpoint.model, [infer_input], outputs=outputs,
+                callback=functools.partial(done, sent_at),
+                client_timeout=max(10.0, 20 * endpoint.slo_ms / 1000),
+            )
+            out.sent += 1
+            next_at += rng.exponential(1 / rate)
+        for _ in range(out.sent):
+            if not outstanding.acquire(timeout=30):
+                out.errors.append("no answer within 30 s")
+                break
+
+
+def _triton_dtype(dtype: np.dtype) -> str:
+    return {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32", "uint8": "UINT8"}[dtype.name]
+
+
+def run_load(targets: list[Endpoint], duration_s: float, rate_scale: float = 1.0, seed: int = 0) -> list[LoadResult]:
+    """Send Poisson traffic to every endpoint at once for `duration_s`; one result per model."""
+    results = [LoadResult(t.model, t.slo_ms, duration_s) for t in targets]
+    threads = [
+        threading.Thread(target=_drive, args=(t, max(t.rate * rate_scale, 0.1), duration_s, seed + i, r), daemon=True)
+        for i, (t, r) in enumerate(zip(targets, results))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def format_results(results: list[LoadResult]) -> str:
+    head = f"{'model':18} {'sent':>6} {'ok':>6} {'failed':>6} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'SLO ms':>7} {'in SLO':>7}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.model:18} {r.sent:6d} {r.ok:6d} {len(r.errors):6d} {r.throughput:7.1f} {r.percentile(50):8.1f} "
+            f"{r.percentile(95):8.1f} {r.percentile(99):8.1f} {r.slo_ms:7.0f} {100 * r.within_slo:6.1f}%"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,19 @@
+"""The one error type the CLI turns into a clean message and a non-zero exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TritonctlError(Exception):
+    """A problem the user can fix: names the file and field where they are known."""
+
+    def __init__(self, message: str, *, file: str | Path | None = None, field: str | None = None):
+        self.file = str(file) if file is not None else None
+        self.field = field
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = ": ".join(part for part in (self.file, self.field) if part)
+        return f"{where}: {self.message}" if where else self.message

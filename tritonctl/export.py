@@ -1,0 +1,177 @@
+"""Model artifacts: torchvision architectures exported to ONNX, and ONNX files inspected.
+
+Exports use seeded random weights (no model hub is reachable) and a dynamic batch
+dimension. They are cached under a key made of everything that determines the file's
+content (architecture, input, opset, seed, torch and torchvision versions), so a repeated
+run finds the file and returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from tritonctl.errors import TritonctlError
+from tritonctl.spec import Cluster, ModelSpec
+
+OPSET = 17
+SEED = 0
+_ONNX_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.UINT8: "uint8",
+}
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """A tensor of the model's signature; `shape` leaves out the batch dimension."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An ONNX file ready to serve, with what the planner and renderer need from it."""
+
+    path: Path
+    sha256: str
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+    weights_mb: float
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sig(value: onnx.ValueInfoProto) -> tuple[TensorSig, bool]:
+    """The signature of a graph input/output and whether its first dimension is dynamic."""
+    tensor = value.type.tensor_type
+    dims = list(tensor.shape.dim)
+    dynamic_batch = bool(dims) and not dims[0].HasField("dim_value")
+    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims[1:])
+    dtype = _ONNX_DTYPES.get(tensor.elem_type, f"onnx-type-{tensor.elem_type}")
+    return TensorSig(value.name, dtype, shape), dynamic_batch
+
+
+def inspect_onnx(path: Path) -> Artifact:
+    """Read an ONNX file's signature and weight size; refuse one without a dynamic batch."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, OSError and more for bad files
+        raise TritonctlError(f"not a readable ONNX model ({type(exc).__name__}: {exc})", file=path) from None
+    graph = model.graph
+    weight_names = {init.name for init in graph.initializer}
+    inputs, outputs = [], []
+    for values, out in ((graph.input, inputs), (graph.output, outputs)):
+        for value in values:
+            if value.name in weight_names:
+                continue
+            sig, dynamic = _sig(value)
+            if not dynamic:
+                raise TritonctlError(
+                    f"tensor {value.name!r} has no dynamic batch dimension (its first dimension is fixed)", file=path
+                )
+            out.append(sig)
+    if not inputs or not outputs:
+        raise TritonctlError("the graph has no inputs or no outputs", file=path)
+    weights = sum(len(init.raw_data) or 4 * len(init.float_data) for init in graph.initializer)
+    return Artifact(path, _sha256(path), tuple(inputs), tuple(outputs), weights / 2**20)
+
+
+def export_key(model: ModelSpec, torch_version: str, torchvision_version: str) -> str:
+    recipe = {
+        "arch": model.source,
+        "shape": model.input.shape,
+        "dtype": model.input.dtype,
+        "opset": OPSET,
+        "seed": SEED,
+        "torch": torch_version,
+        "torchvision": torchvision_version,
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
+    """Export `model.source` (a torchvision architecture) to ONNX; returns (path, was_cached)."""
+    import torch
+    import torchvision
+
+    key = export_key(model, torch.__version__, torchvision.__version__)
+    path = out_dir / f"{model.source}-{key}.onnx"
+    if path.is_file():
+        return path, True
+    available = torchvision.models.list_models()
+    if model.source not in available:
+        raise TritonctlError(
+            f"{model.source!r} is neither an .onnx path nor a torchvision architecture "
+            f"(for example: {', '.join(sorted(available)[:6])}, ...)"
+        )
+    torch.manual_seed(SEED)
+    net = torchvision.models.get_model(model.source, weights=None).eval()
+    dtype = getattr(torch, model.input.dtype)
+    dummy = torch.zeros((1, *model.input.shape), dtype=dtype)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with torch.no_grad():
+        torch.onnx.export(
+            net,
+            (dummy,),
+            str(tmp),
+            input_names=["input"],
+            output_names=["output"],
+            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    tmp.replace(path)
+    return path, False
+
+
+def materialize(cluster: Cluster, log=print) -> dict[str, Artifact]:
+    """Make an ONNX artifact for every model of the cluster and check it against the spec."""
+    export_dir = cluster.resolve(cluster.spec.runtime.export_dir)
+    artifacts: dict[str, Artifact] = {}
+    for i, model in enumerate(cluster.spec.models):
+        field = f"models[{i}].source"
+        try:
+            if model.is_onnx_file:
+                path = cluster.resolve(model.source)
+            else:
+                path, cached = export_torchvision(model, export_dir)
+                log(f"  {model.name}: {'cached' if cached else 'exported'} {path}")
+            artifact = inspect_onnx(path)
+        except TritonctlError as exc:
+            raise TritonctlError(exc.message, file=cluster.path, field=f"{field} ({exc.file or model.source})") from None
+        _check_input(cluster, i, model, artifact)
+        artifacts[model.name] = artifact
+    return artifacts
+
+
+def _check_input(cluster: Cluster, i: int, model: ModelSpec, artifact: Artifact) -> None:
+    if len(artifact.inputs) != 1:
+        raise TritonctlError(
+            f"the model has {len(artifact.inputs)} inputs; tritonctl serves single-input models",
+            file=cluster.path, field=f"models[{i}].source",
+        )
+    sig = artifact.inputs[0]
+    fixed = all(d > 0 for d in sig.shape)
+    if sig.dtype != model.input.dtype or (fixed and list(sig.shape) != model.input.shape):
+        raise TritonctlError(
+            f"says {model.input.dtype}{model.input.shape} but the ONNX input {sig.name!r} is {sig.dtype}{list(sig.shape)}",
+            file=cluster.path, field=f"models[{i}].input",
+        )

@@ -1,0 +1,153 @@
+"""The plan: where each model runs, with which share and batch size, as a readable YAML file.
+
+A plan is the output of a policy and the input of render and apply. It carries everything
+later stages need (several replicas per model, shares in device units, predictions per
+placement), so a person can read it, diff it and hand-edit it. Paths inside a plan file
+are relative to the plan file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tritonctl.spec import MODEL_NAME
+from tritonctl.yamlfile import load_validated
+
+PLAN_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Device(_Strict):
+    """One device: `units` of share to hand out, `cores` a CPU device's units stand for."""
+
+    id: str
+    kind: Literal["gpu", "cpu"]
+    index: Annotated[int, Field(ge=0)]
+    memory_mb: Annotated[int, Field(gt=0)]
+    units: Annotated[int, Field(ge=1)]
+    cores: float | None = None
+
+
+class Tensor(_Strict):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class Prediction(_Strict):
+    """What the latency model expects of a placement; absent until a model is fitted."""
+
+    latency_ms: float
+    throughput_rps: float
+
+
+class Placement(_Strict):
+    """One replica of a model: a Triton instance on `device` with `share` units of it."""
+
+    instance: str
+    device: str
+    share: Annotated[int, Field(ge=1)]
+    batch: Annotated[int, Field(ge=1)]
+    queue_delay_us: Annotated[int, Field(ge=0)] = 0
+    predicted: Prediction | None = None
+
+
+class PlannedModel(_Strict):
+    name: str
+    onnx: str
+    onnx_sha256: str
+    inputs: list[Tensor] = Field(min_length=1)
+    outputs: list[Tensor] = Field(min_length=1)
+    memory_mb: Annotated[int, Field(gt=0)]
+    slo_ms: Annotated[float, Field(gt=0)]
+    rate: Annotated[float, Field(ge=0)]
+    port: Annotated[int, Field(ge=1, le=65535)]
+    placements: list[Placement] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _name(self) -> PlannedModel:
+        if not MODEL_NAME.match(self.name):
+            raise ValueError(f"{self.name!r} is not a name Triton accepts")
+        return self
+
+
+class RuntimeSettings(_Strict):
+    repository_dir: str
+    state_dir: str
+    host: str
+    tritonserver: str | None = None
+    startup_timeout_s: float = 120.0
+
+
+class Plan(_Strict):
+    version: Literal[1] = PLAN_VERSION
+    cluster: str
+    cluster_file: str
+    policy: str
+    target: Literal["gpu", "cpu"]
+    devices: list[Device] = Field(min_length=1)
+    models: list[PlannedModel] = Field(min_length=1)
+    runtime: RuntimeSettings
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Plan:
+        devices = {d.id: d for d in self.devices}
+        used: dict[str, int] = {}
+        instances: set[str] = set()
+        ports: set[int] = set()
+        for model in self.models:
+            if model.port in ports:
+                raise ValueError(f"models {model.name!r}: port {model.port} is used by another model")
+            ports.add(model.port)
+            for placement in model.placements:
+                if placement.device not in devices:
+                    raise ValueError(f"model {model.name!r}: unknown device {placement.device!r}")
+                if placement.instance in instances:
+                    raise ValueError(f"instance name {placement.instance!r} appears twice")
+                instances.add(placement.instance)
+                used[placement.device] = used.get(placement.device, 0) + placement.share
+        for device_id, total in used.items():
+            if total > devices[device_id].units:
+                raise ValueError(f"device {device_id}: shares add up to {total} of {devices[device_id].units} units")
+        return self
+
+    def device(self, device_id: str) -> Device:
+        return next(d for d in self.devices if d.id == device_id)
+
+    def instances(self) -> list[tuple[PlannedModel, Placement]]:
+        return [(m, p) for m in self.models for p in m.placements]
+
+
+class LoadedPlan:
+    """A plan together with the file it came from, so its relative paths can be resolved."""
+
+    def __init__(self, plan: Plan, path: Path):
+        self.plan = plan
+        self.path = path.resolve()
+
+    def resolve(self, relative: str) -> Path:
+        return (self.path.parent / relative).resolve()
+
+
+def relative_to(target: Path, base_dir: Path) -> str:
+    return os.path.relpath(target.resolve(), base_dir.resolve())
+
+
+def save_plan(plan: Plan, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(plan.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100)
+    path.write_text("# tritonctl plan: generated; safe to read, diff and edit.\n" + text)
+
+
+def load_plan(path: str | Path) -> LoadedPlan:
+    """Read and validate a plan file; problems name the file and the field."""
+    path = Path(path)
+    return LoadedPlan(load_validated(path, Plan), path)

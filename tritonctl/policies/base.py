@@ -1,0 +1,36 @@
+"""The types every policy shares: what a model demands, what a policy chooses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tritonctl.plan import Device, Prediction
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a policy needs to know about a model."""
+
+    name: str
+    slo_ms: float
+    rate: float
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One placement a policy chose for a model."""
+
+    device: str
+    share: int
+    batch: int = 1
+    queue_delay_us: int = 0
+    predicted: Prediction | None = None
+
+
+class PlacementError(Exception):
+    """The policy found no placement that fits; the message says why."""
+
+
+Policy = Callable[[list[Demand], list[Device]], dict[str, list[Choice]]]

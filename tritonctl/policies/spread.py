@@ -1,0 +1,29 @@
+"""The plain policy: spread models over devices, split each device equally, batch 1."""
+
+from __future__ import annotations
+
+from tritonctl.plan import Device
+from tritonctl.policies.base import Choice, Demand, PlacementError
+
+
+def spread(models: list[Demand], devices: list[Device]) -> dict[str, list[Choice]]:
+    """Place the largest models first, each on the least-loaded device it fits on."""
+    free = {d.id: d.memory_mb for d in devices}
+    hosted: dict[str, list[str]] = {d.id: [] for d in devices}
+    for model in sorted(models, key=lambda m: (-m.memory_mb, m.name)):
+        fits = [d for d in devices if free[d.id] >= model.memory_mb]
+        if not fits:
+            raise PlacementError(
+                f"model {model.name!r} ({model.memory_mb} MB) fits on no device: "
+                f"free memory is {', '.join(f'{k} {v} MB' for k, v in free.items())}"
+            )
+        best = min(fits, key=lambda d: (len(hosted[d.id]), -free[d.id], d.index))
+        free[best.id] -= model.memory_mb
+        hosted[best.id].append(model.name)
+    choices: dict[str, list[Choice]] = {}
+    for device in devices:
+        names = hosted[device.id]
+        for k, name in enumerate(names):
+            share = device.units // len(names) + (1 if k < device.units % len(names) else 0)
+            choices[name] = [Choice(device=device.id, share=share)]
+    return choices

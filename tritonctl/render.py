@@ -1,0 +1,137 @@
+"""Render a plan into one Triton model repository and launch settings per instance.
+
+Layout, under the plan's repository_dir:
+
+    <instance>/launch.json                 the instance's share and ports (read by runtimes)
+    <instance>/models/<model>/config.pbtxt
+    <instance>/models/<model>/1/model.onnx (a hard link to the exported file where possible)
+    <instance>/models/<model>/1/model.py   (CPU target: Python-backend glue over onnxruntime)
+
+Rendering is deterministic: the same plan gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from tritonctl.errors import TritonctlError
+from tritonctl.plan import Device, LoadedPlan, Placement, PlannedModel
+from tritonctl.spec import DTYPES
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+CFS_PERIOD_US = 100_000
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start one instance: what a runtime needs beyond the model repository."""
+
+    instance: str
+    model: str
+    device: str
+    kind: str
+    share: int
+    units: int
+    grpc_port: int
+    env: dict[str, str]
+    cpu_quota_us: int | None
+    cpu_period_us: int | None
+    config_hash: str
+
+
+def cpu_cores(device: Device, share: int) -> float:
+    return device.cores * share / device.units
+
+
+def threads_for(device: Device, share: int) -> int:
+    """onnxruntime threads for a CPU share: the cores it may use, rounded up."""
+    return max(1, math.ceil(cpu_cores(device, share) - 1e-9))
+
+
+def render_config(cluster: str, model: PlannedModel, placement: Placement, device: Device) -> str:
+    return _ENV.get_template("config.pbtxt.j2").render(
+        cluster=cluster,
+        instance=placement.instance,
+        model=model,
+        placement=placement,
+        kind=device.kind,
+        backend="onnxruntime" if device.kind == "gpu" else "python",
+        triton_types=DTYPES,
+        threads=threads_for(device, placement.share) if device.kind == "cpu" else None,
+    )
+
+
+def launch_for(model: PlannedModel, placement: Placement, device: Device, config: str) -> Launch:
+    env: dict[str, str] = {}
+    quota = period = None
+    if device.kind == "gpu":
+        env = {
+            "CUDA_VISIBLE_DEVICES": str(device.index),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(round(100 * placement.share / device.units)),
+        }
+    else:
+        period = CFS_PERIOD_US
+        quota = round(cpu_cores(device, placement.share) * period)
+    identity = json.dumps([config, model.onnx_sha256, placement.share, placement.device], sort_keys=True)
+    return Launch(
+        instance=placement.instance, model=model.name, device=device.id, kind=device.kind,
+        share=placement.share, units=device.units, grpc_port=model.port, env=env,
+        cpu_quota_us=quota, cpu_period_us=period,
+        config_hash=hashlib.sha256(identity.encode()).hexdigest()[:16],
+    )
+
+
+def _place_file(source: Path, dest: Path) -> None:
+    """Hard-link (or copy across file systems) `source` to `dest` unless it is already there."""
+    if dest.exists() and os.path.samefile(source, dest):
+        return
+    dest.unlink(missing_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copyfile(source, dest)
+
+
+def _write(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def render(loaded: LoadedPlan) -> dict[str, tuple[Path, Launch]]:
+    """Render every instance of the plan; returns instance name -> (folder, launch settings)."""
+    plan = loaded.plan
+    out_root = loaded.resolve(plan.runtime.repository_dir)
+    glue = (TEMPLATES / "python_onnx_model.py").read_text()
+    rendered: dict[str, tuple[Path, Launch]] = {}
+    for model, placement in plan.instances():
+        onnx_path = loaded.resolve(model.onnx)
+        if not onnx_path.is_file():
+            raise TritonctlError(f"ONNX file not found: {onnx_path}", file=loaded.path, field=f"models.{model.name}.onnx")
+        device = plan.device(placement.device)
+        config = render_config(plan.cluster, model, placement, device)
+        folder = out_root / placement.instance
+        version_dir = folder / "models" / model.name / "1"
+        version_dir.mkdir(parents=True, exist_ok=True)
+        _write(folder / "models" / model.name / "config.pbtxt", config)
+        _place_file(onnx_path, version_dir / "model.onnx")
+        if device.kind == "cpu":
+            _write(version_dir / "model.py", glue)
+        launch = launch_for(model, placement, device, config)
+        _write(folder / "launch.json", json.dumps(launch.__dict__, indent=2, sort_keys=True) + "\n")
+        rendered[placement.instance] = (folder, launch)
+    return rendered

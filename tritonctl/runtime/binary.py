@@ -1,0 +1,88 @@
+"""Find the tritonserver to run: the configured one, one on PATH, or the one in nvidia-pytriton.
+
+The nvidia-pytriton wheel ships a real Triton (2.51, CPU-capable, Python backend only).
+Two details make it start: the Python backend stub for this interpreter's version must
+sit next to libtriton_python.so (we assemble a backend folder of symlinks in the user's
+cache rather than writing into site-packages), and LD_LIBRARY_PATH must include the
+wheel's bundled libraries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonctl.errors import TritonctlError
+
+
+@dataclass(frozen=True)
+class TritonBinary:
+    path: Path
+    source: str  # "configured", "PATH" or "nvidia-pytriton"
+    backend_dir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tritonctl"
+
+
+def _python_env() -> dict[str, str]:
+    """Let the Python backend stub import numpy and onnxruntime from this environment."""
+    paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    return {"PYTHONPATH": os.pathsep.join(paths), "PYTHONNOUSERSITE": "1"}
+
+
+def _embedded() -> TritonBinary | None:
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    binary = root / "bin" / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not binary.is_file():
+        return None
+    if not stub.is_file():
+        raise TritonctlError(f"nvidia-pytriton has no Python backend stub for Python {version}")
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    missing = subprocess.run(["ldd", str(stub)], capture_output=True, text=True).stdout
+    missing = [line.split()[0] for line in missing.splitlines() if "not found" in line]
+    if missing:
+        raise TritonctlError(
+            f"the Triton Python backend stub cannot find {', '.join(missing)}; "
+            f"on Debian/Ubuntu: apt-get install libpython{version}"
+        )
+    backend_dir = _cache_dir() / f"backends-py{version}"
+    python = backend_dir / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    for target in (root / "backends" / "python" / "libtriton_python.so",
+                   root / "backends" / "python" / "triton_python_backend_utils.py", stub):
+        link = python / target.name
+        if not (link.is_symlink() and link.resolve() == target.resolve()):
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+    ld_path = os.pathsep.join(p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p)
+    return TritonBinary(binary, "nvidia-pytriton", backend_dir, {"LD_LIBRARY_PATH": ld_path, **_python_env()})
+
+
+def find_tritonserver(configured: str | None = None) -> TritonBinary:
+    """The configured binary, else `tritonserver` on PATH, else the embedded one."""
+    if configured:
+        path = Path(configured)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise TritonctlError(f"runtime.tritonserver: {configured} is not an executable file")
+        return TritonBinary(path, "configured", env=_python_env())
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonBinary(Path(on_path), "PATH", env=_python_env())
+    embedded = _embedded()
+    if embedded is None:
+        raise TritonctlError("no tritonserver found: put one on PATH or `pip install nvidia-pytriton==0.7.0`")
+    return embedded

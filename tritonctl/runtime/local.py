@@ -1,0 +1,174 @@
+"""Local runtime: one real tritonserver process per instance on this machine.
+
+Each model's gRPC port is shared by all of its replicas (and, during a replacement, by
+old and new instance) through Triton's --reuse-grpc-port, so clients keep one address per
+model. HTTP (health, model control) and metrics ports are per instance.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tritonctl.render import Launch
+from tritonctl.runtime import share
+from tritonctl.runtime.base import Health, InstanceRecord, StartError
+from tritonctl.runtime.binary import TritonBinary
+
+EXIT_TIMEOUT_S = 10
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when nothing listens on the port (bound without SO_REUSEPORT, as a stranger would)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, None when it does not exist."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[19])
+
+
+def process_alive(pid: int, start_ticks: int) -> bool:
+    stat = _proc_stat(pid)
+    if stat is None or stat[1] != start_ticks:
+        return False
+    if stat[0] == "Z":
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        except ChildProcessError:
+            pass
+        return False
+    return True
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _log_tail(log: Path, lines: int = 12) -> str:
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in text if line.startswith("E") or "error" in line.lower()]
+    return "\n".join((errors or text)[-lines:])
+
+
+class LocalRuntime:
+    name = "local"
+
+    def __init__(self, binary: TritonBinary):
+        self.binary = binary
+
+    def command(self, launch: Launch, folder: Path, host: str, http_port: int, metrics_port: int) -> list[str]:
+        cmd = [
+            str(self.binary.path),
+            f"--model-repository={folder / 'models'}",
+            "--model-control-mode=explicit",
+            f"--load-model={launch.model}",
+            f"--grpc-address={host}",
+            f"--grpc-port={launch.grpc_port}",
+            "--reuse-grpc-port=true",
+            f"--http-address={host}",
+            f"--http-port={http_port}",
+            f"--metrics-address={host}",
+            f"--metrics-port={metrics_port}",
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+            f"--id={launch.instance}",
+        ]
+        if self.binary.backend_dir is not None:
+            cmd.append(f"--backend-directory={self.binary.backend_dir}")
+        return cmd
+
+    def start(self, launch: Launch, folder: Path, host: str, log_dir: Path, timeout_s: float) -> InstanceRecord:
+        uid = f"{launch.instance}.{launch.config_hash[:8]}"
+        http_port, metrics_port = free_port(host), free_port(host)
+        cgroup = None
+        mechanism = "none"
+        if launch.kind == "cpu":
+            cgroup = share.create(uid, launch.cpu_quota_us, launch.cpu_period_us)
+            if cgroup is not None:
+                mechanism = f"{share.mechanism()} quota {launch.cpu_quota_us}/{launch.cpu_period_us} us"
+        else:
+            mechanism = f"MPS {launch.env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log = log_dir / f"{uid}.log"
+        env = {**os.environ, **self.binary.env, **launch.env}
+        with log.open("wb") as log_fh:
+            proc = subprocess.Popen(
+                self.command(launch, folder, host, http_port, metrics_port),
+                stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True, preexec_fn=share.joiner(cgroup),
+            )
+        stat = _proc_stat(proc.pid)
+        record = InstanceRecord(
+            uid=uid, instance=launch.instance, model=launch.model, device=launch.device, share=launch.share,
+            units=launch.units, config_hash=launch.config_hash, host=host, grpc_port=launch.grpc_port,
+            http_port=http_port, metrics_port=metrics_port, pid=proc.pid, start_ticks=stat[1] if stat else 0,
+            folder=str(folder), log=str(log), share_mechanism=mechanism,
+            cgroup=str(cgroup) if cgroup else None,
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                self.stop(record)
+                raise StartError(
+                    f"tritonserver for {launch.instance} exited with code {proc.returncode}; "
+                    f"log {log}:\n{_log_tail(log)}"
+                )
+            if self.health(record).model_ready:
+                return record
+            if time.monotonic() > deadline:
+                self.stop(record)
+                raise StartError(
+                    f"{launch.instance} was not ready after {timeout_s:.0f} s; log {log}:\n{_log_tail(log)}"
+                )
+            time.sleep(0.2)
+
+    def health(self, record: InstanceRecord) -> Health:
+        if not process_alive(record.pid, record.start_ticks):
+            return Health(False, False, False)
+        base = f"http://{record.host}:{record.http_port}/v2"
+        server = _http_ok(f"{base}/health/ready")
+        return Health(True, server, server and _http_ok(f"{base}/models/{record.model}/ready"))
+
+    def stop(self, record: InstanceRecord) -> None:
+        """SIGTERM the instance's process group (Triton drains in-flight requests), SIGKILL at the deadline."""
+        if process_alive(record.pid, record.start_ticks):
+            try:
+                os.killpg(record.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + EXIT_TIMEOUT_S + 5
+            while process_alive(record.pid, record.start_ticks) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        try:
+            os.killpg(record.pid, signal.SIGKILL)  # stragglers of the group (backend stubs)
+        except (ProcessLookupError, PermissionError):
+            pass
+        share.remove(Path(record.cgroup) if record.cgroup else None)

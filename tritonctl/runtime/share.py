@@ -1,0 +1,93 @@
+"""CPU shares through Linux cgroups: the CPU analogue of CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+
+Each instance gets its own cgroup with a CFS quota (`cores x period`). The process joins
+the group before it execs tritonserver, so every thread and child (the Python backend
+stubs) is limited too. Where no cgroup is writable the share is not enforced, and callers
+say so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+V1_ROOT = Path("/sys/fs/cgroup/cpu")
+V2_ROOT = Path("/sys/fs/cgroup")
+
+
+def _writable(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+def mechanism() -> str:
+    """'cgroup-v1', 'cgroup-v2' or 'none' (share not enforced)."""
+    if (V1_ROOT / "cpu.cfs_quota_us").exists() and _writable(V1_ROOT):
+        return "cgroup-v1"
+    controllers = V2_ROOT / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split() and _writable(V2_ROOT):
+        return "cgroup-v2"
+    return "none"
+
+
+def create(group: str, quota_us: int, period_us: int) -> Path | None:
+    """Create cgroup `tritonctl/<group>` with the quota; None where cgroups are not writable."""
+    kind = mechanism()
+    if kind == "none":
+        return None
+    if kind == "cgroup-v1":
+        path = V1_ROOT / "tritonctl" / group
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "cpu.cfs_period_us").write_text(str(period_us))
+        (path / "cpu.cfs_quota_us").write_text(str(quota_us))
+        return path
+    parent = V2_ROOT / "tritonctl"
+    parent.mkdir(exist_ok=True)
+    (V2_ROOT / "cgroup.subtree_control").write_text("+cpu")
+    (parent / "cgroup.subtree_control").write_text("+cpu")
+    path = parent / group
+    path.mkdir(exist_ok=True)
+    (path / "cpu.max").write_text(f"{quota_us} {period_us}")
+    return path
+
+
+def joiner(path: Path | None):
+    """A preexec function that moves the starting process into the cgroup."""
+    if path is None:
+        return None
+    procs = str(path / "cgroup.procs")
+
+    def join() -> None:
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+
+    return join
+
+
+def quota(path: Path) -> tuple[int, int]:
+    """(quota_us, period_us) as the kernel has them."""
+    if (path / "cpu.max").exists():
+        q, p = (path / "cpu.max").read_text().split()
+        return (-1 if q == "max" else int(q)), int(p)
+    return int((path / "cpu.cfs_quota_us").read_text()), int((path / "cpu.cfs_period_us").read_text())
+
+
+def members(path: Path) -> set[int]:
+    try:
+        return {int(pid) for pid in (path / "cgroup.procs").read_text().split()}
+    except OSError:
+        return set()
+
+
+def remove(path: Path | None, timeout_s: float = 5.0) -> None:
+    """Remove the cgroup once its processes are gone."""
+    if path is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while path.exists():
+        try:
+            path.rmdir()
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)

@@ -1,0 +1,146 @@
+"""cluster.yaml: the devices, models, SLOs and rates a deployment is planned for.
+
+Relative paths in a cluster file are resolved against the file's own folder, as
+Docker Compose does, so a cluster file means the same thing from any working directory.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tritonctl.errors import TritonctlError
+from tritonctl.yamlfile import load_validated
+
+# Triton takes a model name as a directory name and as a URL path segment.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DTYPES = {  # numpy dtype name -> Triton data type
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "uint8": "TYPE_UINT8",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class DeviceGroup(_Strict):
+    """`count` identical devices. `units` is the share granularity (100 = MPS percent)."""
+
+    kind: Literal["gpu", "cpu"]
+    count: Annotated[int, Field(ge=1, le=64)] = 1
+    memory_mb: Annotated[int, Field(gt=0)]
+    units: Annotated[int, Field(ge=1, le=1000)] = 100
+    cores: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _cores_for_cpu(self) -> DeviceGroup:
+        if self.kind == "cpu" and self.cores is None:
+            raise ValueError("a cpu device needs `cores`: how many cores its `units` stand for")
+        if self.kind == "gpu" and self.cores is not None:
+            raise ValueError("`cores` is for cpu devices only")
+        return self
+
+
+class TensorSpec(_Strict):
+    """One input tensor, without the batch dimension."""
+
+    shape: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    dtype: Literal["float32", "float16", "int64", "int32", "uint8"] = "float32"
+
+
+class ModelSpec(_Strict):
+    """A model to serve: where it comes from, its input, its SLO and expected load."""
+
+    name: str
+    source: str = Field(min_length=1)
+    input: TensorSpec
+    slo_ms: Annotated[float, Field(gt=0)]
+    rate: Annotated[float, Field(ge=0)]
+    memory_mb: Annotated[int, Field(gt=0)] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _triton_name(cls, name: str) -> str:
+        if not MODEL_NAME.match(name):
+            raise ValueError(
+                f"{name!r} is not a name Triton accepts: 1-64 letters, digits, '_', '.', '-', "
+                "starting with a letter or digit"
+            )
+        return name
+
+    @property
+    def is_onnx_file(self) -> bool:
+        return self.source.endswith(".onnx")
+
+
+class RuntimeSpec(_Strict):
+    """Where generated files go and which ports the deployment uses."""
+
+    repository_dir: str = "model_repository"
+    state_dir: str = ".tritonctl"
+    export_dir: str = "model_repository/exports"
+    host: str = "127.0.0.1"
+    base_port: Annotated[int, Field(ge=1024, le=65000)] = 8100
+    tritonserver: str | None = None
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+
+
+class ClusterSpec(_Strict):
+    name: str
+    devices: list[DeviceGroup] = Field(min_length=1)
+    models: list[ModelSpec] = Field(min_length=1)
+    runtime: RuntimeSpec = RuntimeSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not MODEL_NAME.match(name):
+            raise ValueError(f"{name!r}: use 1-64 letters, digits, '_', '.', '-'")
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterSpec:
+        kinds = {group.kind for group in self.devices}
+        if len(kinds) > 1:
+            raise ValueError("mixing gpu and cpu devices in one cluster is not supported")
+        seen: set[str] = set()
+        for model in self.models:
+            if model.name.lower() in seen:
+                raise ValueError(f"duplicate model name {model.name!r}")
+            seen.add(model.name.lower())
+        return self
+
+
+class Cluster:
+    """A validated cluster file with its paths resolved against the file's folder."""
+
+    def __init__(self, spec: ClusterSpec, path: Path):
+        self.spec = spec
+        self.path = path
+
+    def resolve(self, relative: str) -> Path:
+        return (self.path.parent / relative).resolve()
+
+    @property
+    def kind(self) -> str:
+        return self.spec.devices[0].kind
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a cluster file; every problem names the file and the field."""
+    path = Path(path)
+    spec = load_validated(path, ClusterSpec)
+    cluster = Cluster(spec, path.resolve())
+    for i, model in enumerate(spec.models):
+        if model.is_onnx_file and not cluster.resolve(model.source).is_file():
+            raise TritonctlError(
+                f"ONNX file not found: {cluster.resolve(model.source)}", file=path, field=f"models[{i}].source"
+            )
+    return cluster

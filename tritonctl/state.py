@@ -1,0 +1,62 @@
+"""What runs where: the deployment state file, and the lock that lets one apply run at a time."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tritonctl.errors import TritonctlError
+from tritonctl.runtime.base import InstanceRecord
+
+STATE_FILE = "state.json"
+
+
+@dataclass
+class State:
+    cluster: str = ""
+    plan: str = ""
+    runtime: str = "local"
+    instances: dict[str, InstanceRecord] = field(default_factory=dict)
+
+
+def load_state(state_dir: Path) -> State:
+    path = state_dir / STATE_FILE
+    if not path.exists():
+        return State()
+    try:
+        raw = json.loads(path.read_text())
+        records = {uid: InstanceRecord(**rec) for uid, rec in raw.pop("instances").items()}
+        return State(**raw, instances=records)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise TritonctlError(f"corrupt state file ({exc}); stop stray tritonserver processes and remove it", file=path) from None
+
+
+def save_state(state_dir: Path, state: State) -> None:
+    """Write atomically, so a crash never leaves half a state file."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(asdict(state), indent=2, sort_keys=True) + "\n")
+    tmp.replace(state_dir / STATE_FILE)
+
+
+@contextmanager
+def apply_lock(state_dir: Path):
+    """Hold the deployment's lock; refuse at once when another apply holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "apply.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            raise TritonctlError(f"another apply holds the lock ({fh.read().strip() or 'unknown pid'})", file=fh.name) from None
+        fh.truncate(0)
+        fh.write(f"pid {os.getpid()}")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
