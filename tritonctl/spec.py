@@ -105,18 +105,6 @@ class ClusterSpec(_Strict):
             raise ValueError(f"{name!r}: use 1-64 letters, digits, '_', '.', '-'")
         return name
 
-    @model_validator(mode="after")
-    def _consistent(self) -> ClusterSpec:
-        kinds = {group.kind for group in self.devices}
-        if len(kinds) > 1:
-            raise ValueError("mixing gpu and cpu devices in one cluster is not supported")
-        seen: set[str] = set()
-        for model in self.models:
-            if model.name.lower() in seen:
-                raise ValueError(f"duplicate model name {model.name!r}")
-            seen.add(model.name.lower())
-        return self
-
 
 class Cluster:
     """A validated cluster file with its paths resolved against the file's folder."""
@@ -138,7 +126,13 @@ def load_cluster(path: str | Path) -> Cluster:
     path = Path(path)
     spec = load_validated(path, ClusterSpec)
     cluster = Cluster(spec, path.resolve())
+    if len({group.kind for group in spec.devices}) > 1:
+        raise TritonctlError("mixing gpu and cpu devices in one cluster is not supported", file=path, field="devices")
+    seen: set[str] = set()
     for i, model in enumerate(spec.models):
+        if model.name.lower() in seen:
+            raise TritonctlError(f"duplicate model name {model.name!r}", file=path, field=f"models[{i}].name")
+        seen.add(model.name.lower())
         if model.is_onnx_file and not cluster.resolve(model.source).is_file():
             raise TritonctlError(
                 f"ONNX file not found: {cluster.resolve(model.source)}", file=path, field=f"models[{i}].source"

@@ -8,6 +8,7 @@ model. HTTP (health, model control) and metrics ports are per instance.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -106,7 +107,7 @@ class LocalRuntime:
         return cmd
 
     def start(self, launch: Launch, folder: Path, host: str, log_dir: Path, timeout_s: float) -> InstanceRecord:
-        uid = f"{launch.instance}.{launch.config_hash[:8]}"
+        uid = f"{launch.instance}.{launch.config_hash[:8]}.{secrets.token_hex(3)}"  # unique per start
         http_port, metrics_port = free_port(host), free_port(host)
         cgroup = None
         mechanism = "none"

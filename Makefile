@@ -1,0 +1,33 @@
+# Two commands for a newcomer: `make demo` (the main job) and `make test` (the test suite).
+# Both create .venv and install what they need on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYVER := $(shell $(PYTHON) -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+
+.PHONY: install demo test down clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[export,test]'
+	@# The Triton Python backend stub links the system libpython of the same version.
+	@ldconfig -p | grep -q 'libpython$(PYVER).so.1.0' || \
+	  { echo "installing libpython$(PYVER) for the Triton Python backend stub"; \
+	    apt-get update -q && apt-get install -y -q libpython$(PYVER); }
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tritonctl demo
+
+down: $(STAMP)
+	$(BIN)/tritonctl down examples/cpu-demo/plan.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) model_repository/cpu-demo model_repository/inss-gpu .tritonctl

@@ -1,0 +1,102 @@
+"""Shared fixtures: small real ONNX models and cluster files in temporary folders."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_mlp(path: Path, features: int = 16, classes: int = 4, seed: int = 0, fixed_batch: bool = False) -> Path:
+    """A real ONNX model, y = relu(x W + b), with a dynamic batch dimension unless `fixed_batch`."""
+    rng = np.random.default_rng(seed)
+    weight = numpy_helper.from_array(rng.standard_normal((features, classes)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "b")
+    batch = 1 if fixed_batch else "batch"
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["z"]),
+         helper.make_node("Relu", ["z"], ["y"])],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])],
+        [weight, bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def make_unloadable(path: Path) -> Path:
+    """A well-formed ONNX file that onnxruntime refuses to load (an operator nobody implements)."""
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.example")],
+        "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def free_base_port(span: int = 8) -> int:
+    """A port with `span` free ports above it (best effort: checked when chosen)."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + span > 65000:
+            continue
+        ok = True
+        for port in range(base, base + span):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range")
+
+
+def write_cluster(folder: Path, models: list[dict], **overrides) -> Path:
+    """A cluster file in `folder` with one CPU device and the given models; generated files stay in `folder`."""
+    spec = {
+        "name": "test",
+        "devices": [{"kind": "cpu", "count": 1, "cores": 2, "units": 100, "memory_mb": 4096}],
+        "models": models,
+        "runtime": {
+            "repository_dir": "repo",
+            "export_dir": "exports",
+            "state_dir": "state",
+            "base_port": free_base_port(),
+            "startup_timeout_s": 60,
+        },
+    }
+    for key, value in overrides.items():
+        spec[key] = value
+    path = folder / "cluster.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def mlp_model(name: str, source: str = "mlp.onnx", **extra) -> dict:
+    return {"name": name, "source": source, "input": {"shape": [16], "dtype": "float32"},
+            "slo_ms": 50, "rate": 20, **extra}
+
+
+@pytest.fixture
+def mlp_cluster(tmp_path: Path) -> Path:
+    make_mlp(tmp_path / "mlp.onnx")
+    return write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])

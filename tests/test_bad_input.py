@@ -1,0 +1,113 @@
+"""Bad cluster files and plans: one clear message naming file and field, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import make_mlp, mlp_model, write_cluster
+from tritonctl.cli import main
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err
+
+
+def edit(path: Path, change) -> Path:
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (lambda d: d["models"][0].update(sloms=5), "models[0].sloms", "unknown field"),
+        (lambda d: d["models"][1].update(slo_ms="fast"), "models[1].slo_ms", "valid number"),
+        (lambda d: d["models"][0].update(slo_ms=-5), "models[0].slo_ms", "greater than 0"),
+        (lambda d: d["models"][1].update(name="alpha"), "models[1].name", "duplicate model name 'alpha'"),
+        (lambda d: d["models"][0].update(name="bad/name"), "models[0].name", "not a name Triton accepts"),
+        (lambda d: d["models"][0].update(source="missing.onnx"), "models[0].source", "ONNX file not found"),
+        (lambda d: d["devices"][0].pop("cores"), "devices[0]", "needs `cores`"),
+        (lambda d: d["runtime"].update(base_port=80), "runtime.base_port", "greater than or equal to 1024"),
+        (lambda d: d["models"][0]["input"].update(dtype="complex64"), "models[0].input.dtype", "float32"),
+    ],
+)
+def test_bad_cluster_file_is_refused_with_file_and_field(capsys, mlp_cluster, change, field, words):
+    edit(mlp_cluster, change)
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    assert rc == 2
+    assert f"{mlp_cluster}: {field}" in err
+    assert words in err
+    assert not (mlp_cluster.parent / "plan.yaml").exists()
+
+
+def test_not_yaml_and_missing_file(capsys, tmp_path):
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("name: [unclosed\n")
+    rc, err = run_cli(capsys, "plan", str(bad))
+    assert rc == 2 and "not valid YAML" in err
+    rc, err = run_cli(capsys, "plan", str(tmp_path / "nope.yaml"))
+    assert rc == 2 and "cannot read" in err and "nope.yaml" in err
+
+
+def test_unreadable_onnx_file(capsys, tmp_path):
+    (tmp_path / "garbage.onnx").write_bytes(b"\x00\x01 this is not a protobuf" * 10)
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", source="garbage.onnx")])
+    rc, err = run_cli(capsys, "plan", str(cluster))
+    assert rc == 2
+    assert f"{cluster}: models[0].source" in err and "not a readable ONNX model" in err
+
+
+def test_onnx_without_dynamic_batch(capsys, tmp_path):
+    make_mlp(tmp_path / "fixed.onnx", fixed_batch=True)
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", source="fixed.onnx")])
+    rc, err = run_cli(capsys, "plan", str(cluster))
+    assert rc == 2 and "no dynamic batch dimension" in err
+
+
+def test_input_that_disagrees_with_the_onnx_graph(capsys, mlp_cluster):
+    edit(mlp_cluster, lambda d: d["models"][0]["input"].update(shape=[3, 224, 224]))
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    assert rc == 2 and f"{mlp_cluster}: models[0].input" in err and "float32[16]" in err
+
+
+def test_model_larger_than_every_device(capsys, mlp_cluster):
+    edit(mlp_cluster, lambda d: d["models"][1].update(memory_mb=5000))
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    assert rc == 2
+    assert f"{mlp_cluster}: models[1].memory_mb" in err and "largest device has 4096 MB" in err
+
+
+def test_models_that_fit_alone_but_not_together(capsys, mlp_cluster):
+    edit(mlp_cluster, lambda d: [m.update(memory_mb=3000) for m in d["models"]])
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    assert rc == 2 and "fits on no device" in err
+
+
+def test_unknown_torchvision_architecture(capsys, tmp_path):
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", source="not_a_net")])
+    rc, err = run_cli(capsys, "plan", str(cluster))
+    assert rc == 2 and "models[0].source" in err and "neither an .onnx path nor a torchvision architecture" in err
+
+
+def test_unknown_policy(capsys, mlp_cluster):
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--policy", "magic")
+    assert rc == 2 and "unknown policy 'magic'" in err and "spread" in err
+
+
+def test_hand_edited_plan_is_validated(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    edit(plan, lambda d: d["models"][0]["placements"][0].update(share=90))
+    rc, err = run_cli(capsys, "render", str(plan))
+    assert rc == 2 and f"{plan}" in err and "shares add up to 140 of 100 units" in err
+    edit(plan, lambda d: d["models"][0]["placements"][0].update(device="gpu7"))
+    rc, err = run_cli(capsys, "apply", str(plan))
+    assert rc == 2 and "unknown device 'gpu7'" in err

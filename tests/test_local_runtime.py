@@ -1,0 +1,181 @@
+"""Real tritonserver processes: apply, serve, re-apply, change, fail and roll back, stop."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import yaml
+
+from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
+from tritonctl.cli import main
+from tritonctl.client import endpoints, run_load
+from tritonctl.plan import load_plan
+from tritonctl.runtime import share
+from tritonctl.runtime.local import LocalRuntime, process_alive
+from tritonctl.state import load_state
+
+
+def state_of(plan_path: Path):
+    loaded = load_plan(plan_path)
+    return load_state(loaded.resolve(loaded.plan.runtime.state_dir))
+
+
+def infer(url: str, model: str, x: np.ndarray) -> np.ndarray:
+    with grpcclient.InferenceServerClient(url) as client:
+        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        return client.infer(model, [inp]).as_numpy("y")
+
+
+def all_stopped(records) -> bool:
+    return not any(process_alive(r.pid, r.start_ticks) for r in records)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """Two ONNX models served by two real tritonserver instances sharing one CPU device."""
+    folder = tmp_path_factory.mktemp("deploy")
+    make_mlp(folder / "mlp.onnx")
+    cluster = write_cluster(folder, [mlp_model("alpha"), mlp_model("beta")])
+    plan = folder / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0
+    assert main(["apply", str(plan)]) == 0
+    records = list(state_of(plan).instances.values())
+    yield plan
+    main(["down", str(plan)])
+    assert all_stopped(records + list(state_of(plan).instances.values()))
+
+
+def test_every_model_answers_correctly_through_the_triton_client(deployment):
+    plan = load_plan(deployment).plan
+    session = ort.InferenceSession(str(load_plan(deployment).resolve(plan.models[0].onnx)))
+    x = np.random.default_rng(1).standard_normal((1, 16)).astype(np.float32)
+    (expected,) = session.run(None, {"x": x})
+    for ep in endpoints(plan):
+        np.testing.assert_allclose(infer(ep.url, ep.model, x), expected, rtol=1e-5)
+
+
+def test_instances_run_under_their_cgroup_quota(deployment):
+    if share.mechanism() == "none":
+        pytest.skip("no writable cgroup on this machine: shares are not enforced (apply says so)")
+    for rec in state_of(deployment).instances.values():
+        assert rec.cgroup and rec.pid in share.members(Path(rec.cgroup))
+        assert share.quota(Path(rec.cgroup)) == (100_000, 100_000)  # 50 of 100 units of 2 cores = 1 core
+        assert "quota 100000/100000 us" in rec.share_mechanism
+
+
+def test_status_and_endpoints(deployment, capsys):
+    assert main(["status", str(deployment)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" ready ") == 2 and "alpha-0" in out and "beta-0" in out
+    assert main(["endpoints", str(deployment)]) == 0
+    out = capsys.readouterr().out
+    ports = [m.port for m in load_plan(deployment).plan.models]
+    assert all(f"127.0.0.1:{port}" in out for port in ports)
+
+
+def test_load_generator_measures_real_traffic(deployment):
+    results = run_load(endpoints(load_plan(deployment).plan), duration_s=2.0)
+    for r in results:
+        assert r.sent >= 10 and r.ok == r.sent and not r.errors
+        assert 0 < r.percentile(50) < 1000
+
+
+def test_second_apply_of_the_same_plan_changes_nothing(deployment, capsys):
+    before = {uid: rec.pid for uid, rec in state_of(deployment).instances.items()}
+    assert main(["apply", str(deployment)]) == 0
+    assert "changed 0 instance(s), kept 2" in capsys.readouterr().out
+    assert {uid: rec.pid for uid, rec in state_of(deployment).instances.items()} == before
+
+
+def test_changed_placement_replaces_only_that_instance(deployment, capsys):
+    before = state_of(deployment).instances
+    data = yaml.safe_load(deployment.read_text())
+    data["models"][0]["placements"][0]["batch"] = 4
+    data["models"][0]["placements"][0]["queue_delay_us"] = 2000
+    deployment.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["apply", str(deployment), "--dry-run"]) == 0
+    assert "would change 2 instance(s), kept 1" in capsys.readouterr().out  # start new alpha, stop old alpha
+    assert state_of(deployment).instances.keys() == before.keys()
+
+    assert main(["apply", str(deployment)]) == 0
+    after = state_of(deployment).instances
+    beta = [uid for uid, rec in before.items() if rec.model == "beta"]
+    assert beta and all(uid in after and after[uid].pid == before[uid].pid for uid in beta)
+    alpha_new = [rec for rec in after.values() if rec.model == "alpha"]
+    assert len(alpha_new) == 1 and alpha_new[0].uid not in before
+    assert all_stopped([rec for rec in before.values() if rec.model == "alpha"])
+    x = np.ones((1, 16), np.float32)
+    assert infer(f"127.0.0.1:{alpha_new[0].grpc_port}", "alpha", x).shape == (1, 4)
+
+
+def test_port_in_use_is_refused_before_anything_starts(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    assert main(["plan", str(cluster)]) == 0
+    plan = tmp_path / "plan.yaml"
+    taken = load_plan(plan).plan.models[1].port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        assert main(["apply", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert f"port {taken} is in use" in err and "models.beta.port" in err
+    assert state_of(plan).instances == {}
+
+
+def test_model_that_fails_to_load_rolls_back_the_whole_apply(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    make_unloadable(tmp_path / "broken.onnx")
+    cluster = write_cluster(
+        tmp_path, [mlp_model("good"), mlp_model("zbroken", source="broken.onnx")]
+    )
+    assert main(["plan", str(cluster)]) == 0
+    plan = tmp_path / "plan.yaml"
+    logs = tmp_path / "state" / "logs"
+    assert main(["apply", str(plan)]) == 2
+    captured = capsys.readouterr()
+    assert "ready    good-0" in captured.out  # the good instance did start ...
+    assert "apply failed and was rolled back" in captured.err and "zbroken-0" in captured.err
+    assert state_of(plan).instances == {}  # ... and was stopped again
+    assert len(list(logs.glob("*.log"))) == 2
+    if share.mechanism() != "none":
+        assert not list((share.V1_ROOT / "tritonctl").glob("good-0.*"))
+
+
+def test_tritonserver_that_fails_to_start(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    fake = tmp_path / "tritonserver"
+    fake.write_text("#!/bin/sh\necho 'E0000 cannot start: simulated broken install' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    data = yaml.safe_load(cluster.read_text())
+    data["runtime"]["tritonserver"] = str(fake)
+    cluster.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(cluster)]) == 0
+    assert main(["apply", str(tmp_path / "plan.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "exited with code 3" in err and "simulated broken install" in err
+    assert state_of(tmp_path / "plan.yaml").instances == {}
+
+
+def test_status_reports_a_dead_instance(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster)]) == 0 and main(["apply", str(plan)]) == 0
+    (record,) = state_of(plan).instances.values()
+    LocalRuntime(None).stop(record)  # kill it behind tritonctl's back
+    capsys.readouterr()
+    assert main(["status", str(plan)]) == 1
+    assert " dead " in capsys.readouterr().out
+    assert main(["apply", str(plan)]) == 0  # a re-apply heals it
+    (healed,) = state_of(plan).instances.values()
+    assert healed.pid != record.pid and process_alive(healed.pid, healed.start_ticks)
+    assert main(["down", str(plan)]) == 0
+    assert not process_alive(healed.pid, healed.start_ticks)

@@ -1,0 +1,138 @@
+"""Planning and rendering: the spread policy, plan files, and Triton configs Triton's own schema accepts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from conftest import REPO
+from tritonctl.export import materialize
+from tritonctl.plan import Device, load_plan, save_plan
+from tritonctl.planner import make_plan
+from tritonctl.policies import Demand, PlacementError
+from tritonctl.policies.spread import spread
+from tritonctl.render import render
+from tritonctl.spec import load_cluster
+
+
+def gpus(n: int, memory_mb: int = 1000) -> list[Device]:
+    return [Device(id=f"gpu{i}", kind="gpu", index=i, memory_mb=memory_mb, units=100) for i in range(n)]
+
+
+def test_spread_uses_every_device_and_hands_out_all_units():
+    models = [Demand(f"m{i}", 50, 10, 100 + i) for i in range(5)]
+    choices = spread(models, gpus(2))
+    assert sorted(choices) == sorted(m.name for m in models)
+    per_device: dict[str, list[int]] = {}
+    for (choice,) in choices.values():
+        per_device.setdefault(choice.device, []).append(choice.share)
+        assert choice.batch == 1
+    assert sorted(len(v) for v in per_device.values()) == [2, 3]
+    assert all(sum(shares) == 100 for shares in per_device.values())
+
+
+def test_spread_respects_memory():
+    models = [Demand("big", 50, 10, 900), Demand("b2", 50, 10, 900), Demand("small", 50, 10, 50)]
+    choices = spread(models, gpus(2))
+    assert choices["big"][0].device != choices["b2"][0].device
+    with pytest.raises(PlacementError, match="fits on no device"):
+        spread(models + [Demand("b3", 50, 10, 900)], gpus(2))
+
+
+def test_plan_file_round_trips_and_carries_what_later_stages_need(mlp_cluster):
+    cluster = load_cluster(mlp_cluster)
+    out = mlp_cluster.parent / "plan.yaml"
+    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", out)
+    save_plan(plan, out)
+    loaded = load_plan(out)
+    assert loaded.plan == plan
+    raw = yaml.safe_load(out.read_text())
+    placement = raw["models"][0]["placements"][0]
+    assert set(placement) >= {"instance", "device", "share", "batch", "queue_delay_us"}
+    assert raw["models"][0]["port"] != raw["models"][1]["port"]
+    assert loaded.resolve(plan.models[0].onnx) == (mlp_cluster.parent / "mlp.onnx").resolve()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def parse_config(path: Path) -> model_config_pb2.ModelConfig:
+    """Parse with Triton's own ModelConfig protobuf: unknown fields or bad values raise."""
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
+    from tritonctl.cli import main
+
+    assert main(["plan", str(mlp_cluster)]) == 0
+    loaded = load_plan(mlp_cluster.parent / "plan.yaml")
+    rendered = render(loaded)
+    repo = loaded.resolve(loaded.plan.runtime.repository_dir)
+    first = tree_digest(repo)
+    shutil.rmtree(repo)
+    render(loaded)
+    assert tree_digest(repo) == first
+
+    folder, launch = rendered["alpha-0"]
+    config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
+    assert config.name == "alpha" and config.backend == "python"
+    assert config.max_batch_size == 1
+    assert list(config.dynamic_batching.preferred_batch_size) == [1]
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert config.input[0].name == "x" and list(config.input[0].dims) == [16]
+    assert config.parameters["intra_op_threads"].string_value == "1"  # 50 units of 2 cores = 1 core
+    assert (folder / "models" / "alpha" / "1" / "model.py").is_file()
+    settings = json.loads((folder / "launch.json").read_text())
+    assert settings["cpu_quota_us"] == 100_000 and settings["cpu_period_us"] == 100_000
+    assert launch.share == 50 and launch.env == {}
+
+
+@pytest.fixture(scope="module")
+def inss_plan(tmp_path_factory):
+    """The shipped InSS GPU example, planned into a temporary folder (exports cached in the repo)."""
+    folder = tmp_path_factory.mktemp("inss")
+    spec = yaml.safe_load((REPO / "examples" / "inss-gpu" / "cluster.yaml").read_text())
+    spec["runtime"].update(export_dir=str(REPO / "model_repository" / "exports"),
+                           repository_dir="repo", state_dir="state")
+    cluster_file = folder / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump(spec))
+    cluster = load_cluster(cluster_file)
+    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", folder / "plan.yaml")
+    save_plan(plan, folder / "plan.yaml")
+    return load_plan(folder / "plan.yaml")
+
+
+def test_inss_gpu_example_renders_valid_gpu_configs(inss_plan):
+    plan = inss_plan.plan
+    assert [m.slo_ms for m in plan.models] == [25, 80, 150, 50, 60, 40, 60, 200]
+    assert len(plan.devices) == 4 and {p.device for _, p in plan.instances()} == {d.id for d in plan.devices}
+    rendered = render(inss_plan)
+    assert len(rendered) == 8
+    for model, placement in plan.instances():
+        folder, launch = rendered[placement.instance]
+        config = parse_config(folder / "models" / model.name / "config.pbtxt")
+        assert config.backend == "onnxruntime"
+        assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+        assert list(config.instance_group[0].gpus) == [0]
+        assert list(config.input[0].dims) == [3, 224, 224] and list(config.output[0].dims) == [1000]
+        assert not (folder / "models" / model.name / "1" / "model.py").exists()
+        assert (folder / "models" / model.name / "1" / "model.onnx").stat().st_size > 1_000_000
+        assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(placement.share)
+        assert launch.env["CUDA_VISIBLE_DEVICES"] == str(plan.device(placement.device).index)
+        assert launch.cpu_quota_us is None
+
+
+def test_gpu_plan_is_refused_by_the_local_runtime(inss_plan, capsys):
+    from tritonctl.cli import main
+
+    assert main(["apply", str(inss_plan.path)]) == 2
+    assert "targets GPUs" in capsys.readouterr().err
