@@ -21,8 +21,11 @@ def make_mlp(path: Path, features: int = 16, classes: int = 4, seed: int = 0, fi
     bias = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "b")
     batch = 1 if fixed_batch else "batch"
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["z"]),
-         helper.make_node("Relu", ["z"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["z"]),
+            helper.make_node("Relu", ["z"], ["y"]),
+        ],
         "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, features])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])],
@@ -92,8 +95,14 @@ def write_cluster(folder: Path, models: list[dict], **overrides) -> Path:
 
 
 def mlp_model(name: str, source: str = "mlp.onnx", **extra) -> dict:
-    return {"name": name, "source": source, "input": {"shape": [16], "dtype": "float32"},
-            "slo_ms": 50, "rate": 20, **extra}
+    return {
+        "name": name,
+        "source": source,
+        "input": {"shape": [16], "dtype": "float32"},
+        "slo_ms": 50,
+        "rate": 20,
+        **extra,
+    }
 
 
 @pytest.fixture

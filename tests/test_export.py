@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-
 from conftest import write_cluster
+
 from tritonctl.export import materialize
 from tritonctl.spec import load_cluster
 
@@ -34,8 +34,10 @@ def test_export_has_dynamic_batch_and_is_cached(tmp_path):
 
 
 def test_export_key_follows_the_input_shape(tmp_path):
-    models = [{"name": f"m{size}", "source": "squeezenet1_1", "input": {"shape": [3, size, size]},
-               "slo_ms": 10, "rate": 1} for size in (32, 48)]
+    models = [
+        {"name": f"m{size}", "source": "squeezenet1_1", "input": {"shape": [3, size, size]}, "slo_ms": 10, "rate": 1}
+        for size in (32, 48)
+    ]
     cluster = load_cluster(write_cluster(tmp_path, models))
     artifacts = materialize(cluster, log=lambda _: None)
     assert artifacts["m32"].path != artifacts["m48"].path

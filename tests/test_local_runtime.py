@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
-
 from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
+
 from tritonctl.cli import main
 from tritonctl.client import endpoints, run_load
 from tritonctl.plan import load_plan
@@ -132,9 +132,7 @@ def test_port_in_use_is_refused_before_anything_starts(tmp_path, capsys):
 def test_model_that_fails_to_load_rolls_back_the_whole_apply(tmp_path, capsys):
     make_mlp(tmp_path / "mlp.onnx")
     make_unloadable(tmp_path / "broken.onnx")
-    cluster = write_cluster(
-        tmp_path, [mlp_model("good"), mlp_model("zbroken", source="broken.onnx")]
-    )
+    cluster = write_cluster(tmp_path, [mlp_model("good"), mlp_model("zbroken", source="broken.onnx")])
     assert main(["plan", str(cluster)]) == 0
     plan = tmp_path / "plan.yaml"
     logs = tmp_path / "state" / "logs"

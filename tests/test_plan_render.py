@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from conftest import REPO
 from tritonctl.export import materialize
 from tritonctl.plan import Device, load_plan, save_plan
 from tritonctl.planner import make_plan
@@ -61,8 +61,11 @@ def test_plan_file_round_trips_and_carries_what_later_stages_need(mlp_cluster):
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def parse_config(path: Path) -> model_config_pb2.ModelConfig:
@@ -101,8 +104,9 @@ def inss_plan(tmp_path_factory):
     """The shipped InSS GPU example, planned into a temporary folder (exports cached in the repo)."""
     folder = tmp_path_factory.mktemp("inss")
     spec = yaml.safe_load((REPO / "examples" / "inss-gpu" / "cluster.yaml").read_text())
-    spec["runtime"].update(export_dir=str(REPO / "model_repository" / "exports"),
-                           repository_dir="repo", state_dir="state")
+    spec["runtime"].update(
+        export_dir=str(REPO / "model_repository" / "exports"), repository_dir="repo", state_dir="state"
+    )
     cluster_file = folder / "cluster.yaml"
     cluster_file.write_text(yaml.safe_dump(spec))
     cluster = load_cluster(cluster_file)

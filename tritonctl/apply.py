@@ -8,9 +8,10 @@ with the old deployment untouched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from tritonctl.errors import TritonctlError
 from tritonctl.plan import LoadedPlan
@@ -34,7 +35,8 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
     kept: set[str] = set()
     for name, launch in launches.items():
         same = [
-            uid for uid, rec in records.items()
+            uid
+            for uid, rec in records.items()
             if rec.instance == name and rec.config_hash == launch.config_hash and health[uid].label == "ready"
         ]
         if same:
@@ -42,8 +44,13 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
             kept.add(same[0])
         else:
             older = [rec for rec in records.values() if rec.instance == name]
-            reason = "new" if not older else "changed" if any(
-                r.config_hash != launch.config_hash for r in older) else "not ready: restart"
+            reason = (
+                "new"
+                if not older
+                else "changed"
+                if any(r.config_hash != launch.config_hash for r in older)
+                else "not ready: restart"
+            )
             starts.append(Step("start", name, reason))
     for uid, rec in records.items():
         if uid in kept:
@@ -58,8 +65,9 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
     return starts + keeps + stops
 
 
-def _check_ports(loaded: LoadedPlan, steps: list[Step], launches: dict[str, Launch], state: State,
-                 health: dict[str, Health]) -> None:
+def _check_ports(
+    loaded: LoadedPlan, steps: list[Step], launches: dict[str, Launch], state: State, health: dict[str, Health]
+) -> None:
     """A model port must be free or held by a live instance of the same model (shared by SO_REUSEPORT)."""
     host = loaded.plan.runtime.host
     for step in steps:
@@ -72,22 +80,25 @@ def _check_ports(loaded: LoadedPlan, steps: list[Step], launches: dict[str, Laun
         )
         if not ours and not port_is_free(host, launch.grpc_port):
             raise TritonctlError(
-                f"port {launch.grpc_port} is in use by another process", file=loaded.path,
+                f"port {launch.grpc_port} is in use by another process",
+                file=loaded.path,
                 field=f"models.{launch.model}.port",
             )
 
 
-def apply_plan(loaded: LoadedPlan, runtime: Runtime, log: Callable[[str], None] = print,
-               dry_run: bool = False) -> list[Step]:
+def apply_plan(
+    loaded: LoadedPlan, runtime: Runtime, log: Callable[[str], None] = print, dry_run: bool = False
+) -> list[Step]:
     """Apply the plan; returns the steps taken. Raises TritonctlError after rolling back."""
     plan = loaded.plan
-    state_dir = loaded.resolve(plan.runtime.state_dir)
+    state_dir = loaded.state_dir
     with apply_lock(state_dir):
         state = load_state(state_dir)
         if state.cluster and state.cluster != plan.cluster:
             raise TritonctlError(
                 f"the state folder belongs to cluster {state.cluster!r}, not {plan.cluster!r}",
-                file=loaded.path, field="runtime.state_dir",
+                file=loaded.path,
+                field="runtime.state_dir",
             )
         rendered = render(loaded)
         launches = {name: launch for name, (_, launch) in rendered.items()}
@@ -105,8 +116,9 @@ def apply_plan(loaded: LoadedPlan, runtime: Runtime, log: Callable[[str], None] 
                 if step.action == "start":
                     folder, launch = rendered[step.instance]
                     log(f"  starting {step.instance} on {launch.device} (share {launch.share}/{launch.units}) ...")
-                    record = runtime.start(launch, folder, plan.runtime.host, state_dir / "logs",
-                                           plan.runtime.startup_timeout_s)
+                    record = runtime.start(
+                        launch, folder, plan.runtime.host, state_dir / "logs", plan.runtime.startup_timeout_s
+                    )
                     started.append(record)
                     state.instances[record.uid] = record
                     save_state(state_dir, state)

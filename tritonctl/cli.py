@@ -7,7 +7,19 @@ import sys
 import time
 from pathlib import Path
 
+from tritonctl.apply import apply_plan, down
+from tritonctl.client import endpoints, format_results, run_load
 from tritonctl.errors import TritonctlError
+from tritonctl.export import materialize
+from tritonctl.plan import load_plan, save_plan
+from tritonctl.planner import make_plan
+from tritonctl.policies import POLICIES
+from tritonctl.render import render
+from tritonctl.runtime import share
+from tritonctl.runtime.binary import find_tritonserver
+from tritonctl.runtime.local import LocalRuntime
+from tritonctl.spec import load_cluster
+from tritonctl.state import load_state
 
 DEMO_CLUSTER = Path(__file__).resolve().parent.parent / "examples" / "cpu-demo" / "cluster.yaml"
 
@@ -16,14 +28,7 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def _default_plan_path(cluster_path: Path) -> Path:
-    return cluster_path.parent / "plan.yaml"
-
-
 def cmd_export(args) -> int:
-    from tritonctl.export import materialize
-    from tritonctl.spec import load_cluster
-
     cluster = load_cluster(args.cluster)
     _say(f"exporting models of {cluster.spec.name}:")
     for name, artifact in materialize(cluster, log=_say).items():
@@ -32,13 +37,8 @@ def cmd_export(args) -> int:
 
 
 def _plan(cluster_arg: str, policy: str, output: str | None) -> Path:
-    from tritonctl.export import materialize
-    from tritonctl.plan import save_plan
-    from tritonctl.planner import make_plan
-    from tritonctl.spec import load_cluster
-
     cluster = load_cluster(cluster_arg)
-    out = Path(output) if output else _default_plan_path(cluster.path)
+    out = Path(output) if output else cluster.path.parent / "plan.yaml"
     _say(f"models of {cluster.spec.name}:")
     artifacts = materialize(cluster, log=_say)
     plan = make_plan(cluster, artifacts, policy, out)
@@ -46,8 +46,10 @@ def _plan(cluster_arg: str, policy: str, output: str | None) -> Path:
     _say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
         device = plan.device(placement.device)
-        _say(f"  {placement.instance:24} {placement.device:6} share {placement.share:>3}/{device.units} "
-             f"batch {placement.batch:>2}  port {model.port}")
+        _say(
+            f"  {placement.instance:24} {placement.device:6} share {placement.share:>3}/{device.units} "
+            f"batch {placement.batch:>2}  port {model.port}"
+        )
     return out
 
 
@@ -57,42 +59,27 @@ def cmd_plan(args) -> int:
 
 
 def cmd_policies(args) -> int:
-    from tritonctl.policies import POLICIES
-
     for name, (_, summary) in POLICIES.items():
         _say(f"{name:14} {summary}")
     return 0
 
 
 def cmd_render(args) -> int:
-    from tritonctl.plan import load_plan
-    from tritonctl.render import render
-
     loaded = load_plan(args.plan)
     for name, (folder, launch) in render(loaded).items():
         _say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
     return 0
 
 
-def _runtime(plan=None):
-    from tritonctl.runtime.binary import find_tritonserver
-    from tritonctl.runtime.local import LocalRuntime
-
-    return LocalRuntime(find_tritonserver(plan.runtime.tritonserver if plan else None))
-
-
 def _apply(plan_path: Path, dry_run: bool = False) -> None:
-    from tritonctl.apply import apply_plan
-    from tritonctl.plan import load_plan
-    from tritonctl.runtime import share
-
     loaded = load_plan(plan_path)
     if loaded.plan.target == "gpu":
         raise TritonctlError(
             "this plan targets GPUs; the local runtime runs CPU plans (render it and deploy on a GPU host)",
-            file=loaded.path, field="target",
+            file=loaded.path,
+            field="target",
         )
-    runtime = _runtime(loaded.plan)
+    runtime = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver))
     _say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
     if share.mechanism() == "none":
         _say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
@@ -108,62 +95,50 @@ def cmd_apply(args) -> int:
     return 0
 
 
-def _state_dir(plan_arg: str) -> tuple[Path, object]:
-    from tritonctl.plan import load_plan
-
-    loaded = load_plan(plan_arg)
-    return loaded.resolve(loaded.plan.runtime.state_dir), loaded
-
-
 def cmd_status(args) -> int:
-    from tritonctl.runtime.local import LocalRuntime
-    from tritonctl.state import load_state
-
-    state_dir, loaded = _state_dir(args.plan)
-    state = load_state(state_dir)
+    loaded = load_plan(args.plan)
+    state = load_state(loaded.state_dir)
     if not state.instances:
-        _say(f"no instances running for {loaded.plan.cluster} (state in {state_dir})")
+        _say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
     runtime = LocalRuntime(None)
-    _say(f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
-         f"{'pid':>7} {'health':9} share enforcement")
+    _say(
+        f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
+        f"{'pid':>7} {'health':9} share enforcement"
+    )
     unhealthy = 0
     for rec in sorted(state.instances.values(), key=lambda r: r.instance):
         health = runtime.health(rec)
         unhealthy += health.label != "ready"
-        _say(f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
-             f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health.label:9} {rec.share_mechanism}")
+        _say(
+            f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
+            f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health.label:9} {rec.share_mechanism}"
+        )
     return 1 if unhealthy else 0
 
 
 def cmd_endpoints(args) -> int:
-    from tritonctl.client import endpoints
-
-    _, loaded = _state_dir(args.plan)
     _say(f"{'model':18} {'gRPC address':22} input")
-    for ep in endpoints(loaded.plan):
-        _say(f"{ep.model:18} {ep.url:22} {ep.input_name} {ep.input_dtype}[batch, {', '.join(map(str, ep.input_shape))}]")
+    for ep in endpoints(load_plan(args.plan).plan):
+        _say(
+            f"{ep.model:18} {ep.url:22} {ep.input_name} {ep.input_dtype}[batch, {', '.join(map(str, ep.input_shape))}]"
+        )
     return 0
 
 
 def cmd_down(args) -> int:
-    from tritonctl.apply import down
-    from tritonctl.runtime.local import LocalRuntime
-
-    state_dir, _ = _state_dir(args.plan)
-    count = down(state_dir, LocalRuntime(None), log=_say)
+    count = down(load_plan(args.plan).state_dir, LocalRuntime(None), log=_say)
     _say(f"stopped {count} instance(s)")
     return 0
 
 
 def _load(plan_path: Path, duration: float, rate_scale: float) -> int:
-    from tritonctl.client import endpoints, format_results, run_load
-    from tritonctl.plan import load_plan
-
     loaded = load_plan(plan_path)
     targets = endpoints(loaded.plan)
-    _say(f"sending Poisson traffic for {duration:.0f} s at {rate_scale:g} x the planned rates "
-         f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ...")
+    _say(
+        f"sending Poisson traffic for {duration:.0f} s at {rate_scale:g} x the planned rates "
+        f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ..."
+    )
     results = run_load(targets, duration, rate_scale)
     _say(format_results(results))
     for r in results:
@@ -178,6 +153,7 @@ def cmd_load(args) -> int:
 
 def cmd_demo(args) -> int:
     """Export, plan, apply and load the CPU demo cluster, end to end."""
+
     cluster = Path(args.cluster)
     _say("== 1/4 plan")
     plan_path = _plan(str(cluster), "spread", None)
@@ -190,8 +166,12 @@ def cmd_demo(args) -> int:
     if args.teardown:
         cmd_down(argparse.Namespace(plan=str(plan_path)))
     else:
-        _say(f"\nThe deployment keeps running. Look:  tritonctl status {plan_path}\n"
-             f"Send requests:  python examples/client.py {plan_path}\nStop it:  tritonctl down {plan_path}")
+        first = endpoints(load_plan(plan_path).plan)[0]
+        _say(
+            f"\nThe deployment keeps running.\n  look:           tritonctl status {plan_path}\n"
+            f"  send requests:  python examples/client.py {first.url} {first.model}\n"
+            f"  stop it:        tritonctl down {plan_path}"
+        )
     return rc
 
 

@@ -34,9 +34,14 @@ class Endpoint:
 def endpoints(plan: Plan) -> list[Endpoint]:
     return [
         Endpoint(
-            model=m.name, url=f"{plan.runtime.host}:{m.port}", input_name=m.inputs[0].name,
-            input_dtype=m.inputs[0].dtype, input_shape=tuple(d if d > 0 else 1 for d in m.inputs[0].shape),
-            output_name=m.outputs[0].name, slo_ms=m.slo_ms, rate=m.rate,
+            model=m.name,
+            url=f"{plan.runtime.host}:{m.port}",
+            input_name=m.inputs[0].name,
+            input_dtype=m.inputs[0].dtype,
+            input_shape=tuple(d if d > 0 else 1 for d in m.inputs[0].shape),
+            output_name=m.outputs[0].name,
+            slo_ms=m.slo_ms,
+            rate=m.rate,
         )
         for m in plan.models
     ]
@@ -94,7 +99,9 @@ def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: L
             time.sleep(max(0.0, next_at - time.perf_counter()))
             sent_at = time.perf_counter()
             client.async_infer(
-                endpoint.model, [infer_input], outputs=outputs,
+                endpoint.model,
+                [infer_input],
+                outputs=outputs,
                 callback=functools.partial(done, sent_at),
                 client_timeout=max(10.0, 20 * endpoint.slo_ms / 1000),
             )
@@ -115,7 +122,7 @@ def run_load(targets: list[Endpoint], duration_s: float, rate_scale: float = 1.0
     results = [LoadResult(t.model, t.slo_ms, duration_s) for t in targets]
     threads = [
         threading.Thread(target=_drive, args=(t, max(t.rate * rate_scale, 0.1), duration_s, seed + i, r), daemon=True)
-        for i, (t, r) in enumerate(zip(targets, results))
+        for i, (t, r) in enumerate(zip(targets, results, strict=True))
     ]
     for thread in threads:
         thread.start()
@@ -125,7 +132,10 @@ def run_load(targets: list[Endpoint], duration_s: float, rate_scale: float = 1.0
 
 
 def format_results(results: list[LoadResult]) -> str:
-    head = f"{'model':18} {'sent':>6} {'ok':>6} {'failed':>6} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'SLO ms':>7} {'in SLO':>7}"
+    head = (
+        f"{'model':18} {'sent':>6} {'ok':>6} {'failed':>6} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'SLO ms':>7} {'in SLO':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(

@@ -156,7 +156,9 @@ def materialize(cluster: Cluster, log=print) -> dict[str, Artifact]:
                 log(f"  {model.name}: {'cached' if cached else 'exported'} {path}")
             artifact = inspect_onnx(path)
         except TritonctlError as exc:
-            raise TritonctlError(exc.message, file=cluster.path, field=f"{field} ({exc.file or model.source})") from None
+            raise TritonctlError(
+                exc.message, file=cluster.path, field=f"{field} ({exc.file or model.source})"
+            ) from None
         _check_input(cluster, i, model, artifact)
         artifacts[model.name] = artifact
     return artifacts
@@ -166,12 +168,15 @@ def _check_input(cluster: Cluster, i: int, model: ModelSpec, artifact: Artifact)
     if len(artifact.inputs) != 1:
         raise TritonctlError(
             f"the model has {len(artifact.inputs)} inputs; tritonctl serves single-input models",
-            file=cluster.path, field=f"models[{i}].source",
+            file=cluster.path,
+            field=f"models[{i}].source",
         )
     sig = artifact.inputs[0]
     fixed = all(d > 0 for d in sig.shape)
     if sig.dtype != model.input.dtype or (fixed and list(sig.shape) != model.input.shape):
         raise TritonctlError(
-            f"says {model.input.dtype}{model.input.shape} but the ONNX input {sig.name!r} is {sig.dtype}{list(sig.shape)}",
-            file=cluster.path, field=f"models[{i}].input",
+            f"says {model.input.dtype}{model.input.shape} "
+            f"but the ONNX input {sig.name!r} is {sig.dtype}{list(sig.shape)}",
+            file=cluster.path,
+            field=f"models[{i}].input",
         )

@@ -136,14 +136,30 @@ class LoadedPlan:
     def resolve(self, relative: str) -> Path:
         return (self.path.parent / relative).resolve()
 
+    @property
+    def state_dir(self) -> Path:
+        return self.resolve(self.plan.runtime.state_dir)
+
 
 def relative_to(target: Path, base_dir: Path) -> str:
     return os.path.relpath(target.resolve(), base_dir.resolve())
 
 
+class _PlanDumper(yaml.SafeDumper):
+    """Writes short lists of numbers (tensor shapes) on one line."""
+
+
+_PlanDumper.add_representer(
+    list,
+    lambda dumper, data: dumper.represent_sequence(
+        "tag:yaml.org,2002:seq", data, flow_style=all(isinstance(x, (int, float)) for x in data)
+    ),
+)
+
+
 def save_plan(plan: Plan, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(plan.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100)
+    text = yaml.dump(plan.model_dump(mode="json", exclude_none=True), Dumper=_PlanDumper, sort_keys=False, width=100)
     path.write_text("# tritonctl plan: generated; safe to read, diff and edit.\n" + text)
 
 

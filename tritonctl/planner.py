@@ -22,8 +22,12 @@ def devices_of(cluster: Cluster) -> list[Device]:
             index = len(devices)
             devices.append(
                 Device(
-                    id=f"{group.kind}{index}", kind=group.kind, index=index,
-                    memory_mb=group.memory_mb, units=group.units, cores=group.cores,
+                    id=f"{group.kind}{index}",
+                    kind=group.kind,
+                    index=index,
+                    memory_mb=group.memory_mb,
+                    units=group.units,
+                    cores=group.cores,
                 )
             )
     return devices
@@ -46,7 +50,8 @@ def make_plan(cluster: Cluster, artifacts: dict[str, Artifact], policy: str, pla
         if memory > largest:
             raise TritonctlError(
                 f"needs {memory} MB but the largest device has {largest} MB",
-                file=cluster.path, field=f"models[{i}]" + (".memory_mb" if model.memory_mb else " (estimated from its weights)"),
+                file=cluster.path,
+                field=f"models[{i}]" + (".memory_mb" if model.memory_mb else " (estimated from its weights)"),
             )
         demands.append(Demand(model.name, model.slo_ms, model.rate, memory))
     try:
@@ -57,12 +62,16 @@ def make_plan(cluster: Cluster, artifacts: dict[str, Artifact], policy: str, pla
     base = plan_path.resolve().parent
     runtime = cluster.spec.runtime
     planned = []
-    for i, (model, demand) in enumerate(zip(cluster.spec.models, demands)):
+    for i, (model, demand) in enumerate(zip(cluster.spec.models, demands, strict=True)):
         artifact = artifacts[model.name]
         placements = [
             Placement(
-                instance=f"{model.name}-{k}", device=c.device, share=c.share, batch=c.batch,
-                queue_delay_us=c.queue_delay_us, predicted=c.predicted,
+                instance=f"{model.name}-{k}",
+                device=c.device,
+                share=c.share,
+                batch=c.batch,
+                queue_delay_us=c.queue_delay_us,
+                predicted=c.predicted,
             )
             for k, c in enumerate(choices[model.name])
         ]

@@ -89,9 +89,16 @@ def launch_for(model: PlannedModel, placement: Placement, device: Device, config
         quota = round(cpu_cores(device, placement.share) * period)
     identity = json.dumps([config, model.onnx_sha256, placement.share, placement.device], sort_keys=True)
     return Launch(
-        instance=placement.instance, model=model.name, device=device.id, kind=device.kind,
-        share=placement.share, units=device.units, grpc_port=model.port, env=env,
-        cpu_quota_us=quota, cpu_period_us=period,
+        instance=placement.instance,
+        model=model.name,
+        device=device.id,
+        kind=device.kind,
+        share=placement.share,
+        units=device.units,
+        grpc_port=model.port,
+        env=env,
+        cpu_quota_us=quota,
+        cpu_period_us=period,
         config_hash=hashlib.sha256(identity.encode()).hexdigest()[:16],
     )
 
@@ -121,7 +128,9 @@ def render(loaded: LoadedPlan) -> dict[str, tuple[Path, Launch]]:
     for model, placement in plan.instances():
         onnx_path = loaded.resolve(model.onnx)
         if not onnx_path.is_file():
-            raise TritonctlError(f"ONNX file not found: {onnx_path}", file=loaded.path, field=f"models.{model.name}.onnx")
+            raise TritonctlError(
+                f"ONNX file not found: {onnx_path}", file=loaded.path, field=f"models.{model.name}.onnx"
+            )
         device = plan.device(placement.device)
         config = render_config(plan.cluster, model, placement, device)
         folder = out_root / placement.instance

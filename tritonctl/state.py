@@ -32,7 +32,9 @@ def load_state(state_dir: Path) -> State:
         records = {uid: InstanceRecord(**rec) for uid, rec in raw.pop("instances").items()}
         return State(**raw, instances=records)
     except (ValueError, TypeError, KeyError) as exc:
-        raise TritonctlError(f"corrupt state file ({exc}); stop stray tritonserver processes and remove it", file=path) from None
+        raise TritonctlError(
+            f"corrupt state file ({exc}); stop stray tritonserver processes and remove it", file=path
+        ) from None
 
 
 def save_state(state_dir: Path, state: State) -> None:
@@ -52,7 +54,9 @@ def apply_lock(state_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.seek(0)
-            raise TritonctlError(f"another apply holds the lock ({fh.read().strip() or 'unknown pid'})", file=fh.name) from None
+            raise TritonctlError(
+                f"another apply holds the lock ({fh.read().strip() or 'unknown pid'})", file=fh.name
+            ) from None
         fh.truncate(0)
         fh.write(f"pid {os.getpid()}")
         fh.flush()

@@ -4,7 +4,8 @@ The nvidia-pytriton wheel ships a real Triton (2.51, CPU-capable, Python backend
 Two details make it start: the Python backend stub for this interpreter's version must
 sit next to libtriton_python.so (we assemble a backend folder of symlinks in the user's
 cache rather than writing into site-packages), and LD_LIBRARY_PATH must include the
-wheel's bundled libraries.
+wheel's bundled libraries. The stub must also find this environment's packages (see
+`_python_env`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,9 +33,13 @@ def _cache_dir() -> Path:
 
 
 def _python_env() -> dict[str, str]:
-    """Let the Python backend stub import numpy and onnxruntime from this environment."""
-    paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-    return {"PYTHONPATH": os.pathsep.join(paths), "PYTHONNOUSERSITE": "1"}
+    """Let the Python backend stub import numpy and onnxruntime from this environment.
+
+    The stub's embedded interpreter ignores PYTHONPATH; it finds its packages by locating
+    `python3` on PATH (and that interpreter's pyvenv.cfg). Measured: with this
+    interpreter's folder first on PATH the model loads, without it `No module named 'numpy'`.
+    """
+    return {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 
 
 def _embedded() -> TritonBinary | None:
@@ -62,8 +66,11 @@ def _embedded() -> TritonBinary | None:
     backend_dir = _cache_dir() / f"backends-py{version}"
     python = backend_dir / "python"
     python.mkdir(parents=True, exist_ok=True)
-    for target in (root / "backends" / "python" / "libtriton_python.so",
-                   root / "backends" / "python" / "triton_python_backend_utils.py", stub):
+    for target in (
+        root / "backends" / "python" / "libtriton_python.so",
+        root / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ):
         link = python / target.name
         if not (link.is_symlink() and link.resolve() == target.resolve()):
             link.unlink(missing_ok=True)

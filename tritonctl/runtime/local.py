@@ -83,7 +83,8 @@ def _log_tail(log: Path, lines: int = 12) -> str:
 class LocalRuntime:
     name = "local"
 
-    def __init__(self, binary: TritonBinary):
+    def __init__(self, binary: TritonBinary | None):
+        """`binary` may be None for a runtime that only probes and stops instances."""
         self.binary = binary
 
     def command(self, launch: Launch, folder: Path, host: str, http_port: int, metrics_port: int) -> list[str]:
@@ -123,15 +124,31 @@ class LocalRuntime:
         with log.open("wb") as log_fh:
             proc = subprocess.Popen(
                 self.command(launch, folder, host, http_port, metrics_port),
-                stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, preexec_fn=share.joiner(cgroup),
+                stdout=log_fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=share.joiner(cgroup),
             )
         stat = _proc_stat(proc.pid)
         record = InstanceRecord(
-            uid=uid, instance=launch.instance, model=launch.model, device=launch.device, share=launch.share,
-            units=launch.units, config_hash=launch.config_hash, host=host, grpc_port=launch.grpc_port,
-            http_port=http_port, metrics_port=metrics_port, pid=proc.pid, start_ticks=stat[1] if stat else 0,
-            folder=str(folder), log=str(log), share_mechanism=mechanism,
+            uid=uid,
+            instance=launch.instance,
+            model=launch.model,
+            device=launch.device,
+            share=launch.share,
+            units=launch.units,
+            config_hash=launch.config_hash,
+            host=host,
+            grpc_port=launch.grpc_port,
+            http_port=http_port,
+            metrics_port=metrics_port,
+            pid=proc.pid,
+            start_ticks=stat[1] if stat else 0,
+            folder=str(folder),
+            log=str(log),
+            share_mechanism=mechanism,
             cgroup=str(cgroup) if cgroup else None,
         )
         deadline = time.monotonic() + timeout_s

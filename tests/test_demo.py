@@ -1,0 +1,46 @@
+"""The main job, end to end: `tritonctl demo` on a copy of the shipped CPU demo cluster."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO, free_base_port
+
+
+def test_demo_serves_every_model_of_the_cpu_demo(tmp_path):
+    spec = yaml.safe_load((REPO / "examples" / "cpu-demo" / "cluster.yaml").read_text())
+    spec["runtime"].update(
+        export_dir=str(REPO / "model_repository" / "exports"),  # the shared export cache
+        repository_dir="repo",
+        state_dir="state",
+        base_port=free_base_port(),
+    )
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(spec))
+    # As a newcomer runs it: the virtualenv not activated, so its bin folder is not on PATH.
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": path}
+    run = subprocess.run(
+        [sys.executable, "-m", "tritonctl", "demo", str(cluster), "--duration", "4", "--teardown"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {}
+    for line in run.stdout.splitlines():
+        match = re.match(r"^(\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+\s+([\d.]+)", line)
+        if match:
+            rows[match[1]] = tuple(int(match[i]) for i in (2, 3, 4))
+    assert set(rows) == {m["name"] for m in spec["models"]}
+    for sent, ok, failed in rows.values():
+        assert sent > 0 and ok == sent and failed == 0
+    assert "stopped 3 instance(s)" in run.stdout
