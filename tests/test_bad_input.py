@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_mlp, mlp_model, write_cluster
 
+from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 
 

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from conftest import write_cluster
 
+from conftest import write_cluster
 from tritonctl.export import materialize
 from tritonctl.spec import load_cluster
 

@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
-from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
 
+from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.client import endpoints, run_load
 from tritonctl.plan import load_plan

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from conftest import REPO
 from tritonctl.export import materialize
 from tritonctl.plan import Device, load_plan, save_plan
 from tritonctl.planner import make_plan
