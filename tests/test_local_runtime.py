@@ -65,8 +65,8 @@ def test_instances_run_under_their_cgroup_quota(deployment):
         pytest.skip("no writable cgroup on this machine: shares are not enforced (apply says so)")
     for rec in state_of(deployment).instances.values():
         assert rec.cgroup and rec.pid in share.members(Path(rec.cgroup))
-        assert share.quota(Path(rec.cgroup)) == (100_000, 100_000)  # 50 of 100 units of 2 cores = 1 core
-        assert "quota 100000/100000 us" in rec.share_mechanism
+        assert share.quota(Path(rec.cgroup)) == (10_000, 10_000)  # 50 of 100 units of 2 cores = 1 core
+        assert "quota 10000/10000 us" in rec.share_mechanism
 
 
 def test_status_and_endpoints(deployment, capsys):

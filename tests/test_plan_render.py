@@ -95,7 +95,7 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
     assert config.parameters["intra_op_threads"].string_value == "1"  # 50 units of 2 cores = 1 core
     assert (folder / "models" / "alpha" / "1" / "model.py").is_file()
     settings = json.loads((folder / "launch.json").read_text())
-    assert settings["cpu_quota_us"] == 100_000 and settings["cpu_period_us"] == 100_000
+    assert settings["cpu_quota_us"] == 10_000 and settings["cpu_period_us"] == 10_000
     assert launch.share == 50 and launch.env == {}
 
 
