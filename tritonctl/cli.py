@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
 
+from profiler.dataset import load_dataset
+from profiler.run import profile
 from tritonctl.apply import apply_plan, down
 from tritonctl.client import endpoints, format_results, run_load
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.report import write_report
 from tritonctl.plan import load_plan, save_plan
 from tritonctl.planner import make_plan
 from tritonctl.policies import POLICIES
@@ -53,8 +59,51 @@ def _plan(cluster_arg: str, policy: str, output: str | None) -> Path:
     return out
 
 
+def cmd_profile(args) -> int:
+    cluster = load_cluster(args.cluster)
+    out = Path(args.output) if args.output else cluster.path.parent / "profile"
+    dataset = profile(cluster, out, args.budget, log=_say)
+    state = "complete" if dataset.metadata["complete"] else "incomplete (run again to resume)"
+    _say(f"profile {state}: {len(dataset.rows)} measurements in {out} ({dataset.metadata['duration_s']:.0f} s)")
+    return 0
+
+
 def cmd_plan(args) -> int:
-    _plan(args.cluster, args.policy, args.output)
+    _plan(args.cluster, args.policy, args.output, args.latency_model)
+    return 0
+
+
+def cmd_fit(args) -> int:
+    dataset = load_dataset(args.profile)
+    out = Path(args.output) if args.output else dataset.folder / "latency-model.json"
+    _say(f"fitting {dataset.folder} ({len(dataset.rows)} measurements):")
+    model = fit_latency_model(dataset, log=_say)
+    model.save(out)
+    _say(f"latency model written to {out}")
+    if args.report:
+        _report(dataset, out, dataset.folder / "report")
+    return 0
+
+
+def _report(dataset, model_path: Path, out: Path) -> None:
+    figures = write_report(load_latency_model(model_path), dataset, out)
+    _say(f"report written to {out / 'report.md'}")
+    _say(
+        f"  held-out solo:       InSS-style {figures['solo_inss']}\n"
+        f"                       linear     {figures['solo_linear']}"
+    )
+    _say(
+        f"  held-out co-located: InSS-style {figures['coloc_inss']}\n"
+        f"                       Gpulet     {figures['coloc_gpulet']}\n"
+        f"                       linear     {figures['coloc_linear']}"
+    )
+    _say(f"  cache proxy vs slowdown r = {figures['proxy_r']:.2f}; prediction {figures['cost_us']:.1f} us/query")
+
+
+def cmd_report(args) -> int:
+    dataset = load_dataset(args.profile)
+    model_path = Path(args.model) if args.model else dataset.folder / "latency-model.json"
+    _report(dataset, model_path, Path(args.output) if args.output else dataset.folder / "report")
     return 0
 
 
@@ -190,10 +239,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("export", cmd_export, "export the cluster's torchvision models to ONNX (cached by content)")
     p.add_argument("cluster", help="cluster.yaml")
+    p = add("profile", cmd_profile, "measure the models over batch x share, solo and co-located, through Triton")
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument(
+        "-o", "--output", help="dataset folder (default: profile/ beside the cluster file); resumes if present"
+    )
+    p.add_argument("--budget", type=float, help="stop after this many seconds (resume later)")
     p = add("plan", cmd_plan, "choose placements, shares and batch sizes and write a plan file")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("-o", "--output", help="plan file to write (default: plan.yaml beside the cluster file)")
     p.add_argument("--policy", default="spread", help="placement policy (see `tritonctl policies`)")
+    p.add_argument("--latency-model", help="a fitted latency model (tritonctl fit): adds predictions to the plan")
+    p = add("fit", cmd_fit, "fit the interference-aware latency model (InSS section 4) to a profile")
+    p.add_argument("profile", help="profile folder (tritonctl profile)")
+    p.add_argument("-o", "--output", help="model file (default: latency-model.json in the profile folder)")
+    p.add_argument("--report", action="store_true", help="also evaluate on held-out measurements (see report)")
+    p = add("report", cmd_report, "evaluate a fitted latency model on held-out measurements, with plots")
+    p.add_argument("profile", help="profile folder")
+    p.add_argument("--model", help="latency model file (default: latency-model.json in the profile folder)")
+    p.add_argument("-o", "--output", help="report folder (default: report/ in the profile folder)")
     add("policies", cmd_policies, "list the placement policies")
     p = add("render", cmd_render, "render a plan into per-instance Triton model repositories")
     p.add_argument("plan", help="plan.yaml")
@@ -217,8 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `finally`, so started instances are stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return args.func(args)
     except TritonctlError as exc:

@@ -43,10 +43,16 @@ class Tensor(_Strict):
 
 
 class Prediction(_Strict):
-    """What the latency model expects of a placement; absent until a model is fitted."""
+    """What the fitted latency model expects of a placement (absent without one).
 
-    latency_ms: float
+    exec_ms: one batch next to its co-runners; latency_ms: p99 task latency with queueing
+    (InSS eq. 2) at the model's rate, None when that rate overloads the placement.
+    """
+
+    exec_ms: float
+    latency_ms: float | None
     throughput_rps: float
+    meets_slo: bool
 
 
 class Placement(_Strict):

@@ -38,17 +38,28 @@ def create(group: str, quota_us: int, period_us: int) -> Path | None:
     if kind == "cgroup-v1":
         path = V1_ROOT / "tritonctl" / group
         path.mkdir(parents=True, exist_ok=True)
-        (path / "cpu.cfs_period_us").write_text(str(period_us))
-        (path / "cpu.cfs_quota_us").write_text(str(quota_us))
-        return path
-    parent = V2_ROOT / "tritonctl"
-    parent.mkdir(exist_ok=True)
-    (V2_ROOT / "cgroup.subtree_control").write_text("+cpu")
-    (parent / "cgroup.subtree_control").write_text("+cpu")
-    path = parent / group
-    path.mkdir(exist_ok=True)
-    (path / "cpu.max").write_text(f"{quota_us} {period_us}")
+    else:
+        parent = V2_ROOT / "tritonctl"
+        parent.mkdir(exist_ok=True)
+        (V2_ROOT / "cgroup.subtree_control").write_text("+cpu")
+        (parent / "cgroup.subtree_control").write_text("+cpu")
+        path = parent / group
+        path.mkdir(exist_ok=True)
+    set_quota(path, quota_us, period_us)
     return path
+
+
+def set_quota(path: Path, quota_us: int, period_us: int) -> None:
+    """Change a cgroup's quota; takes effect at once for the processes already in it."""
+    if (path / "cpu.max").exists():
+        (path / "cpu.max").write_text(f"{quota_us} {period_us}")
+        return
+    current = int((path / "cpu.cfs_quota_us").read_text())
+    # v1 checks quota/period against the parent at each write: shrink before changing the period.
+    if current != -1 and current > quota_us:
+        (path / "cpu.cfs_quota_us").write_text(str(quota_us))
+    (path / "cpu.cfs_period_us").write_text(str(period_us))
+    (path / "cpu.cfs_quota_us").write_text(str(quota_us))
 
 
 def joiner(path: Path | None):

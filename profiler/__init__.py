@@ -1,0 +1,1 @@
+"""The measurement harness behind `tritonctl profile`: solo and co-located runs through Triton."""

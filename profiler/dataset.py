@@ -1,0 +1,164 @@
+"""The profile dataset on disk: a tidy CSV of measurements, a CSV of model features, metadata.
+
+    <dir>/metadata.json     format and version, cluster, device fingerprint, software
+                            versions, share mechanism, grid, date, whether it is complete
+    <dir>/measurements.csv  one row per (configuration, model): kind solo|coloc, split
+                            train|heldout, batch, share, co-runners, p50/p95/p99/mean client
+                            latency, Triton's server-side compute and queue time, memory
+    <dir>/models.csv        per model: operators, input/output/weight/activation bytes
+
+Rows are appended as they are measured, so an interrupted profile resumes where it stopped.
+Both CSVs read with the csv module or pandas.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from tritonctl.errors import TritonctlError
+
+FORMAT = "tritonctl-profile"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Measurement:
+    config_id: str  # the run: co-located members share it
+    kind: str  # solo | coloc
+    split: str  # train | heldout
+    model: str
+    batch: int
+    share: int  # device units
+    units: int
+    cores: float
+    threads: int
+    corunners: str  # "model:share:batch;..." (empty when solo)
+    n_colocated: int  # models running on the device, this one included
+    reps: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    compute_ms: float  # Triton's compute_input + compute_infer + compute_output per batch
+    queue_ms: float
+    rss_mb: float  # resident memory of the instance after this batch size (solo rows)
+
+    @property
+    def share_frac(self) -> float:
+        return self.share / self.units
+
+    def corunner_list(self) -> list[tuple[str, int, int]]:
+        out = []
+        for item in filter(None, self.corunners.split(";")):
+            name, share, batch = item.split(":")
+            out.append((name, int(share), int(batch)))
+        return out
+
+
+@dataclass(frozen=True)
+class ModelFeatures:
+    model: str
+    onnx_sha256: str
+    n_ops: int
+    input_bytes: int
+    output_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+
+
+def _typed(cls, row: dict[str, str], where: str):
+    values = {}
+    for f in fields(cls):
+        if f.name not in row:
+            raise TritonctlError(f"missing column {f.name!r}", file=where)
+        raw = row[f.name]
+        try:
+            value = {"int": int, "float": float}.get(f.type, str)(raw)
+        except ValueError:
+            raise TritonctlError(f"column {f.name!r}: {raw!r} is not a {f.type}", file=where) from None
+        if f.type == "float" and f.name != "rss_mb" and not math.isfinite(value):
+            raise TritonctlError(f"column {f.name!r}: {raw!r} is not a finite number", file=where)
+        values[f.name] = value
+    return cls(**values)
+
+
+def _read_csv(path: Path, cls) -> list:
+    try:
+        with path.open(newline="") as fh:
+            return [_typed(cls, row, f"{path} (line {i + 2})") for i, row in enumerate(csv.DictReader(fh))]
+    except OSError as exc:
+        raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
+    except csv.Error as exc:
+        raise TritonctlError(f"not a valid CSV file: {exc}", file=path) from None
+
+
+class Dataset:
+    """A profile folder: metadata, model features and measurements."""
+
+    def __init__(self, folder: Path, metadata: dict, models: dict[str, ModelFeatures], rows: list[Measurement]):
+        self.folder = folder
+        self.metadata = metadata
+        self.models = models
+        self.rows = rows
+
+    @property
+    def done(self) -> set[tuple[str, str]]:
+        return {(row.config_id, row.model) for row in self.rows}
+
+    @staticmethod
+    def create(folder: Path, metadata: dict, models: list[ModelFeatures]) -> Dataset:
+        folder.mkdir(parents=True, exist_ok=True)
+        metadata = {"format": FORMAT, "version": VERSION, **metadata}
+        dataset = Dataset(folder, metadata, {m.model: m for m in models}, [])
+        dataset.write_metadata()
+        with (folder / "models.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, [f.name for f in fields(ModelFeatures)])
+            writer.writeheader()
+            writer.writerows(asdict(m) for m in models)
+        with (folder / "measurements.csv").open("w", newline="") as fh:
+            csv.DictWriter(fh, [f.name for f in fields(Measurement)]).writeheader()
+        return dataset
+
+    def write_metadata(self) -> None:
+        tmp = self.folder / "metadata.json.tmp"
+        tmp.write_text(json.dumps(self.metadata, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.folder / "metadata.json")
+
+    def append(self, rows: list[Measurement]) -> None:
+        with (self.folder / "measurements.csv").open("a", newline="") as fh:
+            writer = csv.DictWriter(fh, [f.name for f in fields(Measurement)])
+            for row in rows:
+                writer.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(row).items()})
+        self.rows.extend(rows)
+
+
+def load_dataset(folder: str | Path) -> Dataset:
+    """Read and check a profile folder; a corrupt or foreign one is refused with the file named."""
+    folder = Path(folder)
+    meta_path = folder / "metadata.json"
+    if not folder.is_dir():
+        raise TritonctlError("no such profile folder", file=folder)
+    try:
+        metadata = json.loads(meta_path.read_text())
+    except OSError as exc:
+        raise TritonctlError(f"cannot read: {exc.strerror}", file=meta_path) from None
+    except ValueError as exc:
+        raise TritonctlError(f"not valid JSON: {exc}", file=meta_path) from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise TritonctlError(f"not a tritonctl profile (format is not {FORMAT!r})", file=meta_path)
+    if metadata.get("version") != VERSION:
+        raise TritonctlError(
+            f"profile format version {metadata.get('version')}, this tritonctl reads {VERSION}", file=meta_path
+        )
+    models = {m.model: m for m in _read_csv(folder / "models.csv", ModelFeatures)}
+    rows = _read_csv(folder / "measurements.csv", Measurement)
+    unknown = sorted({row.model for row in rows} - set(models))
+    if unknown:
+        raise TritonctlError(
+            f"measurements of models without features: {', '.join(unknown)}", file=folder / "measurements.csv"
+        )
+    return Dataset(folder, metadata, models, rows)

@@ -1,0 +1,51 @@
+"""Device fingerprint and software versions, recorded with every profile."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _caches() -> dict[str, str]:
+    caches = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            caches[f"L{level} {kind}"] = (index / "size").read_text().strip()
+        except OSError:
+            continue
+    return caches
+
+
+def cpu_fingerprint() -> dict:
+    """What identifies this CPU for latency purposes; `id` is a short hash of the rest."""
+    info = {"kind": "cpu", "model": _cpu_model(), "logical_cpus": os.cpu_count(), "caches": _caches()}
+    info["id"] = hashlib.sha256(repr(sorted(info.items())).encode()).hexdigest()[:12]
+    return info
+
+
+def software_versions(tritonserver: str) -> dict[str, str]:
+    from tritonctl import __version__
+
+    return {
+        "tritonserver": tritonserver,
+        "onnxruntime": onnxruntime.__version__,
+        "numpy": np.__version__,
+        "python": sys.version.split()[0],
+        "kernel": platform.release(),
+        "tritonctl": __version__,
+    }

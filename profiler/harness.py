@@ -1,0 +1,197 @@
+"""Measure models through the serving path: real Triton instances under real shares.
+
+Each model runs in a Triton instance rendered exactly as `tritonctl render` renders it
+(same backend glue, same onnxruntime thread count for the share), inside its own cgroup.
+The thread count is fixed when an instance starts, so instances are pooled per (model,
+thread count) and the share is changed by rewriting the cgroup quota, which takes effect
+at once. A closed-loop client sends whole batches (one request of batch b at a time, so
+Triton's dynamic batcher executes each at once); the client measures end-to-end latency and
+Triton's statistics give the server-side compute and queue time of exactly those batches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from profiler.grid import Member
+from tritonctl.plan import Device, Placement, PlannedModel
+from tritonctl.render import CFS_PERIOD_US, cpu_cores, render_instance, threads_for
+from tritonctl.runtime import share as cgroups
+from tritonctl.runtime.base import InstanceRecord
+from tritonctl.runtime.local import LocalRuntime, free_port
+
+MAX_BATCH = 32
+WARMUP = 2
+MIN_REPS, MIN_TIME_S, MAX_REPS, MAX_TIME_S = 8, 0.5, 200, 3.0
+COLOC_MIN_REPS, COLOC_TIME_S, COLOC_MAX_TIME_S = 5, 3.0, 12.0
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What one member of a run saw."""
+
+    reps: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    compute_ms: float
+    queue_ms: float
+    rss_mb: float
+
+
+def _triton_dtype(dtype: str) -> str:
+    return {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32", "uint8": "UINT8"}[dtype]
+
+
+class Harness:
+    """A pool of Triton instances on one device, and the measurements taken against them."""
+
+    def __init__(
+        self,
+        runtime: LocalRuntime,
+        device: Device,
+        models: dict[str, tuple[PlannedModel, Path]],
+        work_dir: Path,
+        host: str = "127.0.0.1",
+    ):
+        self.runtime = runtime
+        self.device = device
+        self.models = models
+        self.work_dir = work_dir
+        self.host = host
+        self.pool: dict[tuple[str, int], InstanceRecord] = {}
+        self.server_version = ""
+
+    def instance(self, model: str, share: int) -> InstanceRecord:
+        """The model's instance for this share's thread count, with its quota set to the share."""
+        threads = threads_for(self.device, share)
+        key = (model, threads)
+        if key not in self.pool:
+            planned, onnx_path = self.models[model]
+            planned = planned.model_copy(update={"port": free_port(self.host)})
+            placement = Placement(instance=f"{model}-t{threads}", device=self.device.id, share=share, batch=MAX_BATCH)
+            folder = self.work_dir / "instances" / placement.instance
+            launch = render_instance(folder, "profile", planned, placement, self.device, onnx_path)
+            self.pool[key] = self.runtime.start(launch, folder, self.host, self.work_dir / "logs", timeout_s=120)
+            if not self.server_version:
+                with grpcclient.InferenceServerClient(self._url(self.pool[key])) as client:
+                    self.server_version = client.get_server_metadata().version
+        record = self.pool[key]
+        if record.cgroup:
+            cgroups.set_quota(Path(record.cgroup), round(cpu_cores(self.device, share) * CFS_PERIOD_US), CFS_PERIOD_US)
+        return record
+
+    def _url(self, record: InstanceRecord) -> str:
+        return f"{self.host}:{record.grpc_port}"
+
+    def close(self) -> None:
+        for record in self.pool.values():
+            self.runtime.stop(record)
+        self.pool.clear()
+
+    def measure(self, members: tuple[Member, ...]) -> list[Stats]:
+        """Run every member's closed loop at once; solo when there is one member."""
+        records = [self.instance(m.model, m.share) for m in members]
+        solo = len(members) == 1
+        stop, go = threading.Event(), threading.Event()
+        warmed = threading.Barrier(len(members) + 1)
+        samples: list[list[float]] = [[] for _ in members]
+        threads = [
+            threading.Thread(target=self._loop, args=(r, m, warmed, go, stop, out), daemon=True)
+            for r, m, out in zip(records, members, samples, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        warmed.wait()
+        before = [self._batch_stats(r, m) for r, m in zip(records, members, strict=True)]
+        go.set()
+        t0 = time.monotonic()
+        min_reps, min_time, max_time = (
+            (MIN_REPS, MIN_TIME_S, MAX_TIME_S) if solo else (COLOC_MIN_REPS, COLOC_TIME_S, COLOC_MAX_TIME_S)
+        )
+        while True:
+            elapsed = time.monotonic() - t0
+            counts = [len(s) for s in samples]
+            if elapsed >= min_time and min(counts) >= min_reps:
+                break
+            if (solo and counts[0] >= MAX_REPS) or (elapsed >= max_time and min(counts) >= 3):
+                break
+            time.sleep(0.01)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        stats = []
+        for record, member, lat, start in zip(records, members, samples, before, strict=True):
+            end = self._batch_stats(record, member)
+            executions = max(1, end[0] - start[0])
+            arr = np.array(lat)
+            stats.append(
+                Stats(
+                    reps=len(arr),
+                    p50_ms=float(np.percentile(arr, 50)),
+                    p95_ms=float(np.percentile(arr, 95)),
+                    p99_ms=float(np.percentile(arr, 99)),
+                    mean_ms=float(arr.mean()),
+                    compute_ms=(end[1] - start[1]) / executions / 1e6,
+                    queue_ms=(end[2] - start[2]) / executions / 1e6,
+                    rss_mb=self._rss_mb(record) if solo else float("nan"),
+                )
+            )
+        return stats
+
+    def _loop(
+        self,
+        record: InstanceRecord,
+        member: Member,
+        warmed: threading.Barrier,
+        go: threading.Event,
+        stop: threading.Event,
+        out: list[float],
+    ) -> None:
+        planned, _ = self.models[member.model]
+        tensor = planned.inputs[0]
+        shape = [member.batch, *(d if d > 0 else 1 for d in tensor.shape)]
+        data = np.random.default_rng(0).random(shape).astype(tensor.dtype)
+        with grpcclient.InferenceServerClient(self._url(record)) as client:
+            request = grpcclient.InferInput(tensor.name, shape, _triton_dtype(tensor.dtype))
+            request.set_data_from_numpy(data)
+            for _ in range(WARMUP):
+                client.infer(member.model, [request])
+            warmed.wait()
+            go.wait()
+            while not stop.is_set():
+                t = time.perf_counter()
+                client.infer(member.model, [request])
+                if not stop.is_set():
+                    out.append((time.perf_counter() - t) * 1000)
+
+    def _batch_stats(self, record: InstanceRecord, member: Member) -> tuple[int, int, int]:
+        """(executions, compute ns, queue ns) Triton has counted for this batch size so far."""
+        with grpcclient.InferenceServerClient(self._url(record)) as client:
+            stats = client.get_inference_statistics(member.model, as_json=True)["model_stats"][0]
+        for batch in stats.get("batch_stats", []):
+            if int(batch["batch_size"]) == member.batch:
+                compute = sum(int(batch[k].get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+                queue = int(stats["inference_stats"]["queue"].get("ns", 0))
+                return int(batch["compute_infer"].get("count", 0)), compute, queue
+        return 0, 0, int(stats["inference_stats"]["queue"].get("ns", 0))
+
+    def _rss_mb(self, record: InstanceRecord) -> float:
+        """Resident memory of the instance's processes (server and backend stub)."""
+        pids = cgroups.members(Path(record.cgroup)) if record.cgroup else {record.pid}
+        total_kb = 0
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total_kb += int(line.split()[1])
+            except OSError:
+                continue
+        return total_kb / 1024

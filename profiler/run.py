@@ -1,0 +1,166 @@
+"""`tritonctl profile`: measure every model of a cluster, solo and co-located, into a dataset.
+
+Resumable (rows already in the dataset are skipped), bounded by an optional time budget,
+with a progress bar. Nothing else should run on the machine meanwhile: co-runners that
+tritonctl does not know about show up as noise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tqdm import tqdm
+
+from profiler.dataset import Dataset, Measurement, ModelFeatures, load_dataset
+from profiler.device import cpu_fingerprint, software_versions
+from profiler.graphinfo import graph_info
+from profiler.grid import Run, coloc_runs, solo_runs
+from profiler.harness import Harness
+from tritonctl.errors import TritonctlError
+from tritonctl.export import Artifact, materialize
+from tritonctl.plan import PlannedModel, Tensor
+from tritonctl.planner import devices_of
+from tritonctl.render import CFS_PERIOD_US, threads_for
+from tritonctl.runtime import share
+from tritonctl.runtime.binary import find_tritonserver
+from tritonctl.runtime.local import LocalRuntime
+from tritonctl.spec import Cluster
+
+
+def _tensors(sigs) -> list[Tensor]:
+    return [Tensor(name=t.name, dtype=t.dtype, shape=list(t.shape)) for t in sigs]
+
+
+def _planned(name: str, artifact: Artifact) -> PlannedModel:
+    """The plan entry the renderer needs to serve `artifact` (SLO, rate and port are unused here)."""
+    return PlannedModel(
+        name=name,
+        onnx=str(artifact.path),
+        onnx_sha256=artifact.sha256,
+        inputs=_tensors(artifact.inputs),
+        outputs=_tensors(artifact.outputs),
+        memory_mb=1,
+        slo_ms=1,
+        rate=0,
+        port=1,
+        placements=[{"instance": f"{name}-profile", "device": "x", "share": 1, "batch": 1}],
+    )
+
+
+def _open_dataset(folder: Path, cluster: Cluster, features: list[ModelFeatures], device: dict) -> Dataset:
+    """A new dataset, or the existing one to resume when it was measured here for the same models."""
+    if not (folder / "metadata.json").exists():
+        return Dataset.create(
+            folder,
+            {
+                "cluster": cluster.spec.name,
+                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "device": device,
+                "share_mechanism": f"{share.mechanism()} CFS quota, period {CFS_PERIOD_US} us",
+                "complete": False,
+                "duration_s": 0.0,
+            },
+            features,
+        )
+    dataset = load_dataset(folder)
+    theirs = dataset.metadata.get("device", {})
+    if theirs.get("id") != device["id"]:
+        raise TritonctlError(
+            f"this profile was measured on another device ({theirs.get('model')}, id {theirs.get('id')}; "
+            f"this one is {device['model']}, id {device['id']}): use a new --output folder",
+            file=folder / "metadata.json",
+            field="device",
+        )
+    for f in features:
+        old = dataset.models.get(f.model)
+        if old is not None and old.onnx_sha256 != f.onnx_sha256:
+            raise TritonctlError(
+                f"model {f.model!r} changed since this profile began (its ONNX file differs): "
+                "use a new --output folder",
+                file=folder / "models.csv",
+            )
+    return dataset
+
+
+def profile(
+    cluster: Cluster, folder: Path, budget_s: float | None = None, log: Callable[[str], None] = print
+) -> Dataset:
+    """Measure the cluster's models into `folder`; returns the dataset (complete or not)."""
+    if cluster.kind != "cpu":
+        raise TritonctlError(
+            "profiling runs on the device it measures: this machine profiles cpu clusters; "
+            "GPU profiling needs a GPU host",
+            file=cluster.path,
+            field="devices",
+        )
+    if share.mechanism() == "none":
+        raise TritonctlError("profiling needs enforceable shares, and no cgroup is writable here (run as root)")
+    artifacts = materialize(cluster, log=log)
+    features = [ModelFeatures(name, a.sha256, **graph_info(a.path).__dict__) for name, a in artifacts.items()]
+    dataset = _open_dataset(folder, cluster, features, cpu_fingerprint())
+    device = devices_of(cluster)[0]
+    names = list(artifacts)
+    runs = solo_runs(names, device.units) + coloc_runs(names, device.units)
+    pending = [run for run in runs if (run.group, run.members[0].model) not in dataset.done]
+    log(
+        f"profiling {len(names)} models on {device.id} ({device.cores:g} cores): {len(runs)} runs, "
+        f"{len(runs) - len(pending)} already measured"
+    )
+    harness = Harness(
+        LocalRuntime(find_tritonserver(cluster.spec.runtime.tritonserver)),
+        device,
+        {name: (_planned(name, a), a.path) for name, a in artifacts.items()},
+        folder / "work",
+    )
+    started = time.monotonic()
+    try:
+        with tqdm(pending, unit="run", dynamic_ncols=True) as bar:
+            for run in bar:
+                if budget_s is not None and time.monotonic() - started > budget_s:
+                    log(f"budget of {budget_s:g} s reached; run the same command again to resume")
+                    break
+                bar.set_description(_describe(run))
+                stats = harness.measure(run.members)
+                dataset.append([_row(run, member, st, device) for member, st in zip(run.members, stats, strict=True)])
+    finally:
+        harness.close()
+        dataset.metadata["duration_s"] = round(dataset.metadata["duration_s"] + time.monotonic() - started, 1)
+        dataset.metadata["complete"] = {(r.group, r.members[0].model) for r in runs} <= dataset.done
+        if harness.server_version:
+            dataset.metadata["software"] = software_versions(harness.server_version)
+        dataset.metadata["grid"] = {"runs": len(runs)}
+        dataset.write_metadata()
+    return dataset
+
+
+def _describe(run: Run) -> str:
+    body = " + ".join(f"{m.model} b{m.batch} s{m.share}" for m in run.members)
+    return f"{run.kind} {body}"[:60]
+
+
+def _row(run: Run, member, st, device) -> Measurement:
+    others = [m for m in run.members if m is not member]
+    return Measurement(
+        config_id=run.group,
+        kind=run.kind,
+        split=run.split,
+        model=member.model,
+        batch=member.batch,
+        share=member.share,
+        units=device.units,
+        cores=device.cores,
+        threads=threads_for(device, member.share),
+        corunners=";".join(f"{m.model}:{m.share}:{m.batch}" for m in others),
+        n_colocated=len(run.members),
+        reps=st.reps,
+        p50_ms=st.p50_ms,
+        p95_ms=st.p95_ms,
+        p99_ms=st.p99_ms,
+        mean_ms=st.mean_ms,
+        compute_ms=st.compute_ms,
+        queue_ms=st.queue_ms,
+        rss_mb=st.rss_mb,
+    )

@@ -1,0 +1,166 @@
+"""`tritonctl fit`: the latency model's parameters from the training rows of a profile.
+
+Held-out rows are never used here; `report.py` judges the fit on them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import GridSearchCV, KFold
+
+from profiler.dataset import Dataset, Measurement
+from tritonctl.errors import TritonctlError
+from tritonctl.latency.lwr import LocallyWeightedRegression
+from tritonctl.latency.model import DeviceParams, LatencyModel, ModelParams, gpulet_factor
+
+BANDWIDTHS = (0.1, 0.15, 0.2, 0.3, 0.5)
+MIN_SOLO_POINTS = 6
+
+
+def _eff(row: Measurement, kind: str) -> float:
+    if kind != "cpu":
+        return row.share_frac
+    return min(row.share_frac * row.cores, row.threads)
+
+
+def _lstsq(A: np.ndarray, y: np.ndarray, ridge: float = 1e-9) -> np.ndarray:
+    """Least squares with a whisper of ridge, so a rank-deficient design still has an answer."""
+    gram = A.T @ A + ridge * np.eye(A.shape[1])
+    return np.linalg.solve(gram, A.T @ y)
+
+
+def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> LatencyModel:
+    kind = dataset.metadata["device"].get("kind", "cpu")
+    train = [r for r in dataset.rows if r.split == "train"]
+    solo = [r for r in train if r.kind == "solo"]
+    coloc = [r for r in train if r.kind == "coloc"]
+    features = dataset.models
+    for name in features:
+        n = sum(1 for r in solo if r.model == name)
+        if n < MIN_SOLO_POINTS:
+            raise TritonctlError(
+                f"model {name!r} has {n} solo training points; the fit needs at least "
+                f"{MIN_SOLO_POINTS} (profile longer: the profile resumes)",
+                file=dataset.folder / "measurements.csv",
+            )
+    units, cores = solo[0].units, solo[0].cores
+
+    # Upload and feedback: what the client sees beyond Triton's compute time, against bytes moved.
+    io_x = np.array(
+        [(features[r.model].input_bytes + features[r.model].output_bytes) * r.batch / _eff(r, kind) for r in solo]
+    )
+    io_y = np.array([max(0.0, r.p50_ms - r.compute_ms) for r in solo])
+    c0, per_byte = _lstsq(np.c_[np.ones_like(io_x), io_x], io_y)
+    per_byte = max(per_byte, 0.0)
+    log(f"  upload+feedback: {c0:.2f} ms + bytes / {1 / per_byte / 1e3 if per_byte else math.inf:.1f} MB/s per core")
+
+    params: dict[str, ModelParams] = {}
+    cache_x: dict[str, list[float]] = {}
+    for name, feat in features.items():
+        rows = [r for r in solo if r.model == name]
+        X = np.array([(math.log2(r.batch), math.log(_eff(r, kind))) for r in rows])
+        y = np.array([r.compute_ms for r in rows])
+        search = GridSearchCV(
+            LocallyWeightedRegression(),
+            {"bandwidth": list(BANDWIDTHS)},
+            cv=KFold(5, shuffle=True, random_state=0),
+            scoring="neg_mean_absolute_percentage_error",
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            search.fit(X, y)
+        bandwidth = search.best_params_["bandwidth"]
+        # Cache-pressure proxy: bytes a batch touches per ms of running time (GB/s), linear in the share.
+        eff = np.array([_eff(r, kind) for r in rows])
+        touched = np.array([feat.weight_bytes + r.batch * feat.activation_bytes for r in rows])
+        pressure = touched / y / 1e6
+        cache_a, cache_b = _lstsq(np.c_[eff, np.ones_like(eff)], pressure)
+        first_share = min(r.share for r in rows)  # a fresh instance's first pass: memory by batch
+        mem_rows = [r for r in rows if r.share == first_share and math.isfinite(r.rss_mb)]
+        mem0, mem1 = _lstsq(
+            np.c_[np.ones(len(mem_rows)), [r.batch for r in mem_rows]], np.array([r.rss_mb for r in mem_rows])
+        )
+        params[name] = ModelParams(
+            name=name,
+            onnx_sha256=feat.onnx_sha256,
+            n_ops=feat.n_ops,
+            io_bytes=feat.input_bytes + feat.output_bytes,
+            lwr_bandwidth=bandwidth,
+            lwr_X=X.round(6).tolist(),
+            lwr_y=y.round(4).tolist(),
+            cache_a=float(cache_a),
+            cache_b=float(cache_b),
+            alpha_cache=0.0,
+            memory_mb0=float(mem0),
+            memory_mb1=float(max(mem1, 0.0)),
+            batch_range=(min(r.batch for r in rows), max(r.batch for r in rows)),
+            share_range=(min(r.share for r in rows), max(r.share for r in rows)),
+        )
+        cache_x[name] = eff.tolist()
+        log(
+            f"  {name}: LWR bandwidth {bandwidth}, cache proxy {cache_a:.2f} x eff + {cache_b:.2f} GB/s, "
+            f"memory {mem0:.0f} + {mem1:.1f} x batch MB"
+        )
+
+    device = DeviceParams(
+        kind=kind,
+        fingerprint=dataset.metadata["device"],
+        units=units,
+        cores=cores,
+        io_c0_ms=float(c0),
+        io_ms_per_byte_core=float(per_byte),
+        sched_a=0.0,
+        sched_b=0.0,
+        gpulet=[0.0, 0.0, 0.0, 0.0, 1.0],
+    )
+    model = LatencyModel(device, params, {"profile": str(dataset.folder), "cluster": dataset.metadata.get("cluster")})
+    if not coloc:
+        log("  no co-located training measurements: interference is not modelled")
+        return model
+    _fit_interference(model, coloc, log)
+    _fit_gpulet(model, coloc, log)
+    return model
+
+
+def _fit_interference(model: LatencyModel, rows: list[Measurement], log) -> None:
+    """InSS: a_cache per model and the scheduling line (a_s, b_s) per operator, jointly."""
+    names = list(model.models)
+    A, y = [], []
+    for r in rows:
+        corunners = r.corunner_list()
+        run = model.run_ms(r.model, r.batch, r.share)
+        pressure = sum(model.cache_pressure(m, s) for m, s, _ in corunners)
+        n_ops = model.models[r.model].n_ops
+        row = [run * pressure if name == r.model else 0.0 for name in names]
+        A.append(row + [n_ops * r.n_colocated, n_ops])
+        y.append(r.p50_ms - model.io_ms(r.model, r.batch, r.share) - run)
+    coef = _lstsq(np.array(A), np.array(y), ridge=1e-6)
+    for name, alpha in zip(names, coef[: len(names)], strict=True):
+        model.models[name].alpha_cache = float(alpha)
+    model.device.sched_a, model.device.sched_b = float(coef[-2]), float(coef[-1])
+    log(
+        f"  interference: a_cache {', '.join(f'{n} {model.models[n].alpha_cache:.4f}' for n in names)}; "
+        f"scheduling {1000 * coef[-2]:.2f} x N + {1000 * coef[-1]:.2f} us per operator"
+    )
+
+
+def _fit_gpulet(model: LatencyModel, rows: list[Measurement], log) -> None:
+    """Gpulet: the pairwise interference factor, linear in both models' L2 and memory use."""
+    pairs = [r for r in rows if r.n_colocated == 2]
+    if not pairs:
+        log("  no pairs measured: Gpulet's model is not fitted")
+        return
+    A, y = [], []
+    for r in pairs:
+        ((other, share_j, _),) = r.corunner_list()
+        solo = model.io_ms(r.model, r.batch, r.share) + model.run_ms(r.model, r.batch, r.share)
+        A.append(model.gpulet_features(r.model, r.share, other, share_j) + [1.0])
+        y.append(r.p50_ms / solo)
+    model.device.gpulet = [float(c) for c in _lstsq(np.array(A), np.array(y), ridge=1e-6)]
+    fitted = [gpulet_factor(model.device.gpulet, a[:4]) for a in A]
+    log(f"  Gpulet pairwise factor fitted on {len(pairs)} rows (mean factor {np.mean(fitted):.2f})")

@@ -1,0 +1,198 @@
+"""The fitted latency model: InSS section 4 on this device, saved as JSON, fast to query.
+
+Execution latency of a batch of model i at share rho next to co-runners J (InSS 4.1):
+
+    t_inf = t_io + t_run * (1 + a_cache_i * sum_j l_j) + [|J| > 0] n_ops_i * (a_s * N + b_s)
+
+- t_io, upload and feedback: c0 + bytes(batch) / (B * eff), with B a bandwidth fitted on
+  this device. On a CPU the "transfer" is Triton's own gRPC and shared-memory path, which
+  runs inside the instance's share, hence the division by the share's effective cores.
+- t_run, running time alone: locally weighted regression over (log2 batch, log eff).
+  `eff` is the share in cores, capped by the instance's thread count on a CPU (one thread
+  cannot use more than one core); on a GPU it is the MPS fraction.
+- l_j, a co-runner's cache pressure: linear in its share, l = a_u * eff + b_u (InSS fits L2
+  utilisation so). No hardware counters are readable on the development machines, so on
+  CPU l is a documented proxy: the bytes a batch touches (weights plus every activation)
+  per millisecond of running time, in GB/s. `tritonctl report` checks that it explains
+  the slowdown it should (correlation of sum_j l_j with the measured slowdown).
+- scheduling: n_ops_i operators (kernels on GPU) each delayed by a_s * N + b_s when N
+  models share the device.
+
+`task_latency` (queueing.py) turns t_inf into task latency under Poisson arrivals, eq. 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tritonctl.errors import TritonctlError
+from tritonctl.latency.lwr import LocallyWeightedRegression
+from tritonctl.render import threads_for_cores
+
+FORMAT = "tritonctl-latency-model"
+VERSION = 1
+MAX_TABLE_BATCH = 32
+
+
+@dataclass
+class ModelParams:
+    """Everything fitted for one model on this device."""
+
+    name: str
+    onnx_sha256: str
+    n_ops: int
+    io_bytes: int  # input + output bytes per sample
+    lwr_bandwidth: float
+    lwr_X: list[list[float]]  # (log2 batch, log eff) of the training points
+    lwr_y: list[float]  # running time (ms) at those points
+    cache_a: float  # l = cache_a * eff + cache_b   (GB/s proxy on CPU, L2 % on GPU)
+    cache_b: float
+    alpha_cache: float  # interference coefficient on running time
+    memory_mb0: float  # footprint(b) = memory_mb0 + memory_mb1 * b
+    memory_mb1: float
+    batch_range: tuple[int, int]
+    share_range: tuple[int, int]  # device units
+
+
+@dataclass
+class DeviceParams:
+    kind: str
+    fingerprint: dict
+    units: int
+    cores: float | None
+    io_c0_ms: float
+    io_ms_per_byte_core: float  # 1 / bandwidth, per core of share
+    sched_a: float  # per operator, ms
+    sched_b: float
+    gpulet: list[float]  # c1..c5 of Gpulet's pairwise interference factor
+
+
+def gpulet_factor(c: list[float], x: list[float]) -> float:
+    """c1*L2_i + c2*L2_j + c3*mem_i + c4*mem_j + c5 (Gpulet, ATC'22)."""
+    return sum(ci * xi for ci, xi in zip(c[:4], x, strict=True)) + c[4]
+
+
+class LatencyModel:
+    """Predicts a batch's execution latency from the fitted parameters; built by `fit`."""
+
+    def __init__(self, device: DeviceParams, models: dict[str, ModelParams], meta: dict):
+        self.device = device
+        self.models = models
+        self.meta = meta
+        self._lwr = {name: self._make_lwr(p) for name, p in models.items()}
+        self._table = {name: self._build_table(name) for name in models}
+
+    # ---- construction -------------------------------------------------------------------
+    @staticmethod
+    def _make_lwr(p: ModelParams) -> LocallyWeightedRegression:
+        return LocallyWeightedRegression(bandwidth=p.lwr_bandwidth).fit(np.array(p.lwr_X), np.array(p.lwr_y))
+
+    def eff(self, share: int, threads: int | None = None) -> float:
+        """The share in cores (CPU, capped by the thread count) or as a fraction (GPU)."""
+        frac = share / self.device.units
+        if self.device.kind != "cpu":
+            return frac
+        cores = frac * self.device.cores
+        return min(cores, threads if threads is not None else threads_for_cores(cores))
+
+    def _build_table(self, name: str) -> list[list[float]]:
+        """Running time for every batch 1..32 and share 1..units, so queries cost a lookup."""
+        units = self.device.units
+        batches = np.arange(1, MAX_TABLE_BATCH + 1)
+        shares = np.arange(1, units + 1)
+        grid = np.array([(math.log2(b), math.log(self.eff(int(s)))) for b in batches for s in shares])
+        values = self._lwr[name].predict(grid).reshape(len(batches), len(shares))
+        return [[0.0] * (units + 1)] + [[0.0, *row] for row in values.tolist()]
+
+    # ---- queries ------------------------------------------------------------------------
+    def run_ms(self, model: str, batch: int, share: int) -> float:
+        if 1 <= batch <= MAX_TABLE_BATCH and 1 <= share <= self.device.units:
+            return self._table[model][batch][share]
+        x = np.array([[math.log2(batch), math.log(self.eff(share))]])
+        return float(self._lwr[model].predict(x)[0])
+
+    def io_ms(self, model: str, batch: int, share: int) -> float:
+        p, d = self.models[model], self.device
+        return d.io_c0_ms + d.io_ms_per_byte_core * p.io_bytes * batch / self.eff(share)
+
+    def cache_pressure(self, model: str, share: int) -> float:
+        p = self.models[model]
+        return max(0.0, p.cache_a * self.eff(share) + p.cache_b)
+
+    def t_inf(self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> float:
+        """Execution latency (ms) of one batch; `corunners` are (model, share, batch) on the same device."""
+        p, d = self.models[model], self.device
+        run = self.run_ms(model, batch, share)
+        if corunners:
+            pressure = sum(self.cache_pressure(m, s) for m, s, _ in corunners)
+            run *= 1.0 + p.alpha_cache * pressure
+            run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
+        return self.io_ms(model, batch, share) + run
+
+    def t_inf_gpulet(
+        self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...] = ()
+    ) -> float:
+        """The same latency by Gpulet's pairwise linear interference model (for comparison)."""
+        solo = self.io_ms(model, batch, share) + self.run_ms(model, batch, share)
+        factor = 1.0  # pairwise factors, their excess over 1 added up for groups larger than a pair
+        for other, share_j, _ in corunners:
+            factor += gpulet_factor(self.device.gpulet, self.gpulet_features(model, share, other, share_j)) - 1.0
+        return solo * max(factor, 0.1)
+
+    def gpulet_features(self, model: str, share: int, other: str, share_j: int) -> list[float]:
+        """Gpulet's (L2_i, L2_j, mem_i, mem_j): here cache pressure and the share in cores."""
+        return [
+            self.cache_pressure(model, share),
+            self.cache_pressure(other, share_j),
+            self.eff(share),
+            self.eff(share_j),
+        ]
+
+    def footprint_mb(self, model: str, batch: int) -> float:
+        p = self.models[model]
+        return p.memory_mb0 + p.memory_mb1 * batch
+
+    def extrapolates(self, model: str, batch: int, share: int) -> bool:
+        p = self.models[model]
+        return not (p.batch_range[0] <= batch <= p.batch_range[1] and p.share_range[0] <= share <= p.share_range[1])
+
+    # ---- persistence --------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        data = {
+            "format": FORMAT,
+            "version": VERSION,
+            "meta": self.meta,
+            "device": asdict(self.device),
+            "models": {name: asdict(p) for name, p in self.models.items()},
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def load_latency_model(path: str | Path) -> LatencyModel:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
+    except ValueError as exc:
+        raise TritonctlError(f"not valid JSON: {exc}", file=path) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise TritonctlError(f"not a {FORMAT} file of version {VERSION} (make one with `tritonctl fit`)", file=path)
+    try:
+        device = DeviceParams(**data["device"])
+        models = {}
+        for name, raw in data["models"].items():
+            raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
+            models[name] = ModelParams(**raw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return LatencyModel(device, models, data.get("meta", {}))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TritonctlError(f"corrupt latency model ({type(exc).__name__}: {exc})", file=path) from None

@@ -1,0 +1,63 @@
+"""Task latency with queueing, InSS eq. 2.
+
+A task of model i arrives when G tasks are already queued, so the queued work including it
+is W = G + 1 (tasks are of batch size 1). With batch size b and execution time t_inf of a
+batch, and exec the time left of the batch running when it arrives:
+
+    W >= b:  T = exec + ceil(W / b) * t_inf                 (waits behind earlier batches)
+    W <  b:  T = max(exec, (b - W) / rate) + t_inf          (waits for the batch to fill)
+
+`eq2` is that formula. `task_latency` applies it to every task of a seeded Poisson arrival
+sequence, taking G and exec from a batch server that runs full batches of b, and returns
+the mean and a high percentile, which is what the planner compares with the SLO.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SAMPLE_TASKS = 2000
+
+
+def eq2(queued_with_task: int, batch: int, t_inf_ms: float, exec_left_ms: float, rate: float) -> float:
+    """InSS eq. 2: the latency (ms) of a task that finds `queued_with_task - 1` tasks queued."""
+    if queued_with_task >= batch:
+        return exec_left_ms + math.ceil(queued_with_task / batch) * t_inf_ms
+    wait_ms = 1000.0 * (batch - queued_with_task) / rate
+    return max(exec_left_ms, wait_ms) + t_inf_ms
+
+
+@dataclass(frozen=True)
+class TaskLatency:
+    mean_ms: float
+    p99_ms: float
+    stable: bool  # False when the arrival rate exceeds what batches of b can serve
+
+
+def task_latency(rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks: int = SAMPLE_TASKS) -> TaskLatency:
+    """Mean and p99 task latency under Poisson arrivals at `rate` (requests/s), by eq. 2."""
+    if rate <= 0:
+        return TaskLatency(t_inf_ms, t_inf_ms, True)
+    if rate * t_inf_ms / 1000.0 >= batch:
+        return TaskLatency(math.inf, math.inf, False)
+    arrivals = np.cumsum(np.random.default_rng(seed).exponential(1000.0 / rate, tasks))  # ms
+    # The batch server: batch k holds tasks [k*b, (k+1)*b) and starts when its last task has
+    # arrived and the previous batch is done.
+    n_batches = tasks // batch
+    starts = np.empty(n_batches)
+    end = 0.0
+    for k in range(n_batches):
+        starts[k] = max(end, arrivals[(k + 1) * batch - 1])
+        end = starts[k] + t_inf_ms
+    ends = starts + t_inf_ms
+    # At each arrival: the last batch started, the time it has left, the tasks still queued.
+    last = np.searchsorted(starts, arrivals, side="right") - 1
+    exec_left = np.where(last >= 0, np.maximum(0.0, ends[np.maximum(last, 0)] - arrivals), 0.0)
+    queued = np.maximum(0, np.arange(tasks) - (last + 1) * batch)
+    latencies = np.array(
+        [eq2(int(g) + 1, batch, t_inf_ms, float(e), rate) for g, e in zip(queued, exec_left, strict=True)]
+    )
+    return TaskLatency(float(latencies.mean()), float(np.percentile(latencies, 99)), True)
