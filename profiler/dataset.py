@@ -6,6 +6,7 @@
                             train|heldout, batch, share, co-runners, p50/p95/p99/mean client
                             latency, Triton's server-side compute and queue time, memory
     <dir>/models.csv        per model: operators, input/output/weight/activation bytes
+    <dir>/memory.csv        per instance warm-up: resident memory after each batch size
 
 Rows are appended as they are measured, so an interrupted profile resumes where it stopped.
 Both CSVs read with the csv module or pandas.
@@ -46,6 +47,7 @@ class Measurement:
     compute_ms: float  # Triton's compute_input + compute_infer + compute_output per batch
     queue_ms: float
     rss_mb: float  # resident memory of the instance after this batch size (solo rows)
+    cpu_util: float  # cores the instance kept busy meanwhile (/proc user + system time)
 
     @property
     def share_frac(self) -> float:
@@ -57,6 +59,16 @@ class Measurement:
             name, share, batch = item.split(":")
             out.append((name, int(share), int(batch)))
         return out
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """Resident memory of a fresh instance after it first ran `batch` (its warm-up pass)."""
+
+    model: str
+    threads: int
+    batch: int
+    rss_mb: float
 
 
 @dataclass(frozen=True)
@@ -99,11 +111,19 @@ def _read_csv(path: Path, cls) -> list:
 class Dataset:
     """A profile folder: metadata, model features and measurements."""
 
-    def __init__(self, folder: Path, metadata: dict, models: dict[str, ModelFeatures], rows: list[Measurement]):
+    def __init__(
+        self,
+        folder: Path,
+        metadata: dict,
+        models: dict[str, ModelFeatures],
+        rows: list[Measurement],
+        memory: list[MemoryPoint],
+    ):
         self.folder = folder
         self.metadata = metadata
         self.models = models
         self.rows = rows
+        self.memory = memory
 
     @property
     def done(self) -> set[tuple[str, str]]:
@@ -113,14 +133,15 @@ class Dataset:
     def create(folder: Path, metadata: dict, models: list[ModelFeatures]) -> Dataset:
         folder.mkdir(parents=True, exist_ok=True)
         metadata = {"format": FORMAT, "version": VERSION, **metadata}
-        dataset = Dataset(folder, metadata, {m.model: m for m in models}, [])
+        dataset = Dataset(folder, metadata, {m.model: m for m in models}, [], [])
         dataset.write_metadata()
         with (folder / "models.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, [f.name for f in fields(ModelFeatures)])
             writer.writeheader()
             writer.writerows(asdict(m) for m in models)
-        with (folder / "measurements.csv").open("w", newline="") as fh:
-            csv.DictWriter(fh, [f.name for f in fields(Measurement)]).writeheader()
+        for name, cls in (("measurements.csv", Measurement), ("memory.csv", MemoryPoint)):
+            with (folder / name).open("w", newline="") as fh:
+                csv.DictWriter(fh, [f.name for f in fields(cls)]).writeheader()
         return dataset
 
     def write_metadata(self) -> None:
@@ -128,12 +149,16 @@ class Dataset:
         tmp.write_text(json.dumps(self.metadata, indent=2, sort_keys=True) + "\n")
         tmp.replace(self.folder / "metadata.json")
 
-    def append(self, rows: list[Measurement]) -> None:
-        with (self.folder / "measurements.csv").open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, [f.name for f in fields(Measurement)])
-            for row in rows:
-                writer.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(row).items()})
-        self.rows.extend(rows)
+    def append(self, rows: list[Measurement], memory: list[MemoryPoint] = ()) -> None:
+        for name, cls, items, target in (
+            ("measurements.csv", Measurement, rows, self.rows),
+            ("memory.csv", MemoryPoint, memory, self.memory),
+        ):
+            with (self.folder / name).open("a", newline="") as fh:
+                writer = csv.DictWriter(fh, [f.name for f in fields(cls)])
+                for item in items:
+                    writer.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(item).items()})
+            target.extend(items)
 
 
 def load_dataset(folder: str | Path) -> Dataset:
@@ -161,4 +186,4 @@ def load_dataset(folder: str | Path) -> Dataset:
         raise TritonctlError(
             f"measurements of models without features: {', '.join(unknown)}", file=folder / "measurements.csv"
         )
-    return Dataset(folder, metadata, models, rows)
+    return Dataset(folder, metadata, models, rows, _read_csv(folder / "memory.csv", MemoryPoint))

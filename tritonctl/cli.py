@@ -18,7 +18,7 @@ from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
 from tritonctl.plan import load_plan, save_plan
-from tritonctl.planner import make_plan
+from tritonctl.planner import check_latency_model, make_plan
 from tritonctl.policies import POLICIES
 from tritonctl.render import render
 from tritonctl.runtime import share
@@ -42,20 +42,29 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _plan(cluster_arg: str, policy: str, output: str | None) -> Path:
+def _plan(cluster_arg: str, policy: str, output: str | None, latency_model: str | None = None) -> Path:
     cluster = load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
     _say(f"models of {cluster.spec.name}:")
     artifacts = materialize(cluster, log=_say)
-    plan = make_plan(cluster, artifacts, policy, out)
+    lm = None
+    if latency_model:
+        lm = load_latency_model(latency_model)
+        check_latency_model(cluster, artifacts, lm, Path(latency_model), _say)
+    plan = make_plan(cluster, artifacts, policy, out, lm, log=_say)
     save_plan(plan, out)
     _say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
         device = plan.device(placement.device)
-        _say(
+        line = (
             f"  {placement.instance:24} {placement.device:6} share {placement.share:>3}/{device.units} "
             f"batch {placement.batch:>2}  port {model.port}"
         )
+        if placement.predicted:
+            pred = placement.predicted
+            p99 = f"{pred.latency_ms:.1f} ms" if pred.latency_ms is not None else "overloaded"
+            line += f"  batch {pred.exec_ms:.1f} ms, p99 {p99} (SLO {model.slo_ms:g}), max {pred.throughput_rps:.0f}/s"
+        _say(line)
     return out
 
 

@@ -6,14 +6,13 @@ Held-out rows are never used here; `report.py` judges the fit on them.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
+from scipy.optimize import nnls
 from sklearn.model_selection import GridSearchCV, KFold
 
-from profiler.dataset import Dataset, Measurement
+from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import DeviceParams, LatencyModel, ModelParams, gpulet_factor
@@ -51,71 +50,33 @@ def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> L
     units, cores = solo[0].units, solo[0].cores
 
     # Upload and feedback: what the client sees beyond Triton's compute time, against bytes moved.
-    io_x = np.array(
-        [(features[r.model].input_bytes + features[r.model].output_bytes) * r.batch / _eff(r, kind) for r in solo]
-    )
+    io_x = np.array([(features[r.model].input_bytes + features[r.model].output_bytes) * r.batch for r in solo])
     io_y = np.array([max(0.0, r.p50_ms - r.compute_ms) for r in solo])
-    c0, per_byte = _lstsq(np.c_[np.ones_like(io_x), io_x], io_y)
-    per_byte = max(per_byte, 0.0)
-    log(f"  upload+feedback: {c0:.2f} ms + bytes / {1 / per_byte / 1e3 if per_byte else math.inf:.1f} MB/s per core")
+    (c0, per_byte), _ = nnls(np.c_[np.ones_like(io_x), io_x], io_y)
+    log(f"  upload+feedback: {c0:.2f} ms + bytes / {1 / per_byte / 1e3 if per_byte else math.inf:.0f} MB/s")
 
-    params: dict[str, ModelParams] = {}
-    cache_x: dict[str, list[float]] = {}
-    for name, feat in features.items():
-        rows = [r for r in solo if r.model == name]
-        X = np.array([(math.log2(r.batch), math.log(_eff(r, kind))) for r in rows])
-        y = np.array([r.compute_ms for r in rows])
-        search = GridSearchCV(
-            LocallyWeightedRegression(),
-            {"bandwidth": list(BANDWIDTHS)},
-            cv=KFold(5, shuffle=True, random_state=0),
-            scoring="neg_mean_absolute_percentage_error",
+    params = {
+        name: _fit_model(
+            feat,
+            [r for r in solo if r.model == name],
+            [m for m in dataset.memory if m.model == name],
+            kind,
+            c0,
+            per_byte,
+            log,
         )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            search.fit(X, y)
-        bandwidth = search.best_params_["bandwidth"]
-        # Cache-pressure proxy: bytes a batch touches per ms of running time (GB/s), linear in the share.
-        eff = np.array([_eff(r, kind) for r in rows])
-        touched = np.array([feat.weight_bytes + r.batch * feat.activation_bytes for r in rows])
-        pressure = touched / y / 1e6
-        cache_a, cache_b = _lstsq(np.c_[eff, np.ones_like(eff)], pressure)
-        first_share = min(r.share for r in rows)  # a fresh instance's first pass: memory by batch
-        mem_rows = [r for r in rows if r.share == first_share and math.isfinite(r.rss_mb)]
-        mem0, mem1 = _lstsq(
-            np.c_[np.ones(len(mem_rows)), [r.batch for r in mem_rows]], np.array([r.rss_mb for r in mem_rows])
-        )
-        params[name] = ModelParams(
-            name=name,
-            onnx_sha256=feat.onnx_sha256,
-            n_ops=feat.n_ops,
-            io_bytes=feat.input_bytes + feat.output_bytes,
-            lwr_bandwidth=bandwidth,
-            lwr_X=X.round(6).tolist(),
-            lwr_y=y.round(4).tolist(),
-            cache_a=float(cache_a),
-            cache_b=float(cache_b),
-            alpha_cache=0.0,
-            memory_mb0=float(mem0),
-            memory_mb1=float(max(mem1, 0.0)),
-            batch_range=(min(r.batch for r in rows), max(r.batch for r in rows)),
-            share_range=(min(r.share for r in rows), max(r.share for r in rows)),
-        )
-        cache_x[name] = eff.tolist()
-        log(
-            f"  {name}: LWR bandwidth {bandwidth}, cache proxy {cache_a:.2f} x eff + {cache_b:.2f} GB/s, "
-            f"memory {mem0:.0f} + {mem1:.1f} x batch MB"
-        )
-
+        for name, feat in features.items()
+    }
     device = DeviceParams(
         kind=kind,
         fingerprint=dataset.metadata["device"],
         units=units,
         cores=cores,
         io_c0_ms=float(c0),
-        io_ms_per_byte_core=float(per_byte),
+        io_ms_per_byte=float(per_byte),
         sched_a=0.0,
         sched_b=0.0,
+        contention=0.0,
         gpulet=[0.0, 0.0, 0.0, 0.0, 1.0],
     )
     model = LatencyModel(device, params, {"profile": str(dataset.folder), "cluster": dataset.metadata.get("cluster")})
@@ -125,6 +86,58 @@ def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> L
     _fit_interference(model, coloc, log)
     _fit_gpulet(model, coloc, log)
     return model
+
+
+def _fit_model(
+    feat: ModelFeatures,
+    rows: list[Measurement],
+    memory: list[MemoryPoint],
+    kind: str,
+    c0: float,
+    per_byte: float,
+    log: Callable[[str], None],
+) -> ModelParams:
+    """One model's solo parameters: LWR running time, pressure on co-runners, memory by batch."""
+    X = np.array([(math.log2(r.batch), math.log(_eff(r, kind))) for r in rows])
+    # Running time: the measured latency less the fitted upload and feedback, so t_io + t_run
+    # reproduces the measurement and errors of the two parts do not add up.
+    io = c0 + per_byte * (feat.input_bytes + feat.output_bytes) * np.array([r.batch for r in rows])
+    p50 = np.array([r.p50_ms for r in rows])
+    y = np.maximum(p50 - io, 0.05 * p50)
+    search = GridSearchCV(
+        LocallyWeightedRegression(),
+        {"bandwidth": list(BANDWIDTHS)},
+        cv=KFold(5, shuffle=True, random_state=0),
+        scoring="neg_mean_absolute_percentage_error",
+    )
+    bandwidth = search.fit(X, y).best_params_["bandwidth"]
+    # Pressure on co-runners, linear in the share (InSS fits L2 utilisation so); on CPU the
+    # measured CPU utilisation of the instance stands in (see model.py).
+    eff = np.array([_eff(r, kind) for r in rows])
+    cache_a, cache_b = _lstsq(np.c_[eff, np.ones_like(eff)], np.array([r.cpu_util for r in rows]))
+    if not memory:
+        raise TritonctlError(f"no memory measurements for model {feat.model!r}", file="memory.csv")
+    mem0, mem1 = _lstsq(np.c_[np.ones(len(memory)), [m.batch for m in memory]], np.array([m.rss_mb for m in memory]))
+    log(
+        f"  {feat.model}: LWR bandwidth {bandwidth}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
+        f"memory {mem0:.0f} + {mem1:.1f} x batch MB"
+    )
+    return ModelParams(
+        name=feat.model,
+        onnx_sha256=feat.onnx_sha256,
+        n_ops=feat.n_ops,
+        io_bytes=feat.input_bytes + feat.output_bytes,
+        lwr_bandwidth=bandwidth,
+        lwr_X=X.round(6).tolist(),
+        lwr_y=y.round(4).tolist(),
+        cache_a=float(cache_a),
+        cache_b=float(cache_b),
+        alpha_cache=0.0,
+        memory_mb0=float(mem0),
+        memory_mb1=float(max(mem1, 0.0)),
+        batch_range=(min(r.batch for r in rows), max(r.batch for r in rows)),
+        share_range=(min(r.share for r in rows), max(r.share for r in rows)),
+    )
 
 
 def _fit_interference(model: LatencyModel, rows: list[Measurement], log) -> None:
@@ -137,15 +150,15 @@ def _fit_interference(model: LatencyModel, rows: list[Measurement], log) -> None
         pressure = sum(model.cache_pressure(m, s) for m, s, _ in corunners)
         n_ops = model.models[r.model].n_ops
         row = [run * pressure if name == r.model else 0.0 for name in names]
-        A.append(row + [n_ops * r.n_colocated, n_ops])
-        y.append(r.p50_ms - model.io_ms(r.model, r.batch, r.share) - run)
-    coef = _lstsq(np.array(A), np.array(y), ridge=1e-6)
+        A.append(row + [run * model.contention(r.share, tuple(corunners)), n_ops * r.n_colocated, n_ops])
+        y.append(r.p50_ms - model.io_ms(r.model, r.batch) - run)
+    coef, _ = nnls(np.array(A), np.array(y))  # interference only slows down: coefficients >= 0
     for name, alpha in zip(names, coef[: len(names)], strict=True):
         model.models[name].alpha_cache = float(alpha)
-    model.device.sched_a, model.device.sched_b = float(coef[-2]), float(coef[-1])
+    model.device.contention, model.device.sched_a, model.device.sched_b = (float(c) for c in coef[-3:])
     log(
         f"  interference: a_cache {', '.join(f'{n} {model.models[n].alpha_cache:.4f}' for n in names)}; "
-        f"scheduling {1000 * coef[-2]:.2f} x N + {1000 * coef[-1]:.2f} us per operator"
+        f"core contention {coef[-3]:.3f}; scheduling {1000 * coef[-2]:.2f} x N + {1000 * coef[-1]:.2f} us per operator"
     )
 
 
@@ -158,7 +171,7 @@ def _fit_gpulet(model: LatencyModel, rows: list[Measurement], log) -> None:
     A, y = [], []
     for r in pairs:
         ((other, share_j, _),) = r.corunner_list()
-        solo = model.io_ms(r.model, r.batch, r.share) + model.run_ms(r.model, r.batch, r.share)
+        solo = model.io_ms(r.model, r.batch) + model.run_ms(r.model, r.batch, r.share)
         A.append(model.gpulet_features(r.model, r.share, other, share_j) + [1.0])
         y.append(r.p50_ms / solo)
     model.device.gpulet = [float(c) for c in _lstsq(np.array(A), np.array(y), ridge=1e-6)]

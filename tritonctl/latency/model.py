@@ -2,21 +2,24 @@
 
 Execution latency of a batch of model i at share rho next to co-runners J (InSS 4.1):
 
-    t_inf = t_io + t_run * (1 + a_cache_i * sum_j l_j) + [|J| > 0] n_ops_i * (a_s * N + b_s)
+    t_inf = t_io + t_run * (1 + a_cache_i * sum_j l_j + g * c_i) + [|J| > 0] n_ops_i * (a_s * N + b_s)
 
-- t_io, upload and feedback: c0 + bytes(batch) / (B * eff), with B a bandwidth fitted on
-  this device. On a CPU the "transfer" is Triton's own gRPC and shared-memory path, which
-  runs inside the instance's share, hence the division by the share's effective cores.
-- t_run, running time alone: locally weighted regression over (log2 batch, log eff).
-  `eff` is the share in cores, capped by the instance's thread count on a CPU (one thread
-  cannot use more than one core); on a GPU it is the MPS fraction.
+- t_io, upload and feedback: c0 + bytes(batch) / B, with B a bandwidth fitted on this
+  device (on a CPU: Triton's gRPC and shared-memory path, the client latency beyond
+  Triton's compute time).
+- t_run, running time alone: locally weighted regression over (log2 batch, log eff), fitted
+  to the measured latency less t_io. `eff` is the share in cores, capped by the instance's
+  thread count on a CPU (one thread cannot use more than one core); on a GPU the MPS fraction.
 - l_j, a co-runner's cache pressure: linear in its share, l = a_u * eff + b_u (InSS fits L2
-  utilisation so). No hardware counters are readable on the development machines, so on
-  CPU l is a documented proxy: the bytes a batch touches (weights plus every activation)
-  per millisecond of running time, in GB/s. `tritonctl report` checks that it explains
-  the slowdown it should (correlation of sum_j l_j with the measured slowdown).
+  utilisation so). No hardware counters are readable on the development machines (no PMU
+  in the VM), so on CPU l is a documented proxy: the CPU utilisation the co-runner's
+  instance sustains (cores busy, from /proc), the demand it puts on the shared cores and
+  caches. `tritonctl report` checks that it explains the slowdown it should (correlation of
+  sum_j l_j with the measured slowdown).
 - scheduling: n_ops_i operators (kernels on GPU) each delayed by a_s * N + b_s when N
   models share the device.
+- c_i, CPU only, has no InSS counterpart: contention for cores when the instances' threads
+  outnumber them (see `contention`); g is fitted with the other coefficients, 0 on a GPU.
 
 `task_latency` (queueing.py) turns t_inf into task latency under Poisson arrivals, eq. 2.
 """
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -67,9 +69,10 @@ class DeviceParams:
     units: int
     cores: float | None
     io_c0_ms: float
-    io_ms_per_byte_core: float  # 1 / bandwidth, per core of share
+    io_ms_per_byte: float  # 1 / bandwidth
     sched_a: float  # per operator, ms
     sched_b: float
+    contention: float  # CPU only: weight of `LatencyModel.contention`
     gpulet: list[float]  # c1..c5 of Gpulet's pairwise interference factor
 
 
@@ -117,9 +120,9 @@ class LatencyModel:
         x = np.array([[math.log2(batch), math.log(self.eff(share))]])
         return float(self._lwr[model].predict(x)[0])
 
-    def io_ms(self, model: str, batch: int, share: int) -> float:
+    def io_ms(self, model: str, batch: int) -> float:
         p, d = self.models[model], self.device
-        return d.io_c0_ms + d.io_ms_per_byte_core * p.io_bytes * batch / self.eff(share)
+        return d.io_c0_ms + d.io_ms_per_byte * p.io_bytes * batch
 
     def cache_pressure(self, model: str, share: int) -> float:
         p = self.models[model]
@@ -131,15 +134,45 @@ class LatencyModel:
         run = self.run_ms(model, batch, share)
         if corunners:
             pressure = sum(self.cache_pressure(m, s) for m, s, _ in corunners)
-            run *= 1.0 + p.alpha_cache * pressure
+            run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
-        return self.io_ms(model, batch, share) + run
+        return self.io_ms(model, batch) + run
+
+    def contention(self, share: int, corunners: tuple[tuple[str, int, int], ...]) -> float:
+        """CPU only: the share of time this instance's threads wait for a core beyond their quota's slack.
+
+        A GPU's MPS share reserves SMs; a CPU quota reserves time, not cores. Each thread of
+        an instance wants to run a fraction u = eff / threads of the time. A thread of ours
+        finds no free core when, besides its own sibling threads, at least `cores - (t - 1)`
+        threads of the co-runners want to run at once (threads independent, each runnable
+        with its own u). Waiting costs nothing while the thread would be throttled anyway,
+        so what counts is P(blocked) - (1 - u). Measured here: 1-thread instances at 0.5
+        core barely slowed next to anything, 2-thread instances at 1.5 cores slowed ~30%
+        next to a half-core co-runner, as this predicts.
+        """
+        if self.device.kind != "cpu":
+            return 0.0
+
+        def threads_and_duty(s: int) -> tuple[int, float]:
+            cores = s / self.device.units * self.device.cores
+            threads = threads_for_cores(cores)
+            return threads, min(cores, threads) / threads
+
+        threads, duty = threads_and_duty(share)
+        runnable = np.array([1.0])  # distribution of the number of co-runner threads wanting a core
+        for _, s, _ in corunners:
+            t, u = threads_and_duty(s)
+            for _ in range(t):
+                runnable = np.convolve(runnable, [1 - u, u])
+        blocking = max(0, math.ceil(self.device.cores - (threads - 1)))
+        p_blocked = float(runnable[blocking:].sum())
+        return max(0.0, p_blocked - (1 - duty))
 
     def t_inf_gpulet(
         self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...] = ()
     ) -> float:
         """The same latency by Gpulet's pairwise linear interference model (for comparison)."""
-        solo = self.io_ms(model, batch, share) + self.run_ms(model, batch, share)
+        solo = self.io_ms(model, batch) + self.run_ms(model, batch, share)
         factor = 1.0  # pairwise factors, their excess over 1 added up for groups larger than a pair
         for other, share_j, _ in corunners:
             factor += gpulet_factor(self.device.gpulet, self.gpulet_features(model, share, other, share_j)) - 1.0
@@ -191,8 +224,6 @@ def load_latency_model(path: str | Path) -> LatencyModel:
         for name, raw in data["models"].items():
             raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
             models[name] = ModelParams(**raw)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return LatencyModel(device, models, data.get("meta", {}))
+        return LatencyModel(device, models, data.get("meta", {}))
     except (KeyError, TypeError, ValueError) as exc:
         raise TritonctlError(f"corrupt latency model ({type(exc).__name__}: {exc})", file=path) from None

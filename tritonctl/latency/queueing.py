@@ -53,8 +53,8 @@ def task_latency(rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks:
         starts[k] = max(end, arrivals[(k + 1) * batch - 1])
         end = starts[k] + t_inf_ms
     ends = starts + t_inf_ms
-    # At each arrival: the last batch started, the time it has left, the tasks still queued.
-    last = np.searchsorted(starts, arrivals, side="right") - 1
+    # Just before each arrival: the last batch started, the time it has left, the tasks queued.
+    last = np.searchsorted(starts, arrivals, side="left") - 1
     exec_left = np.where(last >= 0, np.maximum(0.0, ends[np.maximum(last, 0)] - arrivals), 0.0)
     queued = np.maximum(0, np.arange(tasks) - (last + 1) * batch)
     latencies = np.array(

@@ -1,0 +1,233 @@
+"""The latency model: LWR estimator, queueing (eq. 2), fitting, file checks, plan predictions.
+
+Datasets built here are SYNTHETIC (generated from a known formula) so that a fit can be
+checked against the truth; the real-measurement path is covered by test_profile.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.utils.estimator_checks import check_estimator
+
+from conftest import make_mlp, mlp_model, write_cluster
+from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, load_dataset
+from profiler.device import cpu_fingerprint
+from profiler.grid import coloc_runs, solo_runs
+from tritonctl.cli import main
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.lwr import LocallyWeightedRegression
+from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.queueing import eq2, task_latency
+from tritonctl.plan import load_plan
+from tritonctl.planner import predict
+from tritonctl.render import threads_for_cores
+
+# The truth behind the synthetic datasets.
+PER_SAMPLE_MS = {"alpha": 4.0, "beta": 9.0}
+ALPHA_CACHE = {"alpha": 0.10, "beta": 0.05}
+
+
+def true_latency(model: str, batch: int, share: int, corunners) -> float:
+    cores = 2 * share / 100
+    eff = min(cores, threads_for_cores(cores))
+    run = (1.0 + PER_SAMPLE_MS[model] * batch**0.9) / eff
+    pressure = sum(min(2 * s / 100, threads_for_cores(2 * s / 100)) for _, s, _ in corunners)
+    return 0.5 + 0.001 * batch + run * (1 + ALPHA_CACHE[model] * pressure)
+
+
+def synthetic_dataset(folder: Path) -> Dataset:
+    features = [ModelFeatures(m, "0" * 64, 10, 64, 16, 1000, 5000) for m in PER_SAMPLE_MS]
+    dataset = Dataset.create(
+        folder,
+        {
+            "cluster": "test",
+            "device": cpu_fingerprint(),
+            "created": "synthetic",
+            "share_mechanism": "synthetic",
+            "complete": True,
+            "duration_s": 0,
+        },
+        features,
+    )
+    rows = []
+    for run in solo_runs(list(PER_SAMPLE_MS), 100) + coloc_runs(list(PER_SAMPLE_MS), 100):
+        for member in run.members:
+            others = tuple((m.model, m.share, m.batch) for m in run.members if m is not member)
+            t = true_latency(member.model, member.batch, member.share, others)
+            cores = 2 * member.share / 100
+            rows.append(
+                Measurement(
+                    config_id=run.group,
+                    kind=run.kind,
+                    split=run.split,
+                    model=member.model,
+                    batch=member.batch,
+                    share=member.share,
+                    units=100,
+                    cores=2.0,
+                    threads=threads_for_cores(cores),
+                    corunners=";".join(f"{m}:{s}:{b}" for m, s, b in others),
+                    n_colocated=len(run.members),
+                    reps=10,
+                    p50_ms=t,
+                    p95_ms=t,
+                    p99_ms=t,
+                    mean_ms=t,
+                    compute_ms=t - 0.5 - 0.001 * member.batch,
+                    queue_ms=0.1,
+                    rss_mb=300,
+                    cpu_util=min(cores, threads_for_cores(cores)),
+                )
+            )
+    memory = [MemoryPoint(m, 1, b, 100 + 5 * b) for m in PER_SAMPLE_MS for b in (1, 2, 4, 8, 16, 32)]
+    dataset.append(rows, memory)
+    return load_dataset(folder)
+
+
+def test_lwr_is_a_scikit_learn_estimator():
+    check_estimator(LocallyWeightedRegression(log_target=False))
+
+
+def test_lwr_interpolates_a_smooth_latency_surface():
+    rng = np.random.default_rng(0)
+    batch, share = rng.integers(1, 33, 300), rng.uniform(0.2, 1.0, 300)
+    y = (2 + 1.5 * batch**0.9) / share  # synthetic
+    X = np.c_[np.log2(batch), np.log(share)]
+    model = LocallyWeightedRegression(bandwidth=0.1).fit(X[:250], y[:250])
+    errors = np.abs(model.predict(X[250:]) / y[250:] - 1)
+    assert np.median(errors) < 0.01 and errors.max() < 0.05
+
+
+def test_eq2_both_cases():
+    # Enough queued work: wait for what runs, then ceil(W / b) batches.
+    assert eq2(queued_with_task=5, batch=2, t_inf_ms=10, exec_left_ms=3, rate=100) == 3 + 3 * 10
+    # Not enough to fill a batch: wait for (b - W) more arrivals at the rate, or what runs, if longer.
+    assert eq2(queued_with_task=1, batch=4, t_inf_ms=10, exec_left_ms=3, rate=100) == 30 + 10
+    assert eq2(queued_with_task=3, batch=4, t_inf_ms=10, exec_left_ms=25, rate=100) == 25 + 10
+
+
+def test_task_latency_matches_md1_for_batch_one():
+    """With b = 1 the batch server is M/D/1: mean sojourn t + rho t / (2 (1 - rho))."""
+    t, rate = 10.0, 60.0  # rho = 0.6
+    rho = rate * t / 1000
+    expected = t + rho * t / (2 * (1 - rho))
+    got = task_latency(rate, 1, t, tasks=100_000).mean_ms
+    assert got == pytest.approx(expected, rel=0.05)
+
+
+def test_task_latency_overload_and_batch_filling():
+    assert not task_latency(rate=200, batch=2, t_inf_ms=10).stable  # 200/s x 10 ms = 2 batches' worth
+    light = task_latency(rate=10, batch=4, t_inf_ms=5)  # waiting to fill a batch of 4 at 10/s dominates
+    assert 100 < light.mean_ms < 300 and light.stable
+
+
+def test_fit_recovers_a_known_synthetic_model(tmp_path):
+    dataset = synthetic_dataset(tmp_path / "profile")
+    model = fit_latency_model(dataset, log=lambda _: None)
+    for row in dataset.rows:
+        if row.split == "heldout":
+            got = model.t_inf(row.model, row.batch, row.share, tuple(row.corunner_list()))
+            assert got == pytest.approx(row.p50_ms, rel=0.08), row
+    assert model.models["alpha"].alpha_cache == pytest.approx(ALPHA_CACHE["alpha"], rel=0.3)
+    assert model.footprint_mb("beta", 8) == pytest.approx(140, rel=0.01)
+
+
+def test_fit_report_and_saved_model_round_trip(tmp_path, capsys):
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile"), "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out solo" in out and "us/query" in out
+    report = tmp_path / "profile" / "report"
+    assert (report / "report.md").is_file()
+    for png in ("predicted_vs_observed", "errors", "surfaces", "inss_vs_gpulet"):
+        assert (report / f"{png}.png").stat().st_size > 10_000
+    model = load_latency_model(tmp_path / "profile" / "latency-model.json")
+    assert model.t_inf("alpha", 4, 50) == pytest.approx(true_latency("alpha", 4, 50, ()), rel=0.05)
+
+
+def test_too_few_points_and_corrupt_datasets_are_refused(tmp_path, capsys):
+    dataset = synthetic_dataset(tmp_path / "p")
+    path = tmp_path / "p" / "measurements.csv"
+    rows = list(csv.DictReader(path.open()))
+    keep = [r for r in rows if not (r["model"] == "beta" and r["kind"] == "solo" and r["split"] == "train")][:]
+    keep += [r for r in rows if r["model"] == "beta" and r["kind"] == "solo" and r["split"] == "train"][:3]
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(keep)
+    assert main(["fit", str(dataset.folder)]) == 2
+    assert "'beta' has 3 solo training points" in capsys.readouterr().err
+
+    text = path.read_text().splitlines()
+    text[2] = text[2].replace(",solo,", ",solo,", 1).rsplit(",", 1)[0] + ",lots"
+    path.write_text("\n".join(text) + "\n")
+    assert main(["fit", str(dataset.folder)]) == 2
+    err = capsys.readouterr().err
+    assert "measurements.csv (line 3)" in err and "'lots' is not a float" in err
+
+    (tmp_path / "p" / "metadata.json").write_text(json.dumps({"format": "something-else"}))
+    assert main(["fit", str(dataset.folder)]) == 2
+    assert "not a tritonctl profile" in capsys.readouterr().err
+    assert main(["fit", str(tmp_path / "nowhere")]) == 2
+    assert "no such profile folder" in capsys.readouterr().err
+
+
+@pytest.fixture
+def fitted(tmp_path) -> Path:
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    return tmp_path / "profile" / "latency-model.json"
+
+
+def test_plan_carries_predictions_from_the_latency_model(tmp_path, fitted, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=50, slo_ms=200), mlp_model("beta", rate=5)])
+    assert main(["plan", str(cluster), "--latency-model", str(fitted)]) == 0
+    out = capsys.readouterr().out
+    assert "ONNX file changed since it was profiled" in out  # the synthetic profile's hashes are zeros
+    plan = load_plan(tmp_path / "plan.yaml").plan
+    for model in plan.models:
+        (placement,) = model.placements
+        assert placement.share == 50 and placement.predicted is not None
+        other = next(m for m in plan.models if m is not model)
+        expected = true_latency(model.name, 1, 50, ((other.name, 50, 1),))
+        assert placement.predicted.exec_ms == pytest.approx(expected, rel=0.08)
+        assert placement.predicted.throughput_rps == pytest.approx(1000 / placement.predicted.exec_ms, rel=0.01)
+        assert placement.predicted.latency_ms >= placement.predicted.exec_ms
+    assert plan.models[0].memory_mb == math.ceil(105)  # profiled footprint at batch 1
+
+
+def test_latency_model_that_does_not_fit_the_cluster(tmp_path, fitted, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("gamma")])
+    assert main(["plan", str(cluster), "--latency-model", str(fitted)]) == 2
+    err = capsys.readouterr().err
+    assert "models[1]" in err and "'gamma' is not in the latency model" in err
+
+    gpu = write_cluster(tmp_path, [mlp_model("alpha")], devices=[{"kind": "gpu", "memory_mb": 4096}])
+    assert main(["plan", str(gpu), "--latency-model", str(fitted)]) == 2
+    assert "fitted for a cpu device" in capsys.readouterr().err
+
+    fitted.write_text("{not json")
+    assert main(["plan", str(cluster), "--latency-model", str(fitted)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_extrapolation_is_flagged(tmp_path, fitted):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    assert main(["plan", str(cluster), "--latency-model", str(fitted)]) == 0
+    plan = load_plan(tmp_path / "plan.yaml").plan
+    squeezed = [
+        m.model_copy(update={"placements": [m.placements[0].model_copy(update={"share": 10})]}) for m in plan.models
+    ]
+    messages: list[str] = []
+    predicted = predict(squeezed, load_latency_model(fitted), messages.append)
+    assert len(messages) == 2 and "share 10 lies outside the profiled range" in messages[0]
+    assert all(m.placements[0].predicted.exec_ms > 0 for m in predicted)

@@ -1,0 +1,54 @@
+"""`tritonctl profile` against real Triton instances: dataset, quota enforcement, budget, resume, foreign device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_mlp, mlp_model, write_cluster
+from profiler.dataset import load_dataset
+from profiler.grid import coloc_runs, solo_runs
+from tritonctl.cli import main
+from tritonctl.runtime import share
+
+pytestmark = pytest.mark.skipif(share.mechanism() == "none", reason="profiling needs a writable cgroup")
+
+
+def test_profile_is_budgeted_resumable_and_measured_under_the_share(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    out = tmp_path / "profile"
+    assert main(["profile", str(cluster), "-o", str(out), "--budget", "4"]) == 0
+    assert "incomplete (run again to resume)" in capsys.readouterr().out
+    first = load_dataset(out)
+    assert 1 <= len(first.rows) < len(solo_runs(["alpha", "beta"], 100))
+    meta = first.metadata
+    assert meta["complete"] is False and meta["software"]["tritonserver"].startswith("2.")
+    assert meta["device"]["logical_cpus"] >= 1 and "cgroup" in meta["share_mechanism"]
+    assert first.models["alpha"].n_ops == 3 and first.models["alpha"].input_bytes == 16 * 4
+
+    assert main(["profile", str(cluster), "-o", str(out), "--budget", "4"]) == 0
+    capsys.readouterr()
+    second = load_dataset(out)
+    ids = [(r.config_id, r.model) for r in second.rows]
+    assert len(ids) > len(first.rows) and len(ids) == len(set(ids))  # resumed, nothing measured twice
+    assert ids[: len(first.rows)] == [(r.config_id, r.model) for r in first.rows]
+    for row in second.rows:
+        assert row.reps >= 3 and 0 < row.p50_ms <= row.p99_ms
+        assert row.cpu_util <= row.share_frac * row.cores * 1.15 + 0.05  # the quota held
+    assert len(solo_runs(["alpha", "beta"], 100) + coloc_runs(["alpha", "beta"], 100)) > len(ids)
+
+
+def test_profile_from_another_device_is_refused(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    out = tmp_path / "profile"
+    assert main(["profile", str(cluster), "-o", str(out), "--budget", "0"]) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["device"].update(id="0123456789ab", model="Some Other CPU")
+    (out / "metadata.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["profile", str(cluster), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "measured on another device (Some Other CPU" in err and "metadata.json" in err
