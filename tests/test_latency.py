@@ -230,4 +230,8 @@ def test_extrapolation_is_flagged(tmp_path, fitted):
     messages: list[str] = []
     predicted = predict(squeezed, load_latency_model(fitted), messages.append)
     assert len(messages) == 2 and "share 10 lies outside the profiled range" in messages[0]
-    assert all(m.placements[0].predicted.exec_ms > 0 for m in predicted)
+    lm = load_latency_model(fitted)
+    # Outside the profiled box latency is scaled from its edge: fewer cores, more samples, slower.
+    assert lm.t_inf("alpha", 1, 10) == pytest.approx(true_latency("alpha", 1, 10, ()), rel=0.1)
+    assert lm.t_inf("alpha", 64, 100) > 1.9 * lm.t_inf("alpha", 32, 100)
+    assert all(m.placements[0].predicted.exec_ms > lm.t_inf(m.name, 1, 25) for m in predicted)

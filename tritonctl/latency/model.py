@@ -104,21 +104,32 @@ class LatencyModel:
         cores = frac * self.device.cores
         return min(cores, threads if threads is not None else threads_for_cores(cores))
 
+    def _run_lwr(self, name: str, batches: np.ndarray, shares: np.ndarray) -> np.ndarray:
+        """LWR inside the profiled range; outside it, scaled from its edge (linear in batch, 1/eff in share).
+
+        Local regression extrapolates poorly (a local slope can turn a tiny share fast), so
+        queries are clamped to the measured box and scaled the way latency scales physically.
+        """
+        p = self.models[name]
+        b = np.clip(batches, *p.batch_range)
+        s = np.clip(shares, *p.share_range)
+        eff = np.array([self.eff(int(x)) for x in shares])
+        eff_in = np.array([self.eff(int(x)) for x in s])
+        inside = self._lwr[name].predict(np.c_[np.log2(b), np.log(eff_in)])
+        return inside * (batches / b) * (eff_in / eff)
+
     def _build_table(self, name: str) -> list[list[float]]:
         """Running time for every batch 1..32 and share 1..units, so queries cost a lookup."""
         units = self.device.units
-        batches = np.arange(1, MAX_TABLE_BATCH + 1)
-        shares = np.arange(1, units + 1)
-        grid = np.array([(math.log2(b), math.log(self.eff(int(s)))) for b in batches for s in shares])
-        values = self._lwr[name].predict(grid).reshape(len(batches), len(shares))
+        batches, shares = np.meshgrid(np.arange(1, MAX_TABLE_BATCH + 1), np.arange(1, units + 1), indexing="ij")
+        values = self._run_lwr(name, batches.ravel(), shares.ravel()).reshape(batches.shape)
         return [[0.0] * (units + 1)] + [[0.0, *row] for row in values.tolist()]
 
     # ---- queries ------------------------------------------------------------------------
     def run_ms(self, model: str, batch: int, share: int) -> float:
         if 1 <= batch <= MAX_TABLE_BATCH and 1 <= share <= self.device.units:
             return self._table[model][batch][share]
-        x = np.array([[math.log2(batch), math.log(self.eff(share))]])
-        return float(self._lwr[model].predict(x)[0])
+        return float(self._run_lwr(model, np.array([batch]), np.array([share]))[0])
 
     def io_ms(self, model: str, batch: int) -> float:
         p, d = self.models[model], self.device

@@ -197,7 +197,7 @@ def _plot_surfaces(model: LatencyModel, dataset: Dataset, path: Path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 4), squeeze=False)
     units = model.device.units
     batches = np.arange(1, 33)
-    shares = np.arange(max(1, units // 10), units + 1)
+    shares = np.arange(1, units + 1)
     for ax, name in zip(axes[0], names, strict=True):
         grid = np.array([[model.t_inf(name, int(b), int(s)) for s in shares] for b in batches])
         mesh = ax.pcolormesh(shares, batches, np.log10(grid), shading="auto", cmap="viridis")
