@@ -47,15 +47,19 @@ def footprint_mb(cluster: Cluster, name: str, artifact: Artifact, lm: LatencyMod
     return math.ceil(2 * artifact.weights_mb + RUNTIME_OVERHEAD_MB)
 
 
+def _describe(kind: str, units: int, cores: float | None) -> str:
+    return f"a {kind} device of {units} units" + (f" standing for {cores:g} cores" if cores else "")
+
+
 def check_latency_model(
     cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel, lm_path: Path, log: Callable[[str], None]
 ) -> None:
     """Refuse a latency model that cannot speak for this cluster; warn where it is only doubtful."""
     device = cluster.spec.devices[0]
-    if lm.device.kind != device.kind or lm.device.units != device.units:
+    if (lm.device.kind, lm.device.units, lm.device.cores) != (device.kind, device.units, device.cores):
         raise TritonctlError(
-            f"fitted for a {lm.device.kind} device of {lm.device.units} units; the cluster has "
-            f"{device.kind} devices of {device.units} units",
+            f"fitted for {_describe(lm.device.kind, lm.device.units, lm.device.cores)}; the cluster has "
+            f"{_describe(device.kind, device.units, device.cores)}",
             file=lm_path,
             field="device",
         )

@@ -13,15 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from sklearn.linear_model import LinearRegression
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from sklearn.linear_model import LinearRegression  # noqa: E402
-
-from profiler.dataset import Dataset, Measurement  # noqa: E402
-from tritonctl.latency.model import LatencyModel  # noqa: E402
+from profiler.dataset import Dataset, Measurement
+from tritonctl.latency.model import LatencyModel
 
 
 @dataclass(frozen=True)
@@ -153,7 +150,8 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path) -> dict:
 
 
 def _plot_scatter(results: list[Evaluated], path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharex=True, sharey=True)
+    fig = Figure(figsize=(11, 5))
+    axes = fig.subplots(1, 2, sharex=True, sharey=True)
     for ax, which, title in ((axes[0], "inss", "InSS-style model"), (axes[1], "linear", "plain linear regression")):
         for kind, marker in (("solo", "o"), ("coloc", "^")):
             rows = [e for e in results if e.row.kind == kind]
@@ -173,11 +171,11 @@ def _plot_scatter(results: list[Evaluated], path: Path) -> None:
     fig.suptitle("Held-out configurations")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _plot_errors(results: list[Evaluated], path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig = Figure(figsize=(11, 4.5))
+    axes = fig.subplots(1, 2)
     models = sorted({e.row.model for e in results})
     axes[0].boxplot([[100 * e.error("inss") for e in results if e.row.model == m] for m in models], tick_labels=models)
     axes[0].set(ylabel="abs. error (%)", title="by model (InSS-style)")
@@ -189,12 +187,12 @@ def _plot_errors(results: list[Evaluated], path: Path) -> None:
     axes[1].set(xlabel="models on the device", title="by co-location size (InSS-style)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _plot_surfaces(model: LatencyModel, dataset: Dataset, path: Path) -> None:
     names = list(model.models)
-    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 4), squeeze=False)
+    fig = Figure(figsize=(4.6 * len(names), 4))
+    axes = fig.subplots(1, len(names), squeeze=False)
     units = model.device.units
     batches = np.arange(1, 33)
     shares = np.arange(1, units + 1)
@@ -210,15 +208,14 @@ def _plot_surfaces(model: LatencyModel, dataset: Dataset, path: Path) -> None:
         ax.legend(loc="lower left", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _plot_inss_vs_gpulet(coloc: list[Evaluated], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     data = [[100 * e.error(w) for e in coloc] for w in ("inss", "gpulet", "linear")]
     if coloc:
         ax.boxplot(data, tick_labels=["InSS-style", "Gpulet pairwise", "linear"])
     ax.set(ylabel="abs. error (%)", title="Co-located held-out configurations")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -2,7 +2,7 @@
 
 A policy is a pure function: given what each model needs and the devices, it returns,
 for every model, its placements (device, share in device units, batch size, queue delay,
-and a prediction where it has a latency model). `make_plan` wraps that into a Plan.
+and a prediction where it has a latency model). `planner.make_plan` wraps that into a Plan.
 """
 
 from __future__ import annotations
