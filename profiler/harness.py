@@ -31,7 +31,7 @@ from tritonctl.runtime.local import LocalRuntime, free_port
 
 MAX_BATCH = 32
 WARMUP_REPS, WARMUP_S = 3, 0.3
-MIN_REPS, MIN_TIME_S, MAX_REPS, MAX_TIME_S = 10, 1.0, 300, 4.0
+MIN_REPS, MIN_TIME_S, MAX_REPS, MAX_TIME_S = 14, 1.0, 300, 5.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 COLOC_MIN_REPS, COLOC_TIME_S, COLOC_MAX_TIME_S = 5, 3.0, 12.0
 

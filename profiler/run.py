@@ -123,7 +123,7 @@ def profile(
     )
     started = time.monotonic()
     try:
-        with tqdm(pending, unit="run", dynamic_ncols=True) as bar:
+        with tqdm(pending, unit="run", dynamic_ncols=True, mininterval=1.0) as bar:
             for run in bar:
                 if budget_s is not None and time.monotonic() - started > budget_s:
                     log(f"budget of {budget_s:g} s reached; run the same command again to resume")
