@@ -98,7 +98,7 @@ class Harness:
         """Run every batch size once at the instance's full speed, smallest first, before measuring.
 
         Without it the first configurations measured on a fresh instance pay for growing
-        onnxruntime's arena and touching new pages (measured here: up to 16% slower). The
+        onnxruntime's arena and touching new pages, and measured visibly slower. The
         resident memory after each batch size is the model's footprint by batch.
         """
         if record.cgroup:

@@ -2,8 +2,7 @@
 
 Resumable (rows already in the dataset are skipped), bounded by an optional time budget,
 with a progress bar. Nothing else should run on the machine meanwhile: co-runners that
-tritonctl does not know about show up as noise (measured here: two profiles of the same
-configurations, one taken while other work ran, differed by a median 4% and up to 13%).
+tritonctl does not know about show up as noise.
 """
 
 from __future__ import annotations

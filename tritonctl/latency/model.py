@@ -158,7 +158,7 @@ class LatencyModel:
         threads of the co-runners want to run at once (threads independent, each runnable
         with its own u). Waiting costs nothing while the thread would be throttled anyway,
         so what counts is P(blocked) - (1 - u). Measured here: 1-thread instances at 0.5
-        core barely slowed next to anything, 2-thread instances at 1.5 cores slowed ~30%
+        core barely slowed next to anything, 2-thread instances at 1.5 cores slowed clearly
         next to a half-core co-runner, as this predicts.
         """
         if self.device.kind != "cpu":
