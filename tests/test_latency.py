@@ -16,9 +16,7 @@ import pytest
 from sklearn.utils.estimator_checks import check_estimator
 
 from conftest import make_mlp, mlp_model, write_cluster
-from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, load_dataset
-from profiler.device import cpu_fingerprint
-from profiler.grid import coloc_runs, solo_runs
+from synthetic import ALPHA_CACHE, synthetic_dataset, true_latency
 from tritonctl.cli import main
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
@@ -26,68 +24,6 @@ from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import eq2, task_latency
 from tritonctl.plan import load_plan
 from tritonctl.planner import predict
-from tritonctl.render import threads_for_cores
-
-# The truth behind the synthetic datasets.
-PER_SAMPLE_MS = {"alpha": 4.0, "beta": 9.0}
-ALPHA_CACHE = {"alpha": 0.10, "beta": 0.05}
-
-
-def true_latency(model: str, batch: int, share: int, corunners) -> float:
-    cores = 2 * share / 100
-    eff = min(cores, threads_for_cores(cores))
-    run = (1.0 + PER_SAMPLE_MS[model] * batch**0.9) / eff
-    pressure = sum(min(2 * s / 100, threads_for_cores(2 * s / 100)) for _, s, _ in corunners)
-    return 0.5 + 0.001 * batch + run * (1 + ALPHA_CACHE[model] * pressure)
-
-
-def synthetic_dataset(folder: Path) -> Dataset:
-    features = [ModelFeatures(m, "0" * 64, 10, 64, 16, 1000, 5000) for m in PER_SAMPLE_MS]
-    dataset = Dataset.create(
-        folder,
-        {
-            "cluster": "test",
-            "device": cpu_fingerprint(),
-            "created": "synthetic",
-            "share_mechanism": "synthetic",
-            "complete": True,
-            "duration_s": 0,
-        },
-        features,
-    )
-    rows = []
-    for run in solo_runs(list(PER_SAMPLE_MS), 100) + coloc_runs(list(PER_SAMPLE_MS), 100):
-        for member in run.members:
-            others = tuple((m.model, m.share, m.batch) for m in run.members if m is not member)
-            t = true_latency(member.model, member.batch, member.share, others)
-            cores = 2 * member.share / 100
-            rows.append(
-                Measurement(
-                    config_id=run.group,
-                    kind=run.kind,
-                    split=run.split,
-                    model=member.model,
-                    batch=member.batch,
-                    share=member.share,
-                    units=100,
-                    cores=2.0,
-                    threads=threads_for_cores(cores),
-                    corunners=";".join(f"{m}:{s}:{b}" for m, s, b in others),
-                    n_colocated=len(run.members),
-                    reps=10,
-                    p50_ms=t,
-                    p95_ms=t,
-                    p99_ms=t,
-                    mean_ms=t,
-                    compute_ms=t - 0.5 - 0.001 * member.batch,
-                    queue_ms=0.1,
-                    rss_mb=300,
-                    cpu_util=min(cores, threads_for_cores(cores)),
-                )
-            )
-    memory = [MemoryPoint(m, 1, b, 100 + 5 * b) for m in PER_SAMPLE_MS for b in (1, 2, 4, 8, 16, 32)]
-    dataset.append(rows, memory)
-    return load_dataset(folder)
 
 
 def test_lwr_is_a_scikit_learn_estimator():

@@ -137,7 +137,7 @@ def make_plan(
             )
         demands.append(Demand(model.name, model.slo_ms, model.rate, memory))
     try:
-        choices = POLICIES[policy][0](demands, devices)
+        choices = POLICIES[policy][0](demands, devices, lm)
     except PlacementError as exc:
         raise TritonctlError(str(exc), file=cluster.path, field="models") from None
 

@@ -14,6 +14,7 @@ the mean and a high percentile, which is what the planner compares with the SLO.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -30,6 +31,21 @@ def eq2(queued_with_task: int, batch: int, t_inf_ms: float, exec_left_ms: float,
     return max(exec_left_ms, wait_ms) + t_inf_ms
 
 
+@functools.lru_cache(maxsize=8)
+def _unit_arrivals(seed: int, tasks: int) -> np.ndarray:
+    """Poisson arrival times at rate 1, fixed per seed so that every query sees the same sample."""
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0, tasks))
+
+
+def eq2_array(
+    queued_with_task: np.ndarray, batch: int, t_inf_ms: float, exec_left_ms: np.ndarray, rate: float
+) -> np.ndarray:
+    """`eq2` for many tasks at once."""
+    behind = exec_left_ms + np.ceil(queued_with_task / batch) * t_inf_ms
+    filling = np.maximum(exec_left_ms, 1000.0 * (batch - queued_with_task) / rate) + t_inf_ms
+    return np.where(queued_with_task >= batch, behind, filling)
+
+
 @dataclass(frozen=True)
 class TaskLatency:
     mean_ms: float
@@ -43,21 +59,18 @@ def task_latency(rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks:
         return TaskLatency(t_inf_ms, t_inf_ms, True)
     if rate * t_inf_ms / 1000.0 >= batch:
         return TaskLatency(math.inf, math.inf, False)
-    arrivals = np.cumsum(np.random.default_rng(seed).exponential(1000.0 / rate, tasks))  # ms
+    arrivals = _unit_arrivals(seed, tasks) * (1000.0 / rate)  # ms
     # The batch server: batch k holds tasks [k*b, (k+1)*b) and starts when its last task has
-    # arrived and the previous batch is done.
+    # arrived and the previous batch is done: end_k = max(end_{k-1}, A_k) + t, whose closed
+    # form is end_k = (k+1) t + max_{j<=k} (A_j - j t).
     n_batches = tasks // batch
-    starts = np.empty(n_batches)
-    end = 0.0
-    for k in range(n_batches):
-        starts[k] = max(end, arrivals[(k + 1) * batch - 1])
-        end = starts[k] + t_inf_ms
-    ends = starts + t_inf_ms
+    last_arrivals = arrivals[batch - 1 :: batch][:n_batches]
+    k = np.arange(n_batches)
+    ends = (k + 1) * t_inf_ms + np.maximum.accumulate(last_arrivals - k * t_inf_ms)
+    starts = ends - t_inf_ms
     # Just before each arrival: the last batch started, the time it has left, the tasks queued.
     last = np.searchsorted(starts, arrivals, side="left") - 1
     exec_left = np.where(last >= 0, np.maximum(0.0, ends[np.maximum(last, 0)] - arrivals), 0.0)
     queued = np.maximum(0, np.arange(tasks) - (last + 1) * batch)
-    latencies = np.array(
-        [eq2(int(g) + 1, batch, t_inf_ms, float(e), rate) for g, e in zip(queued, exec_left, strict=True)]
-    )
+    latencies = eq2_array(queued + 1, batch, t_inf_ms, exec_left, rate)
     return TaskLatency(float(latencies.mean()), float(np.percentile(latencies, 99)), True)

@@ -8,10 +8,12 @@ and a prediction where it has a latency model). `planner.make_plan` wraps that i
 from __future__ import annotations
 
 from tritonctl.policies.base import Choice, Demand, PlacementError, Policy
+from tritonctl.policies.bda import bda_policy
 from tritonctl.policies.spread import spread
 
 POLICIES: dict[str, tuple[Policy, str]] = {
     "spread": (spread, "spread models over devices, equal shares per device, batch 1"),
+    "bda": (bda_policy, "spread's placement and shares, batch sizes by InSS's BDA (needs --latency-model)"),
 }
 
 __all__ = ["POLICIES", "Choice", "Demand", "PlacementError", "Policy"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Device, Prediction
 
 
@@ -33,4 +34,5 @@ class PlacementError(Exception):
     """The policy found no placement that fits; the message says why."""
 
 
-Policy = Callable[[list[Demand], list[Device]], dict[str, list[Choice]]]
+# models, devices, the fitted latency model (None without a profile) -> placements per model
+Policy = Callable[[list[Demand], list[Device], LatencyModel | None], dict[str, list[Choice]]]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
 
 
-def spread(models: list[Demand], devices: list[Device]) -> dict[str, list[Choice]]:
-    """Place the largest models first, each on the least-loaded device it fits on."""
+def spread(models: list[Demand], devices: list[Device], lm: LatencyModel | None = None) -> dict[str, list[Choice]]:
+    """Place the largest models first, each on the least-loaded device it fits on (no latency model needed)."""
     free = {d.id: d.memory_mb for d in devices}
     hosted: dict[str, list[str]] = {d.id: [] for d in devices}
     for model in sorted(models, key=lambda m: (-m.memory_mb, m.name)):

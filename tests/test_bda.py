@@ -1,0 +1,72 @@
+"""BDA (InSS Algorithm 1) and the `bda` policy, on a latency model fitted to SYNTHETIC data."""
+
+from __future__ import annotations
+
+import pytest
+
+from synthetic import synthetic_dataset
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.plan import Device
+from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.policies.bda import MAX_BATCH, _constraints, bda, bda_policy, queue_delay_us
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
+
+
+def cpu(memory_mb: int = 4096) -> list[Device]:
+    return [Device(id="cpu0", kind="cpu", index=0, memory_mb=memory_mb, units=100, cores=2.0)]
+
+
+PLACEMENT = {"alpha": Choice("cpu0", 50), "beta": Choice("cpu0", 50)}
+
+
+def brute_force(name, demands, lm, devices, batches):
+    """The largest batch meeting every constraint, by trying them all."""
+    ok = [
+        b
+        for b in range(1, MAX_BATCH + 1)
+        if _constraints(name, b, PLACEMENT, {d.name: d for d in demands}, batches, {d.id: d for d in devices}, lm)
+        is None
+    ]
+    return max(ok) if ok else None
+
+
+def test_bda_finds_the_largest_feasible_batch(lm):
+    demands = [Demand("alpha", 150, 200, 100), Demand("beta", 400, 60, 100)]
+    decision = bda(PLACEMENT, demands, cpu(), lm)
+    assert decision.ok and decision.infeasible == {}
+    assert decision.batches["alpha"] > 1  # 200/s cannot be served one request at a time
+    start = {"alpha": 1, "beta": 1}
+    assert decision.batches["alpha"] == brute_force("alpha", demands, lm, cpu(), start)
+    assert decision.batches["beta"] == brute_force(
+        "beta", demands, lm, cpu(), {**start, "alpha": decision.batches["alpha"]}
+    )
+
+
+def test_bda_reports_which_constraint_fails(lm):
+    assert bda(PLACEMENT, [Demand("alpha", 0.5, 1, 100), Demand("beta", 400, 1, 100)], cpu(), lm).infeasible == {
+        "alpha": "slo"
+    }
+    too_fast = bda(PLACEMENT, [Demand("alpha", 10_000, 100_000, 100), Demand("beta", 400, 1, 100)], cpu(), lm)
+    assert not too_fast.ok and too_fast.infeasible == {"alpha": "rate"}
+    tight = bda(PLACEMENT, [Demand("alpha", 400, 5, 100), Demand("beta", 400, 5, 100)], cpu(memory_mb=150), lm)
+    assert tight.infeasible == {"alpha": "memory", "beta": "memory"}  # 2 x 105 MB at batch 1 > 150 MB
+
+
+def test_bda_policy_needs_a_latency_model_and_sets_queue_delays(lm):
+    with pytest.raises(PlacementError, match="needs a fitted latency model"):
+        bda_policy([Demand("alpha", 150, 200, 100)], cpu(), None)
+    choices = bda_policy([Demand("alpha", 150, 200, 100), Demand("beta", 400, 60, 100)], cpu(), lm)
+    (alpha,) = choices["alpha"]
+    assert alpha.batch > 1 and 0 < alpha.queue_delay_us <= 1000 * 150
+    with pytest.raises(PlacementError, match="alpha within its SLO"):
+        bda_policy([Demand("alpha", 0.5, 1, 100), Demand("beta", 400, 1, 100)], cpu(), lm)
+
+
+def test_queue_delay_fills_the_batch_within_the_slack():
+    assert queue_delay_us(1, 100, 50, 10) == 0
+    assert queue_delay_us(4, 100, 500, 10) == 30_000  # three more arrivals at 100/s
+    assert queue_delay_us(4, 100, 25, 10) == 15_000  # but no more than the SLO leaves

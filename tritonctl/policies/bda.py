@@ -1,0 +1,111 @@
+"""BDA, the batch decision algorithm of InSS (Algorithm 1), and the `bda` policy built on it.
+
+For a fixed placement and shares, BDA binary-searches each model's batch size in 1..32 for
+the largest one that keeps the device's memory (constraint 1b), the SLO through the
+queueing model of eq. 2 (1c) and a throughput at least the arrival rate (1d). Latency,
+memory and throughput all grow with the batch, which is what makes the search valid.
+
+One deviation from the paper's pseudo-code: where a batch meets memory and SLO but not the
+rate, Algorithm 1 stops searching (`else break`); here the search goes on among larger
+batches, which can reach the rate while still meeting the SLO. Stopping would report a
+model infeasible that has a feasible batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonctl.latency.model import LatencyModel
+from tritonctl.latency.queueing import task_latency
+from tritonctl.plan import Device
+from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.policies.spread import spread
+
+MAX_BATCH = 32
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    batches: dict[str, int]
+    ok: bool  # False: some model has no batch meeting every constraint (the flag of Algorithm 1)
+    infeasible: dict[str, str]  # model -> which constraint failed, for the ones without a batch
+
+
+def _constraints(
+    name: str,
+    batch: int,
+    placement: dict[str, Choice],
+    demands: dict[str, Demand],
+    batches: dict[str, int],
+    devices: dict[str, Device],
+    lm: LatencyModel,
+) -> str | None:
+    """The first constraint `batch` breaks for model `name` ('memory', 'slo', 'rate'), or None."""
+    trial = {**batches, name: batch}
+    choice = placement[name]
+    here = [m for m in placement if placement[m].device == choice.device]
+    if sum(lm.footprint_mb(m, trial[m]) for m in here) > devices[choice.device].memory_mb:
+        return "memory"
+    corunners = tuple((m, placement[m].share, trial[m]) for m in here if m != name)
+    exec_ms = lm.t_inf(name, batch, choice.share, corunners)
+    task = task_latency(demands[name].rate, batch, exec_ms)
+    if not task.stable:  # batches of this size serve fewer requests per second than arrive
+        return "rate"
+    return "slo" if task.p99_ms > demands[name].slo_ms else None
+
+
+def bda(placement: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel) -> BatchDecision:
+    """Algorithm 1: the largest feasible batch per model, in model order, others at their current batch."""
+    by_name = {d.name: d for d in demands}
+    by_id = {d.id: d for d in devices}
+    batches = {d.name: placement[d.name].batch for d in demands}
+    infeasible: dict[str, str] = {}
+    for demand in demands:
+        low, high, found, reason = 1, MAX_BATCH, None, ""
+        while low <= high:
+            mid = (low + high) // 2
+            broken = _constraints(demand.name, mid, placement, by_name, batches, by_id, lm)
+            if broken in ("memory", "slo"):
+                high, reason = mid - 1, broken
+            elif broken == "rate":
+                low, reason = mid + 1, broken
+            else:
+                found, low = mid, mid + 1
+        if found is None:
+            infeasible[demand.name] = reason
+        else:
+            batches[demand.name] = found
+    return BatchDecision(batches, not infeasible, infeasible)
+
+
+def queue_delay_us(batch: int, rate: float, slo_ms: float, exec_ms: float) -> int:
+    """Triton's max queue delay: long enough to fill the batch at the rate, never past the SLO's slack."""
+    if batch <= 1 or rate <= 0:
+        return 0
+    fill_ms = 1000.0 * (batch - 1) / rate
+    return int(1000 * max(0.0, min(fill_ms, slo_ms - exec_ms)))
+
+
+def bda_policy(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
+    """The spread placement and equal shares, with batch sizes and queue delays from BDA."""
+    if lm is None:
+        raise PlacementError("policy bda needs a fitted latency model: pass --latency-model")
+    placement = {name: choices[0] for name, choices in spread(demands, devices, lm).items()}
+    decision = bda(placement, demands, devices, lm)
+    if not decision.ok:
+        why = {"memory": "device memory", "slo": "its SLO", "rate": "its arrival rate"}
+        raise PlacementError(
+            "no batch size serves "
+            + "; ".join(f"{m} within {why[r]}" for m, r in decision.infeasible.items())
+            + " on this placement"
+        )
+    out = {}
+    for demand in demands:
+        choice, batch = placement[demand.name], decision.batches[demand.name]
+        here = [m for m in placement if placement[m].device == choice.device and m != demand.name]
+        corunners = tuple((m, placement[m].share, decision.batches[m]) for m in here)
+        exec_ms = lm.t_inf(demand.name, batch, choice.share, corunners)
+        out[demand.name] = [
+            Choice(choice.device, choice.share, batch, queue_delay_us(batch, demand.rate, demand.slo_ms, exec_ms))
+        ]
+    return out
