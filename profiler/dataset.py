@@ -175,12 +175,22 @@ def load_dataset(folder: str | Path) -> Dataset:
         raise TritonctlError(f"not valid JSON: {exc}", file=meta_path) from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise TritonctlError(f"not a tritonctl profile (format is not {FORMAT!r})", file=meta_path)
+    if not isinstance(metadata.get("device"), dict) or "kind" not in metadata["device"]:
+        raise TritonctlError("no `device` with its `kind`: not a complete profile", file=meta_path)
     if metadata.get("version") != VERSION:
         raise TritonctlError(
             f"profile format version {metadata.get('version')}, this tritonctl reads {VERSION}", file=meta_path
         )
     models = {m.model: m for m in _read_csv(folder / "models.csv", ModelFeatures)}
     rows = _read_csv(folder / "measurements.csv", Measurement)
+    for line, row in enumerate(rows, start=2):
+        try:
+            row.corunner_list()
+        except ValueError:
+            raise TritonctlError(
+                f"column 'corunners': {row.corunners!r} is not model:share:batch;...",
+                file=f"{folder / 'measurements.csv'} (line {line})",
+            ) from None
     unknown = sorted({row.model for row in rows} - set(models))
     if unknown:
         raise TritonctlError(

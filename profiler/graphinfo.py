@@ -1,8 +1,9 @@
 """Static features of an ONNX model: operator count and the bytes it moves per sample.
 
 On a GPU InSS counts kernels per batch from a trace; on CPU the operator count of the ONNX
-graph plays that part (onnxruntime dispatches one kernel per node). The activation bytes
-per sample (every intermediate tensor once) feed the cache-pressure proxy.
+graph plays that part (onnxruntime dispatches one kernel per node). Weight and activation
+bytes (every intermediate tensor once, per sample) are recorded with the profile for
+analysis; the fitted model does not use them.
 """
 
 from __future__ import annotations

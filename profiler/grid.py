@@ -5,7 +5,7 @@ plus 37.5% and 87.5%: on a CPU a share is served by a whole number of onnxruntim
 (one below 1.5 cores of share, two from there on this 2-core machine), and the latency
 surface bends inside each regime (a thread throttled mid-operator stalls its sibling), so
 each regime gets three levels: 0.5, 0.75, 1 core and 1.5, 1.75, 2 cores. (A first profile
-with the four InSS levels alone missed held-out points between 1.5 and 2 cores by 12%.)
+with the four InSS levels alone missed held-out points between 1.5 and 2 cores clearly.)
 Batches run 1 to 32 in powers of two: BDA searches batches 1..32, so the fit covers that
 whole range instead of extrapolating, and latency is close to piecewise linear in
 log-batch.

@@ -23,13 +23,15 @@ import tritonclient.grpc as grpcclient
 
 from profiler.dataset import MemoryPoint
 from profiler.grid import Member
+from tritonctl.errors import TritonctlError
+from tritonctl.latency.model import MAX_BATCH
 from tritonctl.plan import Device, Placement, PlannedModel
 from tritonctl.render import CFS_PERIOD_US, cpu_cores, render_instance, threads_for
 from tritonctl.runtime import share as cgroups
 from tritonctl.runtime.base import InstanceRecord
-from tritonctl.runtime.local import LocalRuntime, free_port
+from tritonctl.runtime.local import LocalRuntime, free_port, proc_stat_fields
+from tritonctl.spec import DTYPES
 
-MAX_BATCH = 32
 WARMUP_REPS, WARMUP_S = 3, 0.3
 MIN_REPS, MIN_TIME_S, MAX_REPS, MAX_TIME_S = 14, 1.0, 300, 5.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -51,8 +53,8 @@ class Stats:
     cpu_util: float  # cores the instance's processes kept busy during the measurement
 
 
-def _triton_dtype(dtype: str) -> str:
-    return {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32", "uint8": "UINT8"}[dtype]
+def _names(members: tuple[Member, ...]) -> str:
+    return " + ".join(f"{m.model} (batch {m.batch}, share {m.share})" for m in members)
 
 
 class Harness:
@@ -115,7 +117,7 @@ class Harness:
     def _request(self, model: str, batch: int) -> grpcclient.InferInput:
         tensor = self.models[model][0].inputs[0]
         shape = [batch, *(d if d > 0 else 1 for d in tensor.shape)]
-        request = grpcclient.InferInput(tensor.name, shape, _triton_dtype(tensor.dtype))
+        request = grpcclient.InferInput(tensor.name, shape, DTYPES[tensor.dtype].removeprefix("TYPE_"))
         request.set_data_from_numpy(np.random.default_rng(0).random(shape).astype(tensor.dtype))
         return request
 
@@ -134,13 +136,19 @@ class Harness:
         stop, go = threading.Event(), threading.Event()
         warmed = threading.Barrier(len(members) + 1)
         samples: list[list[float]] = [[] for _ in members]
+        errors: list[str] = []
         threads = [
-            threading.Thread(target=self._loop, args=(r, m, warmed, go, stop, out), daemon=True)
+            threading.Thread(target=self._loop, args=(r, m, warmed, go, stop, out, errors), daemon=True)
             for r, m, out in zip(records, members, samples, strict=True)
         ]
         for thread in threads:
             thread.start()
-        warmed.wait()
+        try:
+            warmed.wait(timeout=COLOC_MAX_TIME_S * 10)
+        except threading.BrokenBarrierError:
+            stop.set()
+            go.set()
+            raise TritonctlError(f"measuring {_names(members)} failed while warming up: {'; '.join(errors)}") from None
         before = [self._batch_stats(r, m) for r, m in zip(records, members, strict=True)]
         cpu_before = [self._cpu_seconds(r) for r in records]
         go.set()
@@ -155,12 +163,16 @@ class Harness:
                 break
             if (solo and counts[0] >= MAX_REPS) or (elapsed >= max_time and min(counts) >= 3):
                 break
+            if errors or elapsed > 10 * max_time:
+                break
             time.sleep(0.01)
         stop.set()
         wall = time.monotonic() - t0
         cpu_used = [self._cpu_seconds(r) - c for r, c in zip(records, cpu_before, strict=True)]
         for thread in threads:
             thread.join()
+        if errors or min(len(s) for s in samples) < 3:
+            raise TritonctlError(f"measuring {_names(members)} failed: {'; '.join(errors) or 'too few answers'}")
         stats = []
         for record, member, lat, start, cpu in zip(records, members, samples, before, cpu_used, strict=True):
             end = self._batch_stats(record, member)
@@ -189,21 +201,27 @@ class Harness:
         go: threading.Event,
         stop: threading.Event,
         out: list[float],
+        errors: list[str],
     ) -> None:
+        """One member's closed loop; a failure is recorded in `errors` and breaks the barrier."""
         request = self._request(member.model, member.batch)
-        with grpcclient.InferenceServerClient(self._url(record)) as client:
-            warm_until = time.monotonic() + WARMUP_S
-            for i in itertools.count():
-                if i >= WARMUP_REPS and time.monotonic() >= warm_until:
-                    break
-                client.infer(member.model, [request])
-            warmed.wait()
-            go.wait()
-            while not stop.is_set():
-                t = time.perf_counter()
-                client.infer(member.model, [request])
-                if not stop.is_set():
-                    out.append((time.perf_counter() - t) * 1000)
+        try:
+            with grpcclient.InferenceServerClient(self._url(record)) as client:
+                warm_until = time.monotonic() + WARMUP_S
+                for i in itertools.count():
+                    if i >= WARMUP_REPS and time.monotonic() >= warm_until:
+                        break
+                    client.infer(member.model, [request])
+                warmed.wait()
+                go.wait()
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    client.infer(member.model, [request])
+                    if not stop.is_set():
+                        out.append((time.perf_counter() - t) * 1000)
+        except Exception as exc:  # tritonclient raises InferenceServerException, grpc errors, ...
+            errors.append(f"{member.model}: {exc}")
+            warmed.abort()
 
     def _batch_stats(self, record: InstanceRecord, member: Member) -> tuple[int, int, int]:
         """(executions, compute ns, queue ns) Triton has counted for this batch size so far."""
@@ -225,11 +243,9 @@ class Harness:
         """CPU time (user + system) the instance's processes have used so far."""
         total = 0
         for pid in self._pids(record):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime
+            fields = proc_stat_fields(pid)
+            if fields:
+                total += int(fields[11]) + int(fields[12])  # utime, stime
         return total / CLOCK_TICKS
 
     def _rss_mb(self, record: InstanceRecord) -> float:

@@ -26,6 +26,7 @@ from tritonctl.plan import PlannedModel, Tensor
 from tritonctl.planner import devices_of
 from tritonctl.render import CFS_PERIOD_US, threads_for
 from tritonctl.runtime import share
+from tritonctl.runtime.base import StartError
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
 from tritonctl.spec import Cluster
@@ -75,9 +76,15 @@ def _open_dataset(folder: Path, cluster: Cluster, features: list[ModelFeatures],
             file=folder / "metadata.json",
             field="device",
         )
+    if set(dataset.models) != {f.model for f in features}:
+        raise TritonctlError(
+            f"this profile measured models {sorted(dataset.models)}, the cluster has "
+            f"{sorted(f.model for f in features)}: use a new --output folder",
+            file=folder / "models.csv",
+        )
     for f in features:
-        old = dataset.models.get(f.model)
-        if old is not None and old.onnx_sha256 != f.onnx_sha256:
+        old = dataset.models[f.model]
+        if old.onnx_sha256 != f.onnx_sha256:
             raise TritonctlError(
                 f"model {f.model!r} changed since this profile began (its ONNX file differs): "
                 "use a new --output folder",
@@ -103,6 +110,14 @@ def profile(
     features = [ModelFeatures(name, a.sha256, **graph_info(a.path).__dict__) for name, a in artifacts.items()]
     dataset = _open_dataset(folder, cluster, features, cpu_fingerprint())
     device = devices_of(cluster)[0]
+    measured = {(r.units, r.cores) for r in dataset.rows}
+    if measured - {(device.units, device.cores)}:
+        raise TritonctlError(
+            f"this profile was measured with other device settings (units, cores) {sorted(measured)}: "
+            "use a new --output folder",
+            file=cluster.path,
+            field="devices[0]",
+        )
     names = list(artifacts)
     # Measured in a seeded random order: a transient slowdown of the machine then spreads over
     # unrelated configurations instead of biasing one model's block of neighbours.
@@ -128,7 +143,10 @@ def profile(
                     log(f"budget of {budget_s:g} s reached; run the same command again to resume")
                     break
                 bar.set_description(_describe(run))
-                stats = harness.measure(run.members)
+                try:
+                    stats = harness.measure(run.members)
+                except StartError as exc:
+                    raise TritonctlError(f"profiling stopped: {exc}") from None
                 dataset.append(
                     [_row(run, member, st, device) for member, st in zip(run.members, stats, strict=True)],
                     harness.memory,

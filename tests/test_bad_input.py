@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,33 @@ def test_bad_cluster_file_is_refused_with_file_and_field(capsys, mlp_cluster, ch
     assert f"{mlp_cluster}: {field}" in err
     assert words in err
     assert not (mlp_cluster.parent / "plan.yaml").exists()
+
+
+def test_the_command_line_prints_one_error_line_and_no_traceback(mlp_cluster):
+    edit(mlp_cluster, lambda d: d["models"][0].update(slo_ms=-1))
+    run = subprocess.run([sys.executable, "-m", "tritonctl", "plan", str(mlp_cluster)], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [
+        f"error: {mlp_cluster}: models[0].slo_ms: Input should be greater than 0 (got -1)"
+    ]
+
+
+def test_more_models_than_share_units(capsys, mlp_cluster):
+    edit(mlp_cluster, lambda d: d["devices"][0].update(units=1))
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    assert rc == 2 and "2 models on cpu0 but it has only 1 units" in err
+
+
+def test_plan_with_a_share_below_the_smallest_quota_or_a_bad_instance_name(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    edit(plan, lambda d: d["models"][0]["placements"][0].update(share=4))  # 0.08 of 2 cores
+    rc, err = run_cli(capsys, "render", str(plan))
+    assert rc == 2 and f"{plan}: models.alpha.placements" in err and "smallest CPU quota" in err
+    edit(plan, lambda d: d["models"][0]["placements"][0].update(share=50, instance="../../escape"))
+    rc, err = run_cli(capsys, "render", str(plan))
+    assert rc == 2 and "models[0].placements[0].instance" in err
+    assert not (mlp_cluster.parent.parent / "escape").exists()
 
 
 def test_not_yaml_and_missing_file(capsys, tmp_path):

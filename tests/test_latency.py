@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +135,7 @@ def test_plan_carries_predictions_from_the_latency_model(tmp_path, fitted, capsy
         assert placement.predicted.exec_ms == pytest.approx(expected, rel=0.08)
         assert placement.predicted.throughput_rps == pytest.approx(1000 / placement.predicted.exec_ms, rel=0.01)
         assert placement.predicted.latency_ms >= placement.predicted.exec_ms
-    assert plan.models[0].memory_mb == math.ceil(105)  # profiled footprint at batch 1
+    assert plan.models[0].memory_mb == 105  # the profiled footprint at batch 1
 
 
 def test_latency_model_that_does_not_fit_the_cluster(tmp_path, fitted, capsys):

@@ -40,6 +40,17 @@ def test_profile_is_budgeted_resumable_and_measured_under_the_share(tmp_path, ca
     assert len(solo_runs(["alpha", "beta"], 100) + coloc_runs(["alpha", "beta"], 100)) > len(ids)
 
 
+def test_profile_of_other_models_is_refused(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    out = tmp_path / "profile"
+    assert main(["profile", str(cluster), "-o", str(out), "--budget", "0"]) == 0
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    capsys.readouterr()
+    assert main(["profile", str(cluster), "-o", str(out)]) == 2
+    assert "this profile measured models ['alpha']" in capsys.readouterr().err
+
+
 def test_profile_from_another_device_is_refused(tmp_path, capsys):
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha")])

@@ -233,6 +233,16 @@ def cmd_demo(args) -> int:
     return rc
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonctl",
@@ -281,11 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan.yaml")
     p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
     p.add_argument("plan", help="plan.yaml")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of traffic (default 10)")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every model's rate (default 1)")
+    p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
+    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
     p = add("demo", cmd_demo, "plan, apply and load the CPU demo cluster end to end")
     p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of traffic (default 10)")
+    p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
     p.add_argument("--teardown", action="store_true", help="stop the deployment at the end")
     return parser
 

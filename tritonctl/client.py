@@ -15,6 +15,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from tritonctl.plan import Plan
+from tritonctl.spec import DTYPES
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: L
     lock = threading.Lock()
     outstanding = threading.Semaphore(0)
     with grpcclient.InferenceServerClient(endpoint.url) as client:
-        infer_input = grpcclient.InferInput(endpoint.input_name, list(data.shape), _triton_dtype(data.dtype))
+        infer_input = grpcclient.InferInput(
+            endpoint.input_name, list(data.shape), DTYPES[data.dtype.name].removeprefix("TYPE_")
+        )
         infer_input.set_data_from_numpy(data)
         outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
 
@@ -111,10 +114,6 @@ def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: L
             if not outstanding.acquire(timeout=30):
                 out.errors.append("no answer within 30 s")
                 break
-
-
-def _triton_dtype(dtype: np.dtype) -> str:
-    return {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32", "uint8": "UINT8"}[dtype.name]
 
 
 def run_load(targets: list[Endpoint], duration_s: float, rate_scale: float = 1.0, seed: int = 0) -> list[LoadResult]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 
 from tritonctl.errors import TritonctlError
-from tritonctl.spec import Cluster, ModelSpec
+from tritonctl.spec import DTYPES, Cluster, ModelSpec
 
 OPSET = 17
 SEED = 0
@@ -108,8 +108,14 @@ def export_key(model: ModelSpec, torch_version: str, torchvision_version: str) -
 
 def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
     """Export `model.source` (a torchvision architecture) to ONNX; returns (path, was_cached)."""
-    import torch
-    import torchvision
+    try:
+        import torch
+        import torchvision
+    except ImportError:
+        raise TritonctlError(
+            "exporting torchvision models needs torch and torchvision: "
+            "pip install -e '.[export]' (or give an .onnx path)"
+        ) from None
 
     key = export_key(model, torch.__version__, torchvision.__version__)
     path = out_dir / f"{model.source}-{key}.onnx"
@@ -127,17 +133,23 @@ def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
     dummy = torch.zeros((1, *model.input.shape), dtype=dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with torch.no_grad():
-        torch.onnx.export(
-            net,
-            (dummy,),
-            str(tmp),
-            input_names=["input"],
-            output_names=["output"],
-            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-            opset_version=OPSET,
-            dynamo=False,
-        )
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                net,
+                (dummy,),
+                str(tmp),
+                input_names=["input"],
+                output_names=["output"],
+                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+                opset_version=OPSET,
+                dynamo=False,
+            )
+    except Exception as exc:  # torch raises RuntimeError, ValueError, ... for inputs the net cannot take
+        tmp.unlink(missing_ok=True)
+        raise TritonctlError(
+            f"{model.source} does not take input {model.input.dtype}{model.input.shape}: {str(exc)[:200]}"
+        ) from None
     tmp.replace(path)
     return path, False
 
@@ -165,6 +177,13 @@ def materialize(cluster: Cluster, log=print) -> dict[str, Artifact]:
 
 
 def _check_input(cluster: Cluster, i: int, model: ModelSpec, artifact: Artifact) -> None:
+    for out in artifact.outputs:
+        if out.dtype not in DTYPES:
+            raise TritonctlError(
+                f"output {out.name!r} has type {out.dtype}; tritonctl serves {', '.join(DTYPES)}",
+                file=cluster.path,
+                field=f"models[{i}].source",
+            )
     if len(artifact.inputs) != 1:
         raise TritonctlError(
             f"the model has {len(artifact.inputs)} inputs; tritonctl serves single-input models",

@@ -38,7 +38,7 @@ class Device(_Strict):
 
 class Tensor(_Strict):
     name: str
-    dtype: str
+    dtype: Literal["float32", "float16", "int64", "int32", "uint8"]
     shape: list[int]
 
 
@@ -58,7 +58,7 @@ class Prediction(_Strict):
 class Placement(_Strict):
     """One replica of a model: a Triton instance on `device` with `share` units of it."""
 
-    instance: str
+    instance: Annotated[str, Field(pattern=MODEL_NAME.pattern)]
     device: str
     share: Annotated[int, Field(ge=1)]
     batch: Annotated[int, Field(ge=1)]
@@ -106,6 +106,9 @@ class Plan(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
         devices = {d.id: d for d in self.devices}
+        for device in self.devices:
+            if device.kind == "cpu" and not device.cores:
+                raise ValueError(f"device {device.id}: a cpu device needs `cores`")
         used: dict[str, int] = {}
         instances: set[str] = set()
         ports: set[int] = set()

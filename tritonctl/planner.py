@@ -140,9 +140,15 @@ def make_plan(
         choices = POLICIES[policy][0](demands, devices, lm)
     except PlacementError as exc:
         raise TritonctlError(str(exc), file=cluster.path, field="models") from None
+    runtime = cluster.spec.runtime
+    if runtime.base_port + len(demands) - 1 > 65535:
+        raise TritonctlError(
+            f"{len(demands)} models need ports up to {runtime.base_port + len(demands) - 1}",
+            file=cluster.path,
+            field="runtime.base_port",
+        )
 
     base = plan_path.resolve().parent
-    runtime = cluster.spec.runtime
     planned = []
     for i, (model, demand) in enumerate(zip(cluster.spec.models, demands, strict=True)):
         artifact = artifacts[model.name]
@@ -184,7 +190,7 @@ def make_plan(
             repository_dir=relative_to(cluster.resolve(runtime.repository_dir), base),
             state_dir=relative_to(cluster.resolve(runtime.state_dir), base),
             host=runtime.host,
-            tritonserver=runtime.tritonserver,
+            tritonserver=str(cluster.resolve(runtime.tritonserver)) if runtime.tritonserver else None,
             startup_timeout_s=runtime.startup_timeout_s,
         ),
     )

@@ -30,6 +30,7 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 # A short CFS period keeps a quota from turning into long stalls: with 100 ms a run that
 # outlasts its period's quota waits for the next period (bimodal latency); 10 ms spreads it.
 CFS_PERIOD_US = 10_000
+MIN_QUOTA_US = 1_000  # cgroup v1 refuses cfs_quota_us below 1 ms
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
     trim_blocks=True,
@@ -97,7 +98,17 @@ def launch_for(model: PlannedModel, placement: Placement, device: Device, config
     else:
         period = CFS_PERIOD_US
         quota = round(cpu_cores(device, placement.share) * period)
-    identity = json.dumps([config, model.onnx_sha256, placement.share, placement.device], sort_keys=True)
+        if quota < MIN_QUOTA_US:
+            raise TritonctlError(
+                f"{placement.instance}: share {placement.share} of {device.units} units is "
+                f"{cpu_cores(device, placement.share):.3f} cores; the kernel's smallest CPU quota is "
+                f"{MIN_QUOTA_US / period:g} core",
+                field=f"models.{model.name}.placements",
+            )
+    # Everything that shapes the running process: a change to any of it replaces the instance.
+    identity = json.dumps(
+        [config, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period], sort_keys=True
+    )
     return Launch(
         instance=placement.instance,
         model=model.name,
@@ -157,6 +168,9 @@ def render(loaded: LoadedPlan) -> dict[str, tuple[Path, Launch]]:
                 f"ONNX file not found: {onnx_path}", file=loaded.path, field=f"models.{model.name}.onnx"
             )
         folder = out_root / placement.instance
-        launch = render_instance(folder, plan.cluster, model, placement, plan.device(placement.device), onnx_path)
+        try:
+            launch = render_instance(folder, plan.cluster, model, placement, plan.device(placement.device), onnx_path)
+        except TritonctlError as exc:
+            raise TritonctlError(exc.message, file=loaded.path, field=exc.field) from None
         rendered[placement.instance] = (folder, launch)
     return rendered

@@ -31,7 +31,7 @@ def load_state(state_dir: Path) -> State:
         raw = json.loads(path.read_text())
         records = {uid: InstanceRecord(**rec) for uid, rec in raw.pop("instances").items()}
         return State(**raw, instances=records)
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise TritonctlError(
             f"corrupt state file ({exc}); stop stray tritonserver processes and remove it", file=path
         ) from None

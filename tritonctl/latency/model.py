@@ -39,7 +39,7 @@ from tritonctl.render import threads_for_cores
 
 FORMAT = "tritonctl-latency-model"
 VERSION = 1
-MAX_TABLE_BATCH = 32
+MAX_BATCH = 32  # BDA searches batch sizes 1..32 (InSS Algorithm 1); profiles cover the same range
 
 
 @dataclass
@@ -53,7 +53,7 @@ class ModelParams:
     lwr_bandwidth: float
     lwr_X: list[list[float]]  # (log2 batch, log eff) of the training points
     lwr_y: list[float]  # running time (ms) at those points
-    cache_a: float  # l = cache_a * eff + cache_b   (GB/s proxy on CPU, L2 % on GPU)
+    cache_a: float  # l = cache_a * eff + cache_b   (CPU utilisation proxy on CPU, L2 % on GPU)
     cache_b: float
     alpha_cache: float  # interference coefficient on running time
     memory_mb0: float  # footprint(b) = memory_mb0 + memory_mb1 * b
@@ -121,13 +121,13 @@ class LatencyModel:
     def _build_table(self, name: str) -> list[list[float]]:
         """Running time for every batch 1..32 and share 1..units, so queries cost a lookup."""
         units = self.device.units
-        batches, shares = np.meshgrid(np.arange(1, MAX_TABLE_BATCH + 1), np.arange(1, units + 1), indexing="ij")
+        batches, shares = np.meshgrid(np.arange(1, MAX_BATCH + 1), np.arange(1, units + 1), indexing="ij")
         values = self._run_lwr(name, batches.ravel(), shares.ravel()).reshape(batches.shape)
         return [[0.0] * (units + 1)] + [[0.0, *row] for row in values.tolist()]
 
     # ---- queries ------------------------------------------------------------------------
     def run_ms(self, model: str, batch: int, share: int) -> float:
-        if 1 <= batch <= MAX_TABLE_BATCH and 1 <= share <= self.device.units:
+        if 1 <= batch <= MAX_BATCH and 1 <= share <= self.device.units:
             return self._table[model][batch][share]
         return float(self._run_lwr(model, np.array([batch]), np.array([share]))[0])
 
@@ -236,5 +236,5 @@ def load_latency_model(path: str | Path) -> LatencyModel:
             raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
             models[name] = ModelParams(**raw)
         return LatencyModel(device, models, data.get("meta", {}))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TritonctlError(f"corrupt latency model ({type(exc).__name__}: {exc})", file=path) from None

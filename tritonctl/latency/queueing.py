@@ -23,24 +23,14 @@ import numpy as np
 SAMPLE_TASKS = 2000
 
 
-def eq2(queued_with_task: int, batch: int, t_inf_ms: float, exec_left_ms: float, rate: float) -> float:
-    """InSS eq. 2: the latency (ms) of a task that finds `queued_with_task - 1` tasks queued."""
-    if queued_with_task >= batch:
-        return exec_left_ms + math.ceil(queued_with_task / batch) * t_inf_ms
-    wait_ms = 1000.0 * (batch - queued_with_task) / rate
-    return max(exec_left_ms, wait_ms) + t_inf_ms
-
-
 @functools.lru_cache(maxsize=8)
 def _unit_arrivals(seed: int, tasks: int) -> np.ndarray:
     """Poisson arrival times at rate 1, fixed per seed so that every query sees the same sample."""
     return np.cumsum(np.random.default_rng(seed).exponential(1.0, tasks))
 
 
-def eq2_array(
-    queued_with_task: np.ndarray, batch: int, t_inf_ms: float, exec_left_ms: np.ndarray, rate: float
-) -> np.ndarray:
-    """`eq2` for many tasks at once."""
+def eq2(queued_with_task, batch: int, t_inf_ms: float, exec_left_ms, rate: float):
+    """InSS eq. 2: the latency (ms) of tasks that find `queued_with_task - 1` tasks queued (scalars or arrays)."""
     behind = exec_left_ms + np.ceil(queued_with_task / batch) * t_inf_ms
     filling = np.maximum(exec_left_ms, 1000.0 * (batch - queued_with_task) / rate) + t_inf_ms
     return np.where(queued_with_task >= batch, behind, filling)
@@ -72,5 +62,5 @@ def task_latency(rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks:
     last = np.searchsorted(starts, arrivals, side="left") - 1
     exec_left = np.where(last >= 0, np.maximum(0.0, ends[np.maximum(last, 0)] - arrivals), 0.0)
     queued = np.maximum(0, np.arange(tasks) - (last + 1) * batch)
-    latencies = eq2_array(queued + 1, batch, t_inf_ms, exec_left, rate)
+    latencies = eq2(queued + 1, batch, t_inf_ms, exec_left, rate)
     return TaskLatency(float(latencies.mean()), float(np.percentile(latencies, 99)), True)

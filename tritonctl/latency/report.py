@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from sklearn.linear_model import LinearRegression
 
 from profiler.dataset import Dataset, Measurement
+from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 
 
@@ -90,8 +91,12 @@ def proxy_correlation(model: LatencyModel, dataset: Dataset) -> float:
 
 def write_report(model: LatencyModel, dataset: Dataset, out: Path) -> dict:
     """Write report.md and its plots into `out`; returns the headline figures."""
-    out.mkdir(parents=True, exist_ok=True)
     results = evaluate(model, dataset)
+    if not results:
+        raise TritonctlError(
+            "the profile has no held-out measurements to judge the model on", file=dataset.folder / "measurements.csv"
+        )
+    out.mkdir(parents=True, exist_ok=True)
     solo = [e for e in results if e.row.kind == "solo"]
     coloc = [e for e in results if e.row.kind == "coloc"]
     figures = {

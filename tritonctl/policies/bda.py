@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tritonctl.latency.model import LatencyModel
+from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import task_latency
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
 from tritonctl.policies.spread import spread
-
-MAX_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,10 @@ def _constraints(
     trial = {**batches, name: batch}
     choice = placement[name]
     here = [m for m in placement if placement[m].device == choice.device]
-    if sum(lm.footprint_mb(m, trial[m]) for m in here) > devices[choice.device].memory_mb:
+    # The demand's memory is the footprint at batch 1 (the spec's override or the profile's); the
+    # profile says how much more each larger batch takes.
+    growth = {m: lm.footprint_mb(m, trial[m]) - lm.footprint_mb(m, 1) for m in here}
+    if sum(demands[m].memory_mb + growth[m] for m in here) > devices[choice.device].memory_mb:
         return "memory"
     corunners = tuple((m, placement[m].share, trial[m]) for m in here if m != name)
     exec_ms = lm.t_inf(name, batch, choice.share, corunners)

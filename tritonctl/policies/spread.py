@@ -24,6 +24,8 @@ def spread(models: list[Demand], devices: list[Device], lm: LatencyModel | None 
     choices: dict[str, list[Choice]] = {}
     for device in devices:
         names = hosted[device.id]
+        if len(names) > device.units:
+            raise PlacementError(f"{len(names)} models on {device.id} but it has only {device.units} units to share")
         for k, name in enumerate(names):
             share = device.units // len(names) + (1 if k < device.units % len(names) else 0)
             choices[name] = [Choice(device=device.id, share=share)]

@@ -41,13 +41,18 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def proc_stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state first); [] when it does not exist."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def _proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, start time in clock ticks) of a process, None when it does not exist."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0], int(fields[19])
+    fields = proc_stat_fields(pid)
+    return (fields[0], int(fields[19])) if fields else None
 
 
 def process_alive(pid: int, start_ticks: int) -> bool:
@@ -113,7 +118,10 @@ class LocalRuntime:
         cgroup = None
         mechanism = "none"
         if launch.kind == "cpu":
-            cgroup = share.create(uid, launch.cpu_quota_us, launch.cpu_period_us)
+            try:
+                cgroup = share.create(uid, launch.cpu_quota_us, launch.cpu_period_us)
+            except OSError as exc:
+                raise StartError(f"{launch.instance}: cannot set its CPU quota ({exc})") from None
             if cgroup is not None:
                 mechanism = f"{share.mechanism()} quota {launch.cpu_quota_us}/{launch.cpu_period_us} us"
         else:
@@ -121,16 +129,20 @@ class LocalRuntime:
         log_dir.mkdir(parents=True, exist_ok=True)
         log = log_dir / f"{uid}.log"
         env = {**os.environ, **self.binary.env, **launch.env}
-        with log.open("wb") as log_fh:
-            proc = subprocess.Popen(
-                self.command(launch, folder, host, http_port, metrics_port),
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=share.joiner(cgroup),
-            )
+        try:
+            with log.open("wb") as log_fh:
+                proc = subprocess.Popen(
+                    self.command(launch, folder, host, http_port, metrics_port),
+                    stdout=log_fh,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=share.joiner(cgroup),
+                )
+        except OSError as exc:
+            share.remove(cgroup)
+            raise StartError(f"cannot start {self.binary.path} for {launch.instance}: {exc}") from None
         stat = _proc_stat(proc.pid)
         record = InstanceRecord(
             uid=uid,
@@ -151,20 +163,25 @@ class LocalRuntime:
             share_mechanism=mechanism,
             cgroup=str(cgroup) if cgroup else None,
         )
+        try:
+            self._wait_ready(proc, record, timeout_s)
+        except BaseException:  # not ready, or interrupted: leave nothing running behind
+            self.stop(record)
+            raise
+        return record
+
+    def _wait_ready(self, proc: subprocess.Popen, record: InstanceRecord, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while True:
+        while not self.health(record).model_ready:
             if proc.poll() is not None:
-                self.stop(record)
                 raise StartError(
-                    f"tritonserver for {launch.instance} exited with code {proc.returncode}; "
-                    f"log {log}:\n{_log_tail(log)}"
+                    f"tritonserver for {record.instance} exited with code {proc.returncode}; "
+                    f"log {record.log}:\n{_log_tail(Path(record.log))}"
                 )
-            if self.health(record).model_ready:
-                return record
             if time.monotonic() > deadline:
-                self.stop(record)
                 raise StartError(
-                    f"{launch.instance} was not ready after {timeout_s:.0f} s; log {log}:\n{_log_tail(log)}"
+                    f"{record.instance} was not ready after {timeout_s:.0f} s; log {record.log}:\n"
+                    f"{_log_tail(Path(record.log))}"
                 )
             time.sleep(0.2)
 
@@ -176,7 +193,12 @@ class LocalRuntime:
         return Health(True, server, server and _http_ok(f"{base}/models/{record.model}/ready"))
 
     def stop(self, record: InstanceRecord) -> None:
-        """SIGTERM the instance's process group (Triton drains in-flight requests), SIGKILL at the deadline."""
+        """SIGTERM the instance's process group (Triton drains in-flight requests), SIGKILL at the deadline.
+
+        Only processes known to be the instance's are signalled: its group while its leader is
+        still the process we started, and whatever remains in its cgroup (backend stubs).
+        """
+        cgroup = Path(record.cgroup) if record.cgroup else None
         if process_alive(record.pid, record.start_ticks):
             try:
                 os.killpg(record.pid, signal.SIGTERM)
@@ -185,8 +207,11 @@ class LocalRuntime:
             deadline = time.monotonic() + EXIT_TIMEOUT_S + 5
             while process_alive(record.pid, record.start_ticks) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        try:
-            os.killpg(record.pid, signal.SIGKILL)  # stragglers of the group (backend stubs)
-        except (ProcessLookupError, PermissionError):
-            pass
-        share.remove(Path(record.cgroup) if record.cgroup else None)
+            if process_alive(record.pid, record.start_ticks):
+                os.killpg(record.pid, signal.SIGKILL)
+        for pid in share.members(cgroup) if cgroup else ():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        share.remove(cgroup)
