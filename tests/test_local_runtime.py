@@ -177,3 +177,13 @@ def test_status_reports_a_dead_instance(tmp_path, capsys):
     assert healed.pid != record.pid and process_alive(healed.pid, healed.start_ticks)
     assert main(["down", str(plan)]) == 0
     assert not process_alive(healed.pid, healed.start_ticks)
+
+
+def test_dry_run_writes_nothing(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    assert main(["plan", str(cluster)]) == 0
+    assert main(["apply", str(tmp_path / "plan.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("start alpha-0") + out.count("start beta-0") == 2 and "would change 2 instance(s)" in out
+    assert not (tmp_path / "repo").exists() and not (tmp_path / "state").exists()

@@ -86,28 +86,42 @@ def _check_ports(
             )
 
 
+def _steps(
+    loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, log: Callable[[str], None]
+) -> list[Step]:
+    if state.cluster and state.cluster != loaded.plan.cluster:
+        raise TritonctlError(
+            f"the state folder belongs to cluster {state.cluster!r}, not {loaded.plan.cluster!r}",
+            file=loaded.path,
+            field="runtime.state_dir",
+        )
+    launches = {name: launch for name, (_, launch) in rendered.items()}
+    health = {uid: runtime.health(rec) for uid, rec in state.instances.items()}
+    steps = diff(launches, state.instances, health)
+    for step in steps:
+        log(f"  {step.action:5} {step.instance:28} {step.reason}")
+    return steps
+
+
 def apply_plan(
     loaded: LoadedPlan, runtime: Runtime, log: Callable[[str], None] = print, dry_run: bool = False
 ) -> list[Step]:
-    """Apply the plan; returns the steps taken. Raises TritonctlError after rolling back."""
+    """Apply the plan; returns the steps taken. Raises TritonctlError after rolling back.
+
+    A dry run takes no lock and writes nothing: it reads the state and prints the steps.
+    """
+    if dry_run:
+        return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)
     plan = loaded.plan
     state_dir = loaded.state_dir
     with apply_lock(state_dir):
         state = load_state(state_dir)
-        if state.cluster and state.cluster != plan.cluster:
-            raise TritonctlError(
-                f"the state folder belongs to cluster {state.cluster!r}, not {plan.cluster!r}",
-                file=loaded.path,
-                field="runtime.state_dir",
-            )
         rendered = render(loaded)
+        steps = _steps(loaded, runtime, state, rendered, log)
+        if all(step.action == "keep" for step in steps):
+            return steps
         launches = {name: launch for name, (_, launch) in rendered.items()}
         health = {uid: runtime.health(rec) for uid, rec in state.instances.items()}
-        steps = diff(launches, state.instances, health)
-        for step in steps:
-            log(f"  {step.action:5} {step.instance:28} {step.reason}")
-        if dry_run or all(step.action == "keep" for step in steps):
-            return steps
         _check_ports(loaded, steps, launches, state, health)
         state.cluster, state.plan, state.runtime = plan.cluster, str(loaded.path), runtime.name
         started: list[InstanceRecord] = []

@@ -160,6 +160,7 @@ def cmd_status(args) -> int:
         _say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
     runtime = LocalRuntime(None)
+    _say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
     _say(
         f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
         f"{'pid':>7} {'health':9} share enforcement"

@@ -141,22 +141,30 @@ def _write(path: Path, text: str) -> None:
 
 
 def render_instance(
-    folder: Path, cluster: str, model: PlannedModel, placement: Placement, device: Device, onnx_path: Path
+    folder: Path,
+    cluster: str,
+    model: PlannedModel,
+    placement: Placement,
+    device: Device,
+    onnx_path: Path,
+    write: bool = True,
 ) -> Launch:
-    """Write one instance's model repository and launch.json into `folder`."""
+    """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device)
+    launch = launch_for(model, placement, device, config)
+    if not write:
+        return launch
     version_dir = folder / "models" / model.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     _write(folder / "models" / model.name / "config.pbtxt", config)
     _place_file(onnx_path, version_dir / "model.onnx")
     if device.kind == "cpu":
         _write(version_dir / "model.py", (TEMPLATES / "python_onnx_model.py").read_text())
-    launch = launch_for(model, placement, device, config)
     _write(folder / "launch.json", json.dumps(launch.__dict__, indent=2, sort_keys=True) + "\n")
     return launch
 
 
-def render(loaded: LoadedPlan) -> dict[str, tuple[Path, Launch]]:
+def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Launch]]:
     """Render every instance of the plan; returns instance name -> (folder, launch settings)."""
     plan = loaded.plan
     out_root = loaded.resolve(plan.runtime.repository_dir)
@@ -169,7 +177,8 @@ def render(loaded: LoadedPlan) -> dict[str, tuple[Path, Launch]]:
             )
         folder = out_root / placement.instance
         try:
-            launch = render_instance(folder, plan.cluster, model, placement, plan.device(placement.device), onnx_path)
+            device = plan.device(placement.device)
+            launch = render_instance(folder, plan.cluster, model, placement, device, onnx_path, write)
         except TritonctlError as exc:
             raise TritonctlError(exc.message, file=loaded.path, field=exc.field) from None
         rendered[placement.instance] = (folder, launch)

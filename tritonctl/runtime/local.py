@@ -172,12 +172,14 @@ class LocalRuntime:
 
     def _wait_ready(self, proc: subprocess.Popen, record: InstanceRecord, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while not self.health(record).model_ready:
-            if proc.poll() is not None:
+        while True:
+            if proc.poll() is not None:  # before `health`, which would reap the exit status away from Popen
                 raise StartError(
                     f"tritonserver for {record.instance} exited with code {proc.returncode}; "
                     f"log {record.log}:\n{_log_tail(Path(record.log))}"
                 )
+            if self.health(record).model_ready:
+                return
             if time.monotonic() > deadline:
                 raise StartError(
                     f"{record.instance} was not ready after {timeout_s:.0f} s; log {record.log}:\n"
