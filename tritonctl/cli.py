@@ -24,6 +24,7 @@ from tritonctl.render import render
 from tritonctl.runtime import share
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
+from tritonctl.simulate import format_sim, simulate
 from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
 
@@ -113,6 +114,17 @@ def cmd_report(args) -> int:
     dataset = load_dataset(args.profile)
     model_path = Path(args.model) if args.model else dataset.folder / "latency-model.json"
     _report(dataset, model_path, Path(args.output) if args.output else dataset.folder / "report")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    loaded = load_plan(args.plan)
+    lm = load_latency_model(args.latency_model)
+    missing = [m.name for m in loaded.plan.models if m.name not in lm.models]
+    if missing:
+        raise TritonctlError(f"models {missing} are not in the latency model", file=args.latency_model)
+    result = simulate(loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale)
+    _say(format_sim(result))
     return 0
 
 
@@ -290,6 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan.yaml")
     p = add("down", cmd_down, "stop every instance of the deployment")
     p.add_argument("plan", help="plan.yaml")
+    p = add("simulate", cmd_simulate, "replay Poisson traffic against a plan in a discrete-event simulator")
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
+    p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds (default 60)")
+    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival process (default 0)")
+    p.add_argument("--drop", action="store_true", help="drop requests that can no longer meet their SLO")
     p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")

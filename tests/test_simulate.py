@@ -1,0 +1,79 @@
+"""The discrete-event simulator against queueing theory and Triton's batching rules (SYNTHETIC latency model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from synthetic import synthetic_dataset
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
+from tritonctl.simulate import simulate
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
+
+
+def plan_of(*models: tuple[str, float, float, int, int, int]) -> Plan:
+    """Plan with (name, rate, slo_ms, share, batch, queue_delay_us) models on one CPU device."""
+    tensor = [Tensor(name="x", dtype="float32", shape=[16])]
+    return Plan(
+        cluster="sim",
+        cluster_file="c.yaml",
+        policy="test",
+        target="cpu",
+        devices=[Device(id="cpu0", kind="cpu", index=0, memory_mb=4096, units=100, cores=2.0)],
+        models=[
+            PlannedModel(
+                name=n,
+                onnx="m.onnx",
+                onnx_sha256="0",
+                inputs=tensor,
+                outputs=tensor,
+                memory_mb=100,
+                slo_ms=slo,
+                rate=rate,
+                port=9000 + i,
+                placements=[Placement(instance=f"{n}-0", device="cpu0", share=share, batch=b, queue_delay_us=d)],
+            )
+            for i, (n, rate, slo, share, b, d) in enumerate(models)
+        ],
+        runtime=RuntimeSettings(repository_dir="r", state_dir="s", host="127.0.0.1"),
+    )
+
+
+def test_batch_one_matches_md1(lm):
+    t = lm.t_inf("alpha", 1, 100)
+    rate = 0.6 * 1000 / t  # utilisation 0.6
+    result = simulate(plan_of(("alpha", rate, 1e6, 100, 1, 0)), lm, duration_s=400)
+    (alpha,) = result.models
+    rho = rate * t / 1000
+    assert alpha.mean_ms == pytest.approx(t + rho * t / (2 * (1 - rho)), rel=0.05)
+    assert alpha.arrived - alpha.served <= 5 and alpha.good == alpha.served  # only the last ones are cut off
+
+
+def test_dynamic_batcher_waits_at_most_the_queue_delay(lm):
+    # 4 requests per second cannot fill batches of 8: each batch leaves when its oldest request has waited 20 ms.
+    result = simulate(plan_of(("alpha", 4, 1e6, 100, 8, 20_000)), lm, duration_s=200)
+    (alpha,) = result.models
+    longest = 20 + lm.t_inf("alpha", 8, 100)
+    assert alpha.p99_ms <= longest + 1e-6 and alpha.p50_ms >= lm.t_inf("alpha", 1, 100)
+
+
+def test_overload_serves_at_capacity_and_drop_keeps_served_requests_in_slo(lm):
+    t = lm.t_inf("alpha", 4, 50, (("beta", 50, 4),))
+    plan = plan_of(("alpha", 5000, 200, 50, 4, 0), ("beta", 1, 1e6, 50, 4, 0))
+    capacity = 4 * 1000 / t
+    held = simulate(plan, lm, duration_s=20)
+    assert held.models[0].served / 20 == pytest.approx(capacity, rel=0.1)
+    assert held.models[0].good < held.models[0].served  # the queue grows without bound: late answers
+    dropped = simulate(plan, lm, duration_s=20, drop=True)
+    alpha = dropped.models[0]
+    assert alpha.dropped > 0 and alpha.good == alpha.served and alpha.dropped + alpha.served <= alpha.arrived
+
+
+def test_a_busy_corunner_slows_a_batch(lm):
+    alone = simulate(plan_of(("alpha", 2, 1e6, 50, 1, 0)), lm, duration_s=100)
+    shared = simulate(plan_of(("alpha", 2, 1e6, 50, 1, 0), ("beta", 80, 1e6, 50, 1, 0)), lm, duration_s=100)
+    assert shared.models[0].p50_ms > alone.models[0].p50_ms * 1.03
