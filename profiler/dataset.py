@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
+from tritonctl.files import read_json
 
 FORMAT = "tritonctl-profile"
 VERSION = 1
@@ -167,12 +168,7 @@ def load_dataset(folder: str | Path) -> Dataset:
     meta_path = folder / "metadata.json"
     if not folder.is_dir():
         raise TritonctlError("no such profile folder", file=folder)
-    try:
-        metadata = json.loads(meta_path.read_text())
-    except OSError as exc:
-        raise TritonctlError(f"cannot read: {exc.strerror}", file=meta_path) from None
-    except ValueError as exc:
-        raise TritonctlError(f"not valid JSON: {exc}", file=meta_path) from None
+    metadata = read_json(meta_path)
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise TritonctlError(f"not a tritonctl profile (format is not {FORMAT!r})", file=meta_path)
     if not isinstance(metadata.get("device"), dict) or "kind" not in metadata["device"]:

@@ -15,8 +15,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tritonctl.files import load_validated
 from tritonctl.spec import MODEL_NAME
-from tritonctl.yamlfile import load_validated
 
 PLAN_VERSION = 1
 

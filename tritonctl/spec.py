@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tritonctl.errors import TritonctlError
-from tritonctl.yamlfile import load_validated
+from tritonctl.files import load_validated
 
 # Triton takes a model name as a directory name and as a URL path segment.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonctl.errors import TritonctlError
+from tritonctl.files import read_json
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.render import threads_for_cores
 
@@ -221,12 +222,7 @@ class LatencyModel:
 
 def load_latency_model(path: str | Path) -> LatencyModel:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
-    except ValueError as exc:
-        raise TritonctlError(f"not valid JSON: {exc}", file=path) from None
+    data = read_json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
         raise TritonctlError(f"not a {FORMAT} file of version {VERSION} (make one with `tritonctl fit`)", file=path)
     try:

@@ -1,7 +1,8 @@
-"""Read a YAML file into a validated pydantic model, or fail naming the file and field."""
+"""Read the files users hand tritonctl (YAML, JSON), or fail naming the file and what is wrong."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,3 +44,13 @@ def load_validated(path: Path, schema: type[M]) -> M:
         if len(errors) > 1:
             msg += f" (and {len(errors) - 1} more problem(s))"
         raise TritonctlError(msg, file=path, field=field_path(err["loc"]) or None) from None
+
+
+def read_json(path: Path):
+    """The parsed content of a JSON file."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
+    except ValueError as exc:
+        raise TritonctlError(f"not valid JSON: {exc}", file=path) from None
