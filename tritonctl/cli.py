@@ -11,6 +11,7 @@ from pathlib import Path
 from profiler.dataset import load_dataset
 from profiler.run import profile
 from tritonctl.apply import apply_plan, down
+from tritonctl.bench import bench, format_rows
 from tritonctl.client import endpoints, format_results, run_load
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
@@ -125,6 +126,21 @@ def cmd_simulate(args) -> int:
         raise TritonctlError(f"models {missing} are not in the latency model", file=args.latency_model)
     result = simulate(loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale)
     _say(format_sim(result))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    cluster = load_cluster(args.cluster)
+    lm = load_latency_model(args.latency_model)
+    artifacts = materialize(cluster, log=lambda _: None)
+    check_latency_model(cluster, artifacts, lm, Path(args.latency_model), _say)
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown:
+        raise TritonctlError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    out = Path(args.output) if args.output else cluster.path.parent / "bench"
+    rows = bench(cluster, artifacts, lm, args.policies, out, args.duration)
+    _say(format_rows(rows))
+    _say(f"table, plans and plot written to {out}")
     return 0
 
 
@@ -309,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival process (default 0)")
     p.add_argument("--drop", action="store_true", help="drop requests that can no longer meet their SLO")
+    p = add("bench", cmd_bench, "plan a cluster with several policies and simulate each plan side by side")
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), help="policies to compare (default: all)")
+    p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds per policy (default 60)")
+    p.add_argument("-o", "--output", help="output folder (default: bench/ beside the cluster file)")
     p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")

@@ -1,0 +1,128 @@
+"""`tritonctl bench`: several policies on one cluster and workload, judged the same way.
+
+Each policy plans the cluster (timed), and its plan is simulated at the cluster's rates.
+Reported per policy: planning time, planned capacity (sum of b / t_inf, the objective of
+InSS problem (1)) and its share of a simple upper bound (every device's units spent on the
+model with the best throughput per unit, interference ignored), and from the simulator
+throughput, goodput, SLO violations, drops and devices used.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from tritonctl.errors import TritonctlError
+from tritonctl.export import Artifact
+from tritonctl.latency.model import MAX_BATCH, LatencyModel
+from tritonctl.plan import save_plan
+from tritonctl.planner import devices_of, make_plan
+from tritonctl.simulate import simulate
+from tritonctl.spec import Cluster
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    policy: str
+    plan_ms: float
+    capacity_rps: float
+    of_bound: float
+    throughput_rps: float
+    goodput_rps: float
+    violations: float  # share of arrived requests not served within the SLO
+    drops: float
+    devices: int
+    error: str = ""
+
+
+def upper_bound_rps(cluster: Cluster, lm: LatencyModel) -> float:
+    """Every device's units at the best throughput per unit any model reaches, interference ignored."""
+    per_unit = max(
+        1000 * b / lm.t_inf(m.name, b, s) / s
+        for m in cluster.spec.models
+        for b in range(1, MAX_BATCH + 1)
+        for s in range(lm.models[m.name].share_range[0], lm.device.units + 1, 5)
+    )
+    return sum(d.units for d in devices_of(cluster)) * per_unit
+
+
+def bench(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    lm: LatencyModel,
+    policies: list[str],
+    out_dir: Path,
+    duration_s: float,
+    drop: bool = True,
+) -> list[BenchRow]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bound = upper_bound_rps(cluster, lm)
+    rows = []
+    for policy in policies:
+        plan_path = out_dir / f"plan-{policy}.yaml"
+        started = time.perf_counter()
+        try:
+            plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None)
+        except TritonctlError as exc:
+            rows.append(BenchRow(policy, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message))
+            continue
+        plan_ms = 1000 * (time.perf_counter() - started)
+        save_plan(plan, plan_path)
+        capacity = sum(p.predicted.throughput_rps for _, p in plan.instances())
+        sim = simulate(plan, lm, duration_s, drop=drop)
+        arrived = max(1, sum(m.arrived for m in sim.models))
+        rows.append(
+            BenchRow(
+                policy=policy,
+                plan_ms=plan_ms,
+                capacity_rps=capacity,
+                of_bound=capacity / bound,
+                throughput_rps=sim.throughput,
+                goodput_rps=sim.goodput,
+                violations=1 - sum(m.good for m in sim.models) / arrived,
+                drops=sum(m.dropped for m in sim.models) / arrived,
+                devices=sim.devices_used,
+            )
+        )
+    _write(rows, bound, cluster, duration_s, out_dir)
+    return rows
+
+
+def format_rows(rows: list[BenchRow]) -> str:
+    head = (
+        "| policy | plan ms | capacity req/s | of bound | throughput | goodput | SLO violations | drops | "
+        "devices |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        if r.error:
+            lines.append(f"| {r.policy} | failed: {r.error} | | | | | | | |")
+            continue
+        lines.append(
+            f"| {r.policy} | {r.plan_ms:.0f} | {r.capacity_rps:.1f} | {100 * r.of_bound:.0f}% | "
+            f"{r.throughput_rps:.1f} | {r.goodput_rps:.1f} | {100 * r.violations:.2f}% | "
+            f"{100 * r.drops:.2f}% | {r.devices} |"
+        )
+    return "\n".join(lines)
+
+
+def _write(rows: list[BenchRow], bound: float, cluster: Cluster, duration_s: float, out_dir: Path) -> None:
+    text = (
+        f"# Policies on {cluster.spec.name}\n\nSimulated {duration_s:g} s at the cluster's rates; upper bound "
+        f"{bound:.1f} req/s.\n\n{format_rows(rows)}\n\n![bench](bench.png)\n"
+    )
+    (out_dir / "bench.md").write_text(text)
+    ok = [r for r in rows if not r.error]
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    x = range(len(ok))
+    ax.bar([i - 0.2 for i in x], [r.capacity_rps for r in ok], width=0.4, label="planned capacity")
+    ax.bar([i + 0.2 for i in x], [r.goodput_rps for r in ok], width=0.4, label="simulated goodput")
+    ax.set_xticks(list(x), [r.policy for r in ok])
+    ax.set(ylabel="requests / s", title=f"{cluster.spec.name}: policies side by side")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "bench.png", dpi=110)
