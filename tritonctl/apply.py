@@ -88,7 +88,8 @@ def _check_ports(
 
 def _steps(
     loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, log: Callable[[str], None]
-) -> list[Step]:
+) -> tuple[list[Step], dict[str, Health]]:
+    """Check the state belongs to this plan's cluster; log and return the steps and the instances' health."""
     if state.cluster and state.cluster != loaded.plan.cluster:
         raise TritonctlError(
             f"the state folder belongs to cluster {state.cluster!r}, not {loaded.plan.cluster!r}",
@@ -100,7 +101,7 @@ def _steps(
     steps = diff(launches, state.instances, health)
     for step in steps:
         log(f"  {step.action:5} {step.instance:28} {step.reason}")
-    return steps
+    return steps, health
 
 
 def apply_plan(
@@ -111,17 +112,16 @@ def apply_plan(
     A dry run takes no lock and writes nothing: it reads the state and prints the steps.
     """
     if dry_run:
-        return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)
+        return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)[0]
     plan = loaded.plan
     state_dir = loaded.state_dir
     with apply_lock(state_dir):
         state = load_state(state_dir)
         rendered = render(loaded)
-        steps = _steps(loaded, runtime, state, rendered, log)
+        steps, health = _steps(loaded, runtime, state, rendered, log)
         if all(step.action == "keep" for step in steps):
             return steps
         launches = {name: launch for name, (_, launch) in rendered.items()}
-        health = {uid: runtime.health(rec) for uid, rec in state.instances.items()}
         _check_ports(loaded, steps, launches, state, health)
         state.cluster, state.plan, state.runtime = plan.cluster, str(loaded.path), runtime.name
         started: list[InstanceRecord] = []
