@@ -17,7 +17,7 @@ from tritonctl.client import endpoints, run_load
 from tritonctl.plan import load_plan
 from tritonctl.runtime import share
 from tritonctl.runtime.local import LocalRuntime, process_alive
-from tritonctl.state import load_state
+from tritonctl.state import apply_lock, load_state
 
 
 def state_of(plan_path: Path):
@@ -187,3 +187,17 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("start alpha-0") + out.count("start beta-0") == 2 and "would change 2 instance(s)" in out
     assert not (tmp_path / "repo").exists() and not (tmp_path / "state").exists()
+
+
+def test_one_apply_at_a_time_and_a_corrupt_state_file(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster)]) == 0
+    with apply_lock(tmp_path / "state"):
+        assert main(["apply", str(plan)]) == 2
+    assert "another apply holds the lock (pid" in capsys.readouterr().err
+    (tmp_path / "state" / "state.json").write_text("[1, 2")
+    assert main(["status", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "state.json: corrupt state file" in err
