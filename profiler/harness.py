@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from profiler.dataset import MemoryPoint
 from profiler.grid import Member
+from tritonctl.client import concrete_shape
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import MAX_BATCH
 from tritonctl.plan import Device, Placement, PlannedModel
@@ -116,7 +117,7 @@ class Harness:
 
     def _request(self, model: str, batch: int) -> grpcclient.InferInput:
         tensor = self.models[model][0].inputs[0]
-        shape = [batch, *(d if d > 0 else 1 for d in tensor.shape)]
+        shape = [batch, *concrete_shape(tensor.shape)]
         request = grpcclient.InferInput(tensor.name, shape, DTYPES[tensor.dtype].removeprefix("TYPE_"))
         request.set_data_from_numpy(np.random.default_rng(0).random(shape).astype(tensor.dtype))
         return request

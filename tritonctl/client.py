@@ -32,6 +32,11 @@ class Endpoint:
     rate: float
 
 
+def concrete_shape(shape: list[int]) -> tuple[int, ...]:
+    """A tensor shape to send, with any dynamic dimension (-1) set to 1."""
+    return tuple(d if d > 0 else 1 for d in shape)
+
+
 def endpoints(plan: Plan) -> list[Endpoint]:
     return [
         Endpoint(
@@ -39,7 +44,7 @@ def endpoints(plan: Plan) -> list[Endpoint]:
             url=f"{plan.runtime.host}:{m.port}",
             input_name=m.inputs[0].name,
             input_dtype=m.inputs[0].dtype,
-            input_shape=tuple(d if d > 0 else 1 for d in m.inputs[0].shape),
+            input_shape=concrete_shape(m.inputs[0].shape),
             output_name=m.outputs[0].name,
             slo_ms=m.slo_ms,
             rate=m.rate,

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tritonctl.files import load_validated
-from tritonctl.spec import MODEL_NAME
+from tritonctl.spec import MODEL_NAME, Dtype
 
 PLAN_VERSION = 1
 
@@ -38,7 +38,7 @@ class Device(_Strict):
 
 class Tensor(_Strict):
     name: str
-    dtype: Literal["float32", "float16", "int64", "int32", "uint8"]
+    dtype: Dtype
     shape: list[int]
 
 

@@ -12,6 +12,7 @@ Rendering is deterministic: the same plan gives the same bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -55,6 +56,12 @@ class Launch:
     cpu_quota_us: int | None
     cpu_period_us: int | None
     config_hash: str
+
+
+@functools.cache
+def _python_glue() -> str:
+    """The Python-backend model.py of CPU instances, read once."""
+    return (TEMPLATES / "python_onnx_model.py").read_text()
 
 
 def cpu_cores(device: Device, share: int) -> float:
@@ -159,7 +166,7 @@ def render_instance(
     _write(folder / "models" / model.name / "config.pbtxt", config)
     _place_file(onnx_path, version_dir / "model.onnx")
     if device.kind == "cpu":
-        _write(version_dir / "model.py", (TEMPLATES / "python_onnx_model.py").read_text())
+        _write(version_dir / "model.py", _python_glue())
     _write(folder / "launch.json", json.dumps(launch.__dict__, indent=2, sort_keys=True) + "\n")
     return launch
 

@@ -17,6 +17,7 @@ from tritonctl.files import load_validated
 
 # Triton takes a model name as a directory name and as a URL path segment.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+Dtype = Literal["float32", "float16", "int64", "int32", "uint8"]  # the keys of DTYPES
 DTYPES = {  # numpy dtype name -> Triton data type
     "float32": "TYPE_FP32",
     "float16": "TYPE_FP16",
@@ -52,7 +53,7 @@ class TensorSpec(_Strict):
     """One input tensor, without the batch dimension."""
 
     shape: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
-    dtype: Literal["float32", "float16", "int64", "int32", "uint8"] = "float32"
+    dtype: Dtype = "float32"
 
 
 class ModelSpec(_Strict):

@@ -15,16 +15,14 @@ from sklearn.model_selection import GridSearchCV, KFold
 from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.lwr import LocallyWeightedRegression
-from tritonctl.latency.model import DeviceParams, LatencyModel, ModelParams, gpulet_factor
+from tritonctl.latency.model import DeviceParams, LatencyModel, ModelParams, effective_share, gpulet_factor
 
 BANDWIDTHS = (0.1, 0.15, 0.2, 0.3, 0.5)
 MIN_SOLO_POINTS = 6
 
 
 def _eff(row: Measurement, kind: str) -> float:
-    if kind != "cpu":
-        return row.share_frac
-    return min(row.share_frac * row.cores, row.threads)
+    return effective_share(kind, row.share_frac, row.cores, row.threads)
 
 
 def _lstsq(A: np.ndarray, y: np.ndarray, ridge: float = 1e-9) -> np.ndarray:

@@ -77,6 +77,14 @@ class DeviceParams:
     gpulet: list[float]  # c1..c5 of Gpulet's pairwise interference factor
 
 
+def effective_share(kind: str, frac: float, cores: float | None, threads: int | None = None) -> float:
+    """A share as the latency model sees it: cores usable by its threads on a CPU, the MPS fraction on a GPU."""
+    if kind != "cpu":
+        return frac
+    share_cores = frac * cores
+    return min(share_cores, threads if threads is not None else threads_for_cores(share_cores))
+
+
 def gpulet_factor(c: list[float], x: list[float]) -> float:
     """c1*L2_i + c2*L2_j + c3*mem_i + c4*mem_j + c5 (Gpulet, ATC'22)."""
     return sum(ci * xi for ci, xi in zip(c[:4], x, strict=True)) + c[4]
@@ -99,11 +107,7 @@ class LatencyModel:
 
     def eff(self, share: int, threads: int | None = None) -> float:
         """The share in cores (CPU, capped by the thread count) or as a fraction (GPU)."""
-        frac = share / self.device.units
-        if self.device.kind != "cpu":
-            return frac
-        cores = frac * self.device.cores
-        return min(cores, threads if threads is not None else threads_for_cores(cores))
+        return effective_share(self.device.kind, share / self.device.units, self.device.cores, threads)
 
     def _run_lwr(self, name: str, batches: np.ndarray, shares: np.ndarray) -> np.ndarray:
         """LWR inside the profiled range; outside it, scaled from its edge (linear in batch, 1/eff in share).
