@@ -20,7 +20,7 @@ from tritonctl.cli import main
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import load_latency_model
-from tritonctl.latency.queueing import eq2, task_latency
+from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency
 from tritonctl.plan import load_plan
 from tritonctl.planner import predict
 
@@ -52,8 +52,25 @@ def test_task_latency_matches_md1_for_batch_one():
     t, rate = 10.0, 60.0  # rho = 0.6
     rho = rate * t / 1000
     expected = t + rho * t / (2 * (1 - rho))
-    got = task_latency(rate, 1, t, tasks=100_000).mean_ms
+    got = sample_task_latency(rate, 1, t, tasks=100_000).mean_ms
     assert got == pytest.approx(expected, rel=0.05)
+
+
+def test_task_latency_depends_on_time_only_through_the_load():
+    """Latency in units of t_inf is a function of batch and load alone (what the table relies on)."""
+    for batch in (1, 2, 7):
+        scaled = [sample_task_latency(0.3 * batch * 1000 / t, batch, t).mean_ms / t for t in (1.0, 13.21, 33.3)]
+        assert scaled == pytest.approx([scaled[0]] * 3, rel=1e-9)
+
+
+def test_task_latency_table_matches_the_sample():
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        batch, t, load = int(rng.integers(1, 33)), float(rng.uniform(1, 50)), float(rng.uniform(0.002, 0.99))
+        rate = load * batch * 1000 / t
+        fast, exact = task_latency(rate, batch, t), sample_task_latency(rate, batch, t)
+        assert fast.p99_ms == pytest.approx(exact.p99_ms, rel=0.025)
+        assert fast.mean_ms == pytest.approx(exact.mean_ms, rel=0.01)
 
 
 def test_task_latency_overload_and_batch_filling():
