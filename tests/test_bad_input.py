@@ -60,9 +60,17 @@ def test_the_command_line_prints_one_error_line_and_no_traceback(mlp_cluster):
 
 
 def test_more_models_than_share_units(capsys, mlp_cluster):
+    """One model too many: the plan serves the other and says which one it left out and why;
+    with --strict nothing is written and the error names the model."""
     edit(mlp_cluster, lambda d: d["devices"][0].update(units=1))
+    rc, err = run_cli(capsys, "plan", "--strict", str(mlp_cluster))
+    assert rc == 2 and "models[" in err and "2 models on cpu0 but it has only 1 units" in err
+    assert not (mlp_cluster.parent / "plan.yaml").exists()
     rc, err = run_cli(capsys, "plan", str(mlp_cluster))
-    assert rc == 2 and "2 models on cpu0 but it has only 1 units" in err
+    plan = yaml.safe_load((mlp_cluster.parent / "plan.yaml").read_text())
+    assert rc == 0 and len(plan["models"]) == 1 and len(plan["unserved"]) == 1
+    assert "2 models on cpu0 but it has only 1 units" in plan["unserved"][0]["reason"]
+    assert plan["unserved"][0]["name"] != plan["models"][0]["name"]
 
 
 def test_plan_with_a_share_below_the_smallest_quota_or_a_bad_instance_name(capsys, mlp_cluster):
@@ -109,15 +117,27 @@ def test_input_that_disagrees_with_the_onnx_graph(capsys, mlp_cluster):
 
 def test_model_larger_than_every_device(capsys, mlp_cluster):
     edit(mlp_cluster, lambda d: d["models"][1].update(memory_mb=5000))
-    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    rc, err = run_cli(capsys, "plan", "--strict", str(mlp_cluster))
     assert rc == 2
-    assert f"{mlp_cluster}: models[1].memory_mb" in err and "largest device has 4096 MB" in err
+    assert f"{mlp_cluster}: models" in err and "models[1] beta: needs 5000 MB" in err
+    assert "largest device has 4096 MB" in err
+    rc, _ = run_cli(capsys, "plan", str(mlp_cluster))
+    plan = yaml.safe_load((mlp_cluster.parent / "plan.yaml").read_text())
+    assert rc == 0 and [m["name"] for m in plan["models"]] == ["alpha"]
+    assert plan["unserved"] == [{"name": "beta", "reason": "needs 5000 MB but the largest device has 4096 MB"}]
 
 
 def test_models_that_fit_alone_but_not_together(capsys, mlp_cluster):
     edit(mlp_cluster, lambda d: [m.update(memory_mb=3000) for m in d["models"]])
-    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    rc, err = run_cli(capsys, "plan", "--strict", str(mlp_cluster))
     assert rc == 2 and "fits on no device" in err
+
+
+def test_no_model_servable_is_an_error_even_without_strict(capsys, mlp_cluster):
+    edit(mlp_cluster, lambda d: [m.update(memory_mb=5000) for m in d["models"]])
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+    assert rc == 2 and "cannot serve any model" in err and "models[0] alpha" in err and "models[1] beta" in err
+    assert not (mlp_cluster.parent / "plan.yaml").exists()
 
 
 def test_unknown_torchvision_architecture(capsys, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from conftest import make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
+from tritonctl.policies import POLICIES
 
 
 def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsys):
@@ -35,9 +36,11 @@ def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsy
         for line in table.splitlines()
         if line.startswith("| ") and "---" not in line and "policy" not in line
     }
-    assert set(rows) == {"spread", "bda", "optimal"}
+    print(table)
+    assert set(rows) == set(POLICIES)
     capacity = {p: float(r[1]) for p, r in rows.items()}
-    assert capacity["optimal"] >= 0.98 * capacity["bda"] and capacity["bda"] >= capacity["spread"]
+    # optimal is exact on the search's share grid; the search starts from bda's placement
+    assert capacity["optimal"] >= capacity["search"] >= capacity["bda"] >= capacity["spread"]
     assert all(0 < float(r[2].rstrip("%")) <= 100 for r in rows.values())  # share of the upper bound
     for policy in rows:
         assert (out / f"plan-{policy}.yaml").is_file()

@@ -44,7 +44,9 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _plan(cluster_arg: str, policy: str, output: str | None, latency_model: str | None = None) -> Path:
+def _plan(
+    cluster_arg: str, policy: str, output: str | None, latency_model: str | None = None, strict: bool = False
+) -> Path:
     cluster = load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
     _say(f"models of {cluster.spec.name}:")
@@ -53,7 +55,7 @@ def _plan(cluster_arg: str, policy: str, output: str | None, latency_model: str 
     if latency_model:
         lm = load_latency_model(latency_model)
         check_latency_model(cluster, artifacts, lm, Path(latency_model), _say)
-    plan = make_plan(cluster, artifacts, policy, out, lm, log=_say)
+    plan = make_plan(cluster, artifacts, policy, out, lm, log=_say, strict=strict)
     save_plan(plan, out)
     _say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
@@ -67,6 +69,8 @@ def _plan(cluster_arg: str, policy: str, output: str | None, latency_model: str 
             p99 = f"{pred.latency_ms:.1f} ms" if pred.latency_ms is not None else "overloaded"
             line += f"  batch {pred.exec_ms:.1f} ms, p99 {p99} (SLO {model.slo_ms:g}), max {pred.throughput_rps:.0f}/s"
         _say(line)
+    for model in plan.unserved:
+        _say(f"  NOT SERVED {model.name}: {model.reason}")
     return out
 
 
@@ -80,7 +84,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    _plan(args.cluster, args.policy, args.output, args.latency_model)
+    _plan(args.cluster, args.policy, args.output, args.latency_model, args.strict)
     return 0
 
 
@@ -145,13 +149,25 @@ def cmd_bench(args) -> int:
 
 
 def cmd_policies(args) -> int:
-    for name, (_, summary) in POLICIES.items():
-        _say(f"{name:14} {summary}")
+    for name, info in POLICIES.items():
+        _say(f"{name:14} {info.help}")
     return 0
 
 
 def cmd_render(args) -> int:
     loaded = load_plan(args.plan)
+    if args.target == "compose":
+        from tritonctl.compose import host_gpu_count, write_compose
+
+        gpus = args.gpus if args.gpus is not None else host_gpu_count()
+        if gpus is None:
+            _say("note: no GPU found here (or no pynvml): the plan's GPUs are not checked; pass --gpus N to check")
+        out = Path(args.output) if args.output else loaded.path.parent / "compose"
+        project = write_compose(loaded, out, gpus)
+        for name, service in project.services.items():
+            _say(f"  {name:24} {service.name}  (GPU {service.device_index}, MPS {service.launch.share}%)")
+        _say(f"Compose project {project.name} written to {out}; on the GPU host: cd {out} && docker compose up -d")
+        return 0
     for name, (folder, launch) in render(loaded).items():
         _say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
     return 0
@@ -298,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="plan file to write (default: plan.yaml beside the cluster file)")
     p.add_argument("--policy", default="spread", help="placement policy (see `tritonctl policies`)")
     p.add_argument("--latency-model", help="a fitted latency model (tritonctl fit): adds predictions to the plan")
+    p.add_argument(
+        "--strict", action="store_true", help="fail if any model cannot be served (default: plan the others, list it)"
+    )
     p = add("fit", cmd_fit, "fit the interference-aware latency model (InSS section 4) to a profile")
     p.add_argument("profile", help="profile folder (tritonctl profile)")
     p.add_argument("-o", "--output", help="model file (default: latency-model.json in the profile folder)")
@@ -309,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("policies", cmd_policies, "list the placement policies")
     p = add("render", cmd_render, "render a plan into per-instance Triton model repositories")
     p.add_argument("plan", help="plan.yaml")
+    p.add_argument(
+        "--target",
+        choices=["repositories", "compose"],
+        default="repositories",
+        help="repositories: the plan's repository_dir (local runtime); compose: a Docker Compose project (GPU plans)",
+    )
+    p.add_argument("-o", "--output", help="compose: project folder (default: compose/ beside the plan)")
+    p.add_argument("--gpus", type=int, help="compose: GPUs on the target host (default: count them here, if any)")
     p = add("apply", cmd_apply, "start or change local Triton instances to match a plan")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--dry-run", action="store_true", help="print the steps without doing them")

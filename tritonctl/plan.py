@@ -56,13 +56,18 @@ class Prediction(_Strict):
 
 
 class Placement(_Strict):
-    """One replica of a model: a Triton instance on `device` with `share` units of it."""
+    """One replica of a model: a Triton instance on `device` with `share` units of it.
+
+    `weight`: the part of the model's traffic this replica is sized for, relative to the
+    model's other replicas (equal unless a policy sizes replicas unequally).
+    """
 
     instance: Annotated[str, Field(pattern=MODEL_NAME.pattern)]
     device: str
     share: Annotated[int, Field(ge=1)]
     batch: Annotated[int, Field(ge=1)]
     queue_delay_us: Annotated[int, Field(ge=0)] = 0
+    weight: Annotated[float, Field(gt=0)] = 1.0
     predicted: Prediction | None = None
 
 
@@ -84,6 +89,17 @@ class PlannedModel(_Strict):
             raise ValueError(f"{self.name!r} is not a name Triton accepts")
         return self
 
+    def rate_of(self, placement: Placement) -> float:
+        """The arrival rate `placement` is planned for: the model's rate split by the replicas' weights."""
+        return self.rate * placement.weight / sum(p.weight for p in self.placements)
+
+
+class Unserved(_Strict):
+    """A model of the cluster the plan does not serve, and why."""
+
+    name: str
+    reason: str
+
 
 class RuntimeSettings(_Strict):
     repository_dir: str
@@ -94,13 +110,19 @@ class RuntimeSettings(_Strict):
 
 
 class Plan(_Strict):
+    """`sharing`: spatial, each device split into shares that add up to at most its units (MPS,
+    CPU quotas); temporal, every instance gets the whole device and instances on one device
+    take turns (no spatial sharing, the baseline of InSS section 6)."""
+
     version: Literal[1] = PLAN_VERSION
     cluster: str
     cluster_file: str
     policy: str
     target: Literal["gpu", "cpu"]
+    sharing: Literal["spatial", "temporal"] = "spatial"
     devices: list[Device] = Field(min_length=1)
     models: list[PlannedModel] = Field(min_length=1)
+    unserved: list[Unserved] = Field(default_factory=list)
     runtime: RuntimeSettings
 
     @model_validator(mode="after")
@@ -122,7 +144,15 @@ class Plan(_Strict):
                 if placement.instance in instances:
                     raise ValueError(f"instance name {placement.instance!r} appears twice")
                 instances.add(placement.instance)
+                units = devices[placement.device].units
+                if self.sharing == "temporal" and placement.share != units:
+                    raise ValueError(
+                        f"instance {placement.instance!r}: a temporal plan gives every instance the whole "
+                        f"device ({units} units), not {placement.share}"
+                    )
                 used[placement.device] = used.get(placement.device, 0) + placement.share
+        if self.sharing == "temporal":
+            return self
         for device_id, total in used.items():
             if total > devices[device_id].units:
                 raise ValueError(f"device {device_id}: shares add up to {total} of {devices[device_id].units} units")

@@ -9,10 +9,20 @@ from pathlib import Path
 from profiler.device import cpu_fingerprint
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
-from tritonctl.latency.model import LatencyModel
+from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import task_latency
-from tritonctl.plan import Device, Placement, Plan, PlannedModel, Prediction, RuntimeSettings, Tensor, relative_to
-from tritonctl.policies import POLICIES, Demand, PlacementError
+from tritonctl.plan import (
+    Device,
+    Placement,
+    Plan,
+    PlannedModel,
+    Prediction,
+    RuntimeSettings,
+    Tensor,
+    Unserved,
+    relative_to,
+)
+from tritonctl.policies import POLICIES, Choice, Demand, PlacementError
 from tritonctl.spec import Cluster
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
@@ -80,30 +90,51 @@ def check_latency_model(
             log(f"WARNING: {model.name}: its ONNX file changed since it was profiled; predictions may be off")
 
 
-def predict(plan_models: list[PlannedModel], lm: LatencyModel, log: Callable[[str], None]) -> list[PlannedModel]:
-    """The plan's models with a prediction on every placement, given everything else on its device."""
+def predict(
+    plan_models: list[PlannedModel], lm: LatencyModel, log: Callable[[str], None], sharing: str = "spatial"
+) -> list[PlannedModel]:
+    """The plan's models with a prediction on every placement, given everything else on its device.
+
+    Spatial sharing: the batch runs next to its co-runners (interference), queueing by eq. 2.
+    Temporal sharing: instances on a device take turns with the whole device, so a batch
+    runs alone but waits for one round of the others (the duty cycle d): latency is bounded
+    by d + t_inf and throughput is b / d (Nexus's squishy bin packing).
+    """
     placed = [(m, p) for m in plan_models for p in m.placements]
+    full = {p.device: lm.device.units for _, p in placed}
+    duty: dict[str, float] = {}
+    if sharing == "temporal":
+        for m, p in placed:
+            duty[p.device] = duty.get(p.device, 0.0) + lm.t_inf(m.name, p.batch, full[p.device])
     out = []
     for model in plan_models:
         placements = []
         for p in model.placements:
-            corunners = tuple((m.name, q.share, q.batch) for m, q in placed if q.device == p.device and q is not p)
             if lm.extrapolates(model.name, p.batch, p.share):
                 fitted = lm.models[model.name]
                 log(
                     f"WARNING: {p.instance}: batch {p.batch}, share {p.share} lies outside the profiled range "
                     f"(batch {fitted.batch_range}, share {fitted.share_range}); the prediction extrapolates"
                 )
-            exec_ms = lm.t_inf(model.name, p.batch, p.share, corunners)
-            task = task_latency(model.rate / len(model.placements), p.batch, exec_ms)
-            latency = task.p99_ms if task.stable else None
+            rate = model.rate_of(p)
+            if sharing == "temporal":
+                exec_ms = lm.t_inf(model.name, p.batch, p.share)
+                cycle = duty[p.device]
+                throughput = 1000 * p.batch / cycle
+                latency = cycle + exec_ms if rate <= throughput else None
+            else:
+                corunners = tuple((m.name, q.share, q.batch) for m, q in placed if q.device == p.device and q is not p)
+                exec_ms = lm.t_inf(model.name, p.batch, p.share, corunners)
+                task = task_latency(rate, p.batch, exec_ms)
+                throughput = 1000 * p.batch / exec_ms
+                latency = task.p99_ms if task.stable else None
             placements.append(
                 p.model_copy(
                     update={
                         "predicted": Prediction(
                             exec_ms=round(exec_ms, 3),
                             latency_ms=None if latency is None else round(latency, 3),
-                            throughput_rps=round(1000 * p.batch / exec_ms, 2),
+                            throughput_rps=round(throughput, 2),
                             meets_slo=latency is not None and latency <= model.slo_ms,
                         )
                     }
@@ -113,6 +144,62 @@ def predict(plan_models: list[PlannedModel], lm: LatencyModel, log: Callable[[st
     return out
 
 
+def unservable(demand: Demand, devices: list[Device], lm: LatencyModel | None) -> str | None:
+    """Why a model cannot be served on these devices whatever the policy, or None.
+
+    Too large for every device; an SLO below its fastest latency (batch 1, a whole device,
+    alone); more load than every device given to it alone could carry within its SLO.
+    """
+    largest = max(d.memory_mb for d in devices)
+    if demand.memory_mb > largest:
+        return f"needs {demand.memory_mb} MB but the largest device has {largest} MB"
+    if lm is None:
+        return None
+    units = max(d.units for d in devices)
+    fastest = lm.t_inf(demand.name, 1, units)
+    if fastest > demand.slo_ms:
+        return f"SLO {demand.slo_ms:g} ms is below its fastest latency, {fastest:.1f} ms (batch 1, a whole device)"
+    best = max(1000 * b / t for b in range(1, MAX_BATCH + 1) if (t := lm.t_inf(demand.name, b, units)) <= demand.slo_ms)
+    if demand.rate > len(devices) * best:
+        return (
+            f"rate {demand.rate:g}/s is more than all {len(devices)} devices could carry for it alone "
+            f"({len(devices) * best:.0f}/s within its SLO)"
+        )
+    return None
+
+
+def place(
+    policy: str, demands: list[Demand], devices: list[Device], lm: LatencyModel | None
+) -> tuple[dict[str, list[Choice]], dict[str, str]]:
+    """Run the policy; while it finds no plan, shed the model with the most work (rate x latency) and retry.
+
+    Returns the placements and, for every shed model, why it is not served.
+    """
+    fn = POLICIES[policy].fn
+    unserved: dict[str, str] = {}
+    remaining = list(demands)
+    while remaining:
+        try:
+            choices = fn(remaining, devices, lm)
+        except PlacementError as exc:
+            if len(remaining) == 1:
+                unserved[remaining[0].name] = str(exc)
+                return {}, unserved
+            heaviest = max(remaining, key=lambda d: (_work(d, lm), d.name))
+            unserved[heaviest.name] = f"the devices cannot carry it beside the others ({policy}: {exc})"
+            remaining.remove(heaviest)
+            continue
+        return choices, unserved
+    return {}, unserved
+
+
+def _work(demand: Demand, lm: LatencyModel | None) -> float:
+    """Device time per second a model needs at batch 1 on a whole device (memory without a latency model)."""
+    if lm is None:
+        return demand.memory_mb
+    return demand.rate * lm.t_inf(demand.name, 1, lm.device.units)
+
+
 def make_plan(
     cluster: Cluster,
     artifacts: dict[str, Artifact],
@@ -120,37 +207,46 @@ def make_plan(
     plan_path: Path,
     lm: LatencyModel | None = None,
     log: Callable[[str], None] = print,
+    strict: bool = False,
 ) -> Plan:
-    """Run `policy` on the cluster and return the plan to be saved at `plan_path`."""
+    """Run `policy` on the cluster and return the plan to be saved at `plan_path`.
+
+    Models that cannot be served are left out of the plan and listed in its `unserved`
+    with the reason; with `strict`, any such model is an error instead.
+    """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    devices = devices_of(cluster)
-    largest = max(d.memory_mb for d in devices)
-    demands = []
-    for i, model in enumerate(cluster.spec.models):
-        memory = footprint_mb(cluster, model.name, artifacts[model.name], lm)
-        if memory > largest:
-            raise TritonctlError(
-                f"needs {memory} MB but the largest device has {largest} MB",
-                file=cluster.path,
-                field=f"models[{i}]" + (".memory_mb" if model.memory_mb else " (estimated from its weights)"),
-            )
-        demands.append(Demand(model.name, model.slo_ms, model.rate, memory))
-    try:
-        choices = POLICIES[policy][0](demands, devices, lm)
-    except PlacementError as exc:
-        raise TritonctlError(str(exc), file=cluster.path, field="models") from None
     runtime = cluster.spec.runtime
-    if runtime.base_port + len(demands) - 1 > 65535:
+    if runtime.base_port + len(cluster.spec.models) - 1 > 65535:
         raise TritonctlError(
-            f"{len(demands)} models need ports up to {runtime.base_port + len(demands) - 1}",
+            f"{len(cluster.spec.models)} models need ports up to {runtime.base_port + len(cluster.spec.models) - 1}",
             file=cluster.path,
             field="runtime.base_port",
         )
+    devices = devices_of(cluster)
+    demands = [
+        Demand(m.name, m.slo_ms, m.rate, footprint_mb(cluster, m.name, artifacts[m.name], lm))
+        for m in cluster.spec.models
+    ]
+    unserved = {d.name: why for d in demands if (why := unservable(d, devices, lm))}
+    choices, shed = place(policy, [d for d in demands if d.name not in unserved], devices, lm)
+    unserved.update(shed)
+    if unserved and (strict or not choices):
+        fields = {m.name: f"models[{i}]" for i, m in enumerate(cluster.spec.models)}
+        raise TritonctlError(
+            ("cannot serve every model" if choices else "cannot serve any model")
+            + "".join(f"\n  {fields[n]} {n}: {why}" for n, why in unserved.items()),
+            file=cluster.path,
+            field="models",
+        )
+    for name, why in unserved.items():
+        log(f"WARNING: {name} is not served: {why}")
 
     base = plan_path.resolve().parent
     planned = []
     for i, (model, demand) in enumerate(zip(cluster.spec.models, demands, strict=True)):
+        if model.name in unserved:
+            continue
         artifact = artifacts[model.name]
         placements = [
             Placement(
@@ -159,7 +255,7 @@ def make_plan(
                 share=c.share,
                 batch=c.batch,
                 queue_delay_us=c.queue_delay_us,
-                predicted=c.predicted,
+                weight=c.weight,
             )
             for k, c in enumerate(choices[model.name])
         ]
@@ -177,15 +273,22 @@ def make_plan(
                 placements=placements,
             )
         )
+    sharing = POLICIES[policy].sharing
     if lm is not None:
-        planned = predict(planned, lm, log)
+        planned = predict(planned, lm, log, sharing)
+        for m in planned:
+            for p in m.placements:
+                if not p.predicted.meets_slo:
+                    log(f"WARNING: {p.instance}: predicted to miss its SLO ({policy} trusts another estimate)")
     return Plan(
         cluster=cluster.spec.name,
         cluster_file=relative_to(cluster.path, base),
         policy=policy,
         target=cluster.kind,
+        sharing=sharing,
         devices=devices,
         models=planned,
+        unserved=[Unserved(name=n, reason=why) for n, why in unserved.items()],
         runtime=RuntimeSettings(
             repository_dir=relative_to(cluster.resolve(runtime.repository_dir), base),
             state_dir=relative_to(cluster.resolve(runtime.state_dir), base),

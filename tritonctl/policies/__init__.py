@@ -2,20 +2,35 @@
 
 A policy is a pure function: given what each model needs and the devices, it returns,
 for every model, its placements (device, share in device units, batch size, queue delay,
-and a prediction where it has a latency model). `planner.make_plan` wraps that into a Plan.
+and the part of the model's traffic each replica takes). `planner.make_plan` wraps that
+into a Plan. Baselines follow their papers; see each module's docstring.
 """
 
 from __future__ import annotations
 
-from tritonctl.policies.base import Choice, Demand, PlacementError, Policy
+from tritonctl.policies.base import Choice, Demand, PlacementError, Policy, PolicyInfo
 from tritonctl.policies.bda import bda_policy
+from tritonctl.policies.gpulet import gpulet
+from tritonctl.policies.gslice import gslice
+from tritonctl.policies.igniter import igniter
 from tritonctl.policies.optimal import optimal
+from tritonctl.policies.search import search
 from tritonctl.policies.spread import spread
+from tritonctl.policies.timesharing import time_sharing
 
-POLICIES: dict[str, tuple[Policy, str]] = {
-    "spread": (spread, "spread models over devices, equal shares per device, batch 1"),
-    "bda": (bda_policy, "spread's placement and shares, batch sizes by InSS's BDA (needs --latency-model)"),
-    "optimal": (optimal, "exact optimum of problem (1) on a 5-unit share grid, BDA batches; small clusters only"),
+POLICIES: dict[str, PolicyInfo] = {
+    "spread": PolicyInfo(spread, "spread models over devices, equal shares per device, batch 1 (no latency model)"),
+    "bda": PolicyInfo(bda_policy, "spread's placement and shares, batch sizes by InSS's BDA (Algorithm 1)"),
+    "search": PolicyInfo(
+        search, "stand-in for the InSS scheduler: local search over placements and shares, BDA batches"
+    ),
+    "gpulet": PolicyInfo(gpulet, "Gpulet: elastic partitioning into two gpulets per device, GPU scaling"),
+    "gslice": PolicyInfo(gslice, "GSLICE: knee shares, self-tuned by average latency and throughput"),
+    "igniter": PolicyInfo(igniter, "iGniter: minimum shares from the latency model, least-interference placement"),
+    "time-sharing": PolicyInfo(
+        time_sharing, "whole devices taken in turns, batching only (no spatial sharing)", sharing="temporal"
+    ),
+    "optimal": PolicyInfo(optimal, "exact optimum of problem (1) on a 5-unit share grid, BDA batches; small clusters"),
 }
 
-__all__ = ["POLICIES", "Choice", "Demand", "PlacementError", "Policy"]
+__all__ = ["POLICIES", "Choice", "Demand", "PlacementError", "Policy", "PolicyInfo"]

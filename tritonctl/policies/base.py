@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tritonctl.latency.model import LatencyModel
-from tritonctl.plan import Device, Prediction
+from tritonctl.plan import Device
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Choice:
     share: int
     batch: int = 1
     queue_delay_us: int = 0
-    predicted: Prediction | None = None
+    weight: float = 1.0  # the part of the model's traffic this replica is sized for, relative to its others
 
 
 class PlacementError(Exception):
@@ -36,3 +36,10 @@ class PlacementError(Exception):
 
 # models, devices, the fitted latency model (None without a profile) -> placements per model
 Policy = Callable[[list[Demand], list[Device], LatencyModel | None], dict[str, list[Choice]]]
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    fn: Policy
+    help: str
+    sharing: str = "spatial"  # "temporal": every instance gets its whole device, instances take turns

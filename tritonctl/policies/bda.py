@@ -87,6 +87,38 @@ def queue_delay_us(batch: int, rate: float, slo_ms: float, exec_ms: float) -> in
     return int(1000 * max(0.0, min(fill_ms, slo_ms - exec_ms)))
 
 
+def corunners(name: str, placement: dict[str, Choice], batches: dict[str, int]) -> tuple[tuple[str, int, int], ...]:
+    """(model, share, batch) of everything placed beside `name` on its device."""
+    device = placement[name].device
+    return tuple((m, c.share, batches[m]) for m, c in placement.items() if m != name and c.device == device)
+
+
+def throughput(placement: dict[str, Choice], batches: dict[str, int], lm: LatencyModel) -> float:
+    """Problem (1)'s objective: requests per second the placement serves, sum of b / t_inf."""
+    return sum(
+        1000 * batches[n] / lm.t_inf(n, batches[n], c.share, corunners(n, placement, batches))
+        for n, c in placement.items()
+    )
+
+
+def with_batches(
+    placement: dict[str, Choice], batches: dict[str, int], demands: list[Demand], lm: LatencyModel
+) -> dict[str, list[Choice]]:
+    """The placement as a policy's answer: BDA's batches, and queue delays that fill them within the SLO."""
+    out = {}
+    for demand in demands:
+        choice, batch = placement[demand.name], batches[demand.name]
+        exec_ms = lm.t_inf(demand.name, batch, choice.share, corunners(demand.name, placement, batches))
+        delay = queue_delay_us(batch, demand.rate, demand.slo_ms, exec_ms)
+        out[demand.name] = [Choice(choice.device, choice.share, batch, delay)]
+    return out
+
+
+def explain(decision: BatchDecision) -> str:
+    why = {"memory": "device memory", "slo": "its SLO", "rate": "its arrival rate"}
+    return "no batch size serves " + "; ".join(f"{m} within {why[r]}" for m, r in decision.infeasible.items())
+
+
 def bda_policy(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
     """The spread placement and equal shares, with batch sizes and queue delays from BDA."""
     if lm is None:
@@ -94,19 +126,5 @@ def bda_policy(demands: list[Demand], devices: list[Device], lm: LatencyModel | 
     placement = {name: choices[0] for name, choices in spread(demands, devices, lm).items()}
     decision = bda(placement, demands, devices, lm)
     if not decision.ok:
-        why = {"memory": "device memory", "slo": "its SLO", "rate": "its arrival rate"}
-        raise PlacementError(
-            "no batch size serves "
-            + "; ".join(f"{m} within {why[r]}" for m, r in decision.infeasible.items())
-            + " on this placement"
-        )
-    out = {}
-    for demand in demands:
-        choice, batch = placement[demand.name], decision.batches[demand.name]
-        here = [m for m in placement if placement[m].device == choice.device and m != demand.name]
-        corunners = tuple((m, placement[m].share, decision.batches[m]) for m in here)
-        exec_ms = lm.t_inf(demand.name, batch, choice.share, corunners)
-        out[demand.name] = [
-            Choice(choice.device, choice.share, batch, queue_delay_us(batch, demand.rate, demand.slo_ms, exec_ms))
-        ]
-    return out
+        raise PlacementError(explain(decision) + " on this placement")
+    return with_batches(placement, decision.batches, demands, lm)

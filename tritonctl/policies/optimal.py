@@ -17,7 +17,7 @@ import math
 from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import bda, queue_delay_us
+from tritonctl.policies.bda import bda, throughput, with_batches
 
 STEP = 5  # share grid, in device units
 MAX_CANDIDATES = 20_000
@@ -53,7 +53,7 @@ def optimal(demands: list[Demand], devices: list[Device], lm: LatencyModel | Non
             f"{candidates:,} candidate plans (more than {MAX_CANDIDATES:,}): the cluster is too "
             "large for the optimal policy"
         )
-    best: tuple[float, dict[str, Choice]] | None = None
+    best: tuple[float, dict[str, Choice], dict[str, int]] | None = None
     for assignment in itertools.product(range(len(devices)), repeat=len(demands)):
         groups = [[n for n, k in zip(names, assignment, strict=True) if k == dev] for dev in range(len(devices))]
         split_options = [_splits(len(group), devices[k].units) if group else [()] for k, group in enumerate(groups)]
@@ -68,30 +68,9 @@ def optimal(demands: list[Demand], devices: list[Device], lm: LatencyModel | Non
             decision = bda(placement, demands, devices, lm)
             if not decision.ok:
                 continue
-            throughput = sum(
-                1000
-                * decision.batches[n]
-                / lm.t_inf(n, decision.batches[n], placement[n].share, _corunners(n, placement, decision.batches))
-                for n in names
-            )
-            if best is None or throughput > best[0]:
-                best = (
-                    throughput,
-                    {n: Choice(placement[n].device, placement[n].share, decision.batches[n]) for n in names},
-                )
+            total = throughput(placement, decision.batches, lm)
+            if best is None or total > best[0]:
+                best = (total, placement, decision.batches)
     if best is None:
         raise PlacementError("no placement, share split and batch sizes serve every model within its SLO and rate")
-    by_name = {d.name: d for d in demands}
-    out = {}
-    for name, choice in best[1].items():
-        exec_ms = lm.t_inf(
-            name, choice.batch, choice.share, _corunners(name, best[1], {n: c.batch for n, c in best[1].items()})
-        )
-        delay = queue_delay_us(choice.batch, by_name[name].rate, by_name[name].slo_ms, exec_ms)
-        out[name] = [Choice(choice.device, choice.share, choice.batch, delay)]
-    return out
-
-
-def _corunners(name: str, placement: dict[str, Choice], batches: dict[str, int]) -> tuple[tuple[str, int, int], ...]:
-    device = placement[name].device
-    return tuple((m, c.share, batches[m]) for m, c in placement.items() if m != name and c.device == device)
+    return with_batches(best[1], best[2], demands, lm)

@@ -1,0 +1,83 @@
+"""Time sharing: whole devices and batching only, no spatial sharing (the baseline of InSS section 6).
+
+Instances on a device take turns with all of it, as in Nexus's squishy bin packing: in a
+duty cycle of length d every model runs one batch, so model i needs b_i >= rate_i x d to
+keep up, and a request waits at most one cycle before its batch runs: d + t_i(b_i) <= SLO_i.
+For a set of models on a device the batches follow from d by a fixed point (d = sum of the
+batches' run times, b_i = ceil(rate_i x d)). Models go heaviest first onto the device where
+they fit with the most latency slack left; a model too heavy for one device alone is split
+into replicas of equal rate on separate devices.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tritonctl.latency.model import MAX_BATCH, LatencyModel
+from tritonctl.plan import Device
+from tritonctl.policies.base import Choice, Demand, PlacementError
+
+
+def _schedule(group: list[Demand], units: int, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
+    """The duty cycle and batches that keep every model of `group` at its rate and SLO, or None."""
+    batches = {d.name: 1 for d in group}
+    for _ in range(100):
+        cycle = sum(lm.t_inf(d.name, batches[d.name], units) for d in group)
+        needed = {d.name: max(1, math.ceil(d.rate * cycle / 1000)) for d in group}
+        if any(b > MAX_BATCH for b in needed.values()):
+            return None
+        if needed == batches:
+            break
+        batches = {n: max(b, needed[n]) for n, b in batches.items()}  # batches only grow: the point is reached
+    else:
+        return None
+    if any(cycle + lm.t_inf(d.name, batches[d.name], units) > d.slo_ms for d in group):
+        return None
+    return cycle, batches
+
+
+def _slack(group: list[Demand], schedule: tuple[float, dict[str, int]], units: int, lm: LatencyModel) -> float:
+    cycle, batches = schedule
+    return min(d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], units) for d in group)
+
+
+def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
+    if lm is None:
+        raise PlacementError("policy time-sharing needs a fitted latency model: pass --latency-model")
+    units = devices[0].units
+    pieces: list[Demand] = []  # one per replica, at the replica's rate
+    for d in demands:
+        for replicas in range(1, len(devices) + 1):
+            piece = Demand(d.name, d.slo_ms, d.rate / replicas, d.memory_mb)
+            if _schedule([piece], units, lm) is not None:
+                pieces.extend([piece] * replicas)
+                break
+        else:
+            raise PlacementError(f"time sharing cannot serve {d.name} even with a whole device per replica")
+    groups: dict[str, list[Demand]] = {x.id: [] for x in devices}
+    memory = {x.id: x.memory_mb for x in devices}
+    for piece in sorted(pieces, key=lambda p: (-p.rate * lm.t_inf(p.name, 1, units), p.name)):
+        options = []
+        for x in devices:
+            group = groups[x.id]
+            if memory[x.id] < piece.memory_mb or any(g.name == piece.name for g in group):
+                continue
+            schedule = _schedule([*group, piece], units, lm)
+            if schedule is not None:
+                options.append((-_slack([*group, piece], schedule, units, lm), x.index, x.id))
+        if not options:
+            raise PlacementError(f"time sharing finds no device with time left for {piece.name}")
+        device_id = min(options)[2]
+        groups[device_id].append(piece)
+        memory[device_id] -= piece.memory_mb
+    out: dict[str, list[Choice]] = {}
+    for device_id, group in groups.items():
+        if not group:
+            continue
+        cycle, batches = _schedule(group, units, lm)
+        for d in group:
+            # Triton's batcher waits at most what one cycle leaves of the SLO for a batch to fill.
+            delay = int(1000 * max(0.0, d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], units)))
+            batch = batches[d.name]
+            out.setdefault(d.name, []).append(Choice(device_id, units, batch, delay if batch > 1 else 0))
+    return out
