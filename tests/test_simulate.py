@@ -7,7 +7,8 @@ import pytest
 from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
-from tritonctl.simulate import simulate
+from tritonctl.errors import TritonctlError
+from tritonctl.simulate import read_trace, simulate
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +16,7 @@ def lm(tmp_path_factory):
     return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
 
 
-def plan_of(*models: tuple[str, float, float, int, int, int]) -> Plan:
+def plan_of(*models: tuple[str, float, float, int, int, int], sharing: str = "spatial") -> Plan:
     """Plan with (name, rate, slo_ms, share, batch, queue_delay_us) models on one CPU device."""
     tensor = [Tensor(name="x", dtype="float32", shape=[16])]
     return Plan(
@@ -23,6 +24,7 @@ def plan_of(*models: tuple[str, float, float, int, int, int]) -> Plan:
         cluster_file="c.yaml",
         policy="test",
         target="cpu",
+        sharing=sharing,
         devices=[Device(id="cpu0", kind="cpu", index=0, memory_mb=4096, units=100, cores=2.0)],
         models=[
             PlannedModel(
@@ -77,3 +79,51 @@ def test_a_busy_corunner_slows_a_batch(lm):
     alone = simulate(plan_of(("alpha", 2, 1e6, 50, 1, 0)), lm, duration_s=100)
     shared = simulate(plan_of(("alpha", 2, 1e6, 50, 1, 0), ("beta", 80, 1e6, 50, 1, 0)), lm, duration_s=100)
     assert shared.models[0].p50_ms > alone.models[0].p50_ms * 1.03
+
+
+def test_temporal_sharing_takes_turns_on_one_executor(lm):
+    """Two models on one device in turns: no interference, but one waits for the other's batch."""
+    plan = plan_of(("alpha", 30, 1e6, 100, 1, 0), ("beta", 30, 1e6, 100, 1, 0), sharing="temporal")
+    result = simulate(plan, lm, duration_s=200)
+    alone = simulate(plan_of(("alpha", 30, 1e6, 100, 1, 0)), lm, duration_s=200)
+    alpha = result.models[0]
+    assert alpha.p50_ms >= lm.t_inf("alpha", 1, 100) - 1e-9  # never slowed by a co-runner ...
+    assert alpha.mean_ms > alone.models[0].mean_ms * 1.05  # ... but queued behind beta's turns
+    busy = sum(m.served * lm.t_inf(m.model, 1, 100) for m in result.models) / 1000
+    assert busy <= 200 * 1.001  # one executor: the busy time of both never exceeds the wall time
+
+
+def test_replica_weights_split_the_traffic(lm):
+    plan = plan_of(("alpha", 300, 1e6, 50, 4, 0))
+    model = plan.models[0]
+    replicas = [
+        model.placements[0].model_copy(update={"weight": 3.0}),
+        model.placements[0].model_copy(update={"instance": "alpha-1", "weight": 1.0}),
+    ]
+    plan = plan.model_copy(update={"models": [model.model_copy(update={"placements": replicas})]})
+    assert model.model_copy(update={"placements": replicas}).rate_of(replicas[0]) == pytest.approx(225)
+    result = simulate(plan, lm, duration_s=50)
+    assert result.models[0].arrived == pytest.approx(300 * 50, rel=0.03)
+
+
+def test_trace_replay_and_bad_trace_files(lm, tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("model,time_s\n" + "".join(f"alpha,{0.01 * k:.2f}\n" for k in range(500)) + "beta,0.5\n")
+    replay = read_trace(trace)
+    result = simulate(plan_of(("alpha", 1, 1e6, 100, 1, 0)), lm, duration_s=4, trace=replay)
+    alpha = result.models[0]
+    assert alpha.arrived == 400 and alpha.served == 400  # requests after the 4 s horizon are not replayed
+    assert alpha.p99_ms == pytest.approx(lm.t_inf("alpha", 1, 100))  # one every 10 ms: never queued
+    for text, words in [("model,t\nalpha,1\n", "columns model,time_s"), ("model,time_s\nalpha,soon\n", "line 2")]:
+        trace.write_text(text)
+        with pytest.raises(TritonctlError, match=words):
+            read_trace(trace)
+
+
+def test_speed_at_least_200k_requests_per_second(lm):
+    """Issue 4's floor, in the slowest case (batch 1: one event per request), at light load and overloaded."""
+    for rates, seconds in [((60, 30), 1000), ((600, 300), 200)]:
+        plan = plan_of(("alpha", rates[0], 50, 50, 1, 0), ("beta", rates[1], 80, 50, 1, 0))
+        runs = [simulate(plan, lm, duration_s=seconds, drop=True) for _ in range(2)]
+        assert runs[0].throughput > 0.3 * sum(rates)  # requests were really served, not all dropped
+        assert max(r.requests / r.wall_s for r in runs) >= 200_000

@@ -25,7 +25,7 @@ from tritonctl.render import render
 from tritonctl.runtime import share
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
-from tritonctl.simulate import format_sim, simulate
+from tritonctl.simulate import format_sim, read_trace, simulate
 from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
 
@@ -128,7 +128,13 @@ def cmd_simulate(args) -> int:
     missing = [m.name for m in loaded.plan.models if m.name not in lm.models]
     if missing:
         raise TritonctlError(f"models {missing} are not in the latency model", file=args.latency_model)
-    result = simulate(loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale)
+    trace = None
+    if args.trace:
+        trace = read_trace(Path(args.trace))
+        unknown = sorted(set(trace) - {m.name for m in loaded.plan.models})
+        if unknown:
+            _say(f"WARNING: the trace has requests for models the plan does not serve: {', '.join(unknown)}")
+    result = simulate(loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale, trace)
     _say(format_sim(result))
     return 0
 
@@ -352,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival process (default 0)")
     p.add_argument("--drop", action="store_true", help="drop requests that can no longer meet their SLO")
+    p.add_argument("--trace", help="replay this trace (CSV: model,time_s) instead of Poisson arrivals at the rates")
     p = add("bench", cmd_bench, "plan a cluster with several policies and simulate each plan side by side")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")

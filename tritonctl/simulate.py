@@ -1,12 +1,17 @@
 """`tritonctl simulate`: replay a workload against a plan, request by request, in simulated time.
 
-Every instance is one executor behind Triton's dynamic batcher: a batch starts as soon as
-the executor is free and either `batch` requests wait or the oldest has waited the queue
-delay; it then takes what is queued, up to `batch`. A batch's execution time comes from
-the fitted latency model, next to whichever co-runners on the same device are busy when
-it starts. With `drop`, a request that can no longer meet its SLO when its batch forms is
-dropped instead of served. Requests still queued when the simulated time ends count as
-arrived but neither served nor dropped, so an overloaded plan shows its real throughput.
+Every instance sits behind Triton's dynamic batcher: a batch starts as soon as its executor
+is free and either `batch` requests wait or the oldest has waited the queue delay; it then
+takes what is queued, up to `batch`. Under spatial sharing each instance has its own
+executor and a batch's execution time comes from the fitted latency model next to
+whichever co-runners on the device are busy when it starts; under temporal sharing the
+instances of a device share one executor, take turns and run alone with the whole device.
+With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
+instead of served. Requests still queued when the simulated time ends count as arrived
+but neither served nor dropped, so an overloaded plan shows its real throughput.
+
+Arrivals are Poisson at each model's rate, or replayed from a trace (CSV `model,time_s`);
+a model's requests go to its replicas at random in proportion to their weights.
 
 The simulation advances batch by batch, not request by request: arrivals are numpy arrays,
 a queue is a pair of indices into them, and the latencies of a batch's requests are one
@@ -16,14 +21,24 @@ co-runners a batch sees are exactly those whose batches cover its start.
 
 from __future__ import annotations
 
+import bisect
+import csv
 import heapq
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Plan
+
+
+@dataclass
+class _Executor:
+    free_at: float = 0.0
+    running: tuple[float, int] = (-1.0, 0)  # (end, batch) of the batch in flight
 
 
 @dataclass
@@ -35,11 +50,22 @@ class _Instance:
     delay_ms: float
     slo_ms: float
     arrivals: np.ndarray  # ms, sorted
+    executor: _Executor
+    times: list[float] = field(default_factory=list)  # the arrivals as a list: scalar lookups are cheaper
     head: int = 0  # first request not yet taken into a batch
-    free_at: float = 0.0
-    running: tuple[float, int] = (-1.0, 0)  # (end, batch) of the batch in flight
-    latencies: list[np.ndarray] = field(default_factory=list)
+    batches: list[tuple[int, int, float]] = field(default_factory=list)  # (first served, count, end) per batch
     dropped: int = 0
+
+    def __post_init__(self) -> None:
+        self.times = self.arrivals.tolist()
+
+    def latencies(self) -> np.ndarray:
+        """Every served request's latency, from the batches' records."""
+        if not self.batches:
+            return np.empty(0)
+        first, count, end = (np.array(x) for x in zip(*self.batches, strict=True))
+        offsets = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        return np.repeat(end, count) - self.arrivals[np.repeat(first, count) + offsets]
 
 
 @dataclass(frozen=True)
@@ -70,6 +96,11 @@ class SimResult:
     def goodput(self) -> float:
         return sum(m.good for m in self.models) / self.duration_s
 
+    @property
+    def violations(self) -> float:
+        """Share of arrived requests not served within their SLO (late, dropped or left queued)."""
+        return 1 - sum(m.good for m in self.models) / max(1, sum(m.arrived for m in self.models))
+
 
 def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (ms) of a Poisson process at `rate` per second over `duration_s`."""
@@ -79,14 +110,54 @@ def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -
     return np.sort(rng.uniform(0.0, 1000.0 * duration_s, count))
 
 
+def read_trace(path: Path) -> dict[str, np.ndarray]:
+    """A trace file: CSV with a header `model,time_s`, one request per row; times in seconds from 0."""
+    times: dict[str, list[float]] = {}
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames is None or not {"model", "time_s"} <= set(reader.fieldnames):
+                raise TritonctlError("a trace needs the columns model,time_s", file=path)
+            for line, row in enumerate(reader, start=2):
+                try:
+                    t = float(row["time_s"])
+                except (TypeError, ValueError):
+                    raise TritonctlError(
+                        f"time_s {row['time_s']!r} is not a number", file=path, field=f"line {line}"
+                    ) from None
+                if t < 0:
+                    raise TritonctlError(f"time_s {t} is negative", file=path, field=f"line {line}")
+                times.setdefault(row["model"], []).append(1000.0 * t)
+    except OSError as exc:
+        raise TritonctlError(f"cannot read the trace ({exc.strerror})", file=path) from None
+    return {m: np.sort(np.array(ts)) for m, ts in times.items()}
+
+
 def _next_start(inst: _Instance) -> float | None:
     """When the instance's next batch starts, given its queue and executor (None: no more work)."""
-    if inst.head >= len(inst.arrivals):
+    times, head = inst.times, inst.head
+    if head >= len(times):
         return None
-    first = inst.arrivals[inst.head]
-    full_at = inst.arrivals[inst.head + inst.batch - 1] if inst.head + inst.batch - 1 < len(inst.arrivals) else np.inf
-    ready = min(full_at, first + inst.delay_ms)
-    return max(inst.free_at, ready)
+    last = head + inst.batch - 1
+    ready = min(times[last], times[head] + inst.delay_ms) if last < len(times) else times[head] + inst.delay_ms
+    return max(inst.executor.free_at, ready)
+
+
+def _arrivals(
+    plan: Plan, duration_s: float, rate_scale: float, trace: dict[str, np.ndarray] | None, rng: np.random.Generator
+) -> dict[str, list[np.ndarray]]:
+    """Each model's arrivals (ms), dealt to its replicas at random in proportion to their weights."""
+    out = {}
+    for model in plan.models:
+        if trace is None:
+            times = poisson_arrivals(model.rate * rate_scale, duration_s, rng)
+        else:
+            times = trace.get(model.name, np.empty(0))
+            times = times[times < 1000.0 * duration_s]
+        weights = np.array([p.weight for p in model.placements])
+        replica = rng.choice(len(weights), size=len(times), p=weights / weights.sum())
+        out[model.name] = [times[replica == k] for k in range(len(weights))]
+    return out
 
 
 def simulate(
@@ -96,14 +167,18 @@ def simulate(
     seed: int = 0,
     drop: bool = False,
     rate_scale: float = 1.0,
+    trace: dict[str, np.ndarray] | None = None,
 ) -> SimResult:
-    """Poisson traffic at each model's rate (split evenly over its replicas) for `duration_s`."""
+    """Poisson traffic at each model's rate (or the `trace`) for `duration_s`."""
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
+    arrivals = _arrivals(plan, duration_s, rate_scale, trace, rng)
+    temporal = plan.sharing == "temporal"
+    shared = {d.id: _Executor() for d in plan.devices}
     instances: list[_Instance] = []
     for model in plan.models:
-        for p in model.placements:
-            rate = model.rate * rate_scale / len(model.placements)
+        for k, p in enumerate(model.placements):
+            executor = shared[p.device] if temporal else _Executor()
             instances.append(
                 _Instance(
                     model.name,
@@ -112,7 +187,8 @@ def simulate(
                     p.batch,
                     p.queue_delay_us / 1000,
                     model.slo_ms,
-                    poisson_arrivals(rate, duration_s, rng),
+                    arrivals[model.name][k],
+                    executor,
                 )
             )
     by_device: dict[str, list[_Instance]] = {}
@@ -127,41 +203,47 @@ def simulate(
         if start >= horizon_ms:  # what is still queued at the end stays unserved
             continue
         inst = instances[i]
-        queued_until = int(np.searchsorted(inst.arrivals, start, side="right"))
-        take = min(inst.batch, queued_until - inst.head)
-        busy = tuple(
-            sorted(
-                (o.model, o.share, o.running[1])
-                for o in by_device[inst.device]
-                if o is not inst and o.running[0] > start
+        if inst.executor.free_at > start:  # a turn-mate took the shared executor first: wait for it
+            heapq.heappush(heap, (_next_start(inst), i))
+            continue
+        head = inst.head
+        take = min(inst.batch, bisect.bisect_right(inst.times, start, head) - head)
+        busy = (
+            ()
+            if temporal
+            else tuple(
+                sorted(
+                    (o.model, o.share, o.executor.running[1])
+                    for o in by_device[inst.device]
+                    if o is not inst and o.executor.running[0] > start
+                )
             )
         )
         key = (inst.model, take, inst.share, busy)
         exec_ms = exec_cache.get(key)
         if exec_ms is None:
             exec_ms = exec_cache[key] = lm.t_inf(inst.model, take, inst.share, busy)
-        batch = inst.arrivals[inst.head : inst.head + take]
         inst.head += take
-        if drop:
-            keep = batch + inst.slo_ms >= start + exec_ms
-            inst.dropped += int(take - keep.sum())
-            batch = batch[keep]
-            if batch.size == 0:  # the whole batch was dropped: the executor stays free
+        first = head
+        if drop:  # the oldest requests are the late ones: what is dropped is a prefix of the batch
+            first = bisect.bisect_left(inst.times, start + exec_ms - inst.slo_ms, head, head + take)
+            inst.dropped += first - head
+            if first == head + take:  # the whole batch was dropped: the executor stays free
                 nxt = _next_start(inst)
                 if nxt is not None:
                     heapq.heappush(heap, (nxt, i))
                 continue
         end = start + exec_ms
-        inst.free_at = end
-        inst.running = (end, take)
-        inst.latencies.append(end - batch)
+        inst.executor.free_at = end
+        inst.executor.running = (end, take)
+        inst.batches.append((first, head + take - first, end))
         nxt = _next_start(inst)
         if nxt is not None:
             heapq.heappush(heap, (nxt, i))
     results = []
     for model in plan.models:
         mine = [inst for inst in instances if inst.model == model.name]
-        lat = np.concatenate([x for inst in mine for x in inst.latencies] or [np.empty(0)])
+        lat = np.concatenate([inst.latencies() for inst in mine])
         results.append(
             ModelResult(
                 model=model.name,
