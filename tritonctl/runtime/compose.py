@@ -1,0 +1,175 @@
+"""Compose runtime: Triton instances as services of a rendered Compose project (tritonctl/compose.py).
+
+A start is `docker compose -f <file> up -d --no-deps <service>`, then a wait for the service's
+Triton HTTP ready endpoint; a stop is `docker compose stop` then `rm` of that service. Each
+config hash has its own service name, so a shadow swap (the apply logic starts the new instance
+and stops the old one only once the new one is ready) runs two services side by side.
+
+Every side effect goes through a CommandRunner; in a dry run it records and prints each step
+and answers with an injected outcome instead. Never run against a Docker engine: none runs on
+the development machines (docker/README.md says what that leaves unverified).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tritonctl.compose import LABEL, service_name
+from tritonctl.errors import TritonctlError
+from tritonctl.render import Launch
+from tritonctl.runtime.base import Health, InstanceRecord, StartError
+from tritonctl.runtime.local import EXIT_TIMEOUT_S, _http_ok
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    output: str = ""  # stdout
+    error: str = ""  # stderr
+
+
+def assume_success(step: list[str]) -> Outcome:
+    """The dry-run answer to every step: it worked (and a `ps` lists a container)."""
+    return Outcome(True, "dry-run")
+
+
+@dataclass
+class CommandRunner:
+    """Runs docker commands and HTTP probes; in a dry run, records and prints them and returns `dry_outcome`.
+
+    Steps are argv lists; probes are recorded as ["probe", url] and ["wait-ready", url, timeout].
+    """
+
+    dry_run: bool = False
+    log: Callable[[str], None] = print
+    dry_outcome: Callable[[list[str]], Outcome] = assume_success
+    steps: list[list[str]] = field(default_factory=list)
+
+    def _dry(self, step: list[str], text: str) -> Outcome | None:
+        self.steps.append(step)
+        if not self.dry_run:
+            return None
+        self.log(f"+ {text}")
+        return self.dry_outcome(step)
+
+    def run(self, argv: list[str]) -> Outcome:
+        if (dry := self._dry(argv, shlex.join(argv))) is not None:
+            return dry
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        except OSError as exc:
+            return Outcome(False, error=str(exc))
+        return Outcome(proc.returncode == 0, proc.stdout, proc.stderr)
+
+    def probe(self, url: str) -> bool:
+        dry = self._dry(["probe", url], f"GET {url}")
+        return dry.ok if dry is not None else _http_ok(url)
+
+    def wait_ready(self, url: str, timeout_s: float) -> bool:
+        dry = self._dry(["wait-ready", url, f"{timeout_s:g}"], f"wait until GET {url} answers 200 ({timeout_s:g} s)")
+        if dry is not None:
+            return dry.ok
+        deadline = time.monotonic() + timeout_s
+        while not _http_ok(url):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1)
+        return True
+
+
+class ComposeRuntime:
+    """The Runtime of runtime/base.py over one rendered Compose project.
+
+    The MPS daemon must already run (`docker compose up -d` starts it): starts use --no-deps,
+    so starting one Triton service never recreates the daemon the others are attached to.
+    """
+
+    name = "compose"
+
+    def __init__(self, compose_file: Path, runner: CommandRunner | None = None):
+        self.compose_file = compose_file.resolve()
+        self.runner = runner or CommandRunner()
+        self.project = self._read()["name"]
+        self._latest: dict[str, str] = {}  # service -> uid of this runtime's latest start of it
+
+    def _read(self) -> dict:
+        try:
+            return yaml.safe_load(self.compose_file.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise TritonctlError(f"cannot read the Compose project: {exc}", file=self.compose_file) from None
+
+    def _compose(self, *args: str, with_file: bool = False) -> list[str]:
+        # stop, rm, ps and logs go by project name alone (no -f): docker compose then finds the
+        # service's containers by label, so a service the latest render no longer has still answers.
+        file = ["-f", str(self.compose_file)] if with_file else []
+        return ["docker", "compose", "-p", self.project, *file, *args]
+
+    def start(self, launch: Launch, folder: Path, host: str, log_dir: Path, timeout_s: float) -> InstanceRecord:
+        service = service_name(launch.instance, launch.config_hash)
+        spec = self._read().get("services", {}).get(service)
+        if spec is None:
+            raise StartError(f"{service} is not in {self.compose_file}: render the plan with --target compose first")
+        labels = spec["labels"]
+        same = {k: getattr(launch, k) for k in ("instance", "model", "device", "share", "units", "config_hash")}
+        record = InstanceRecord(
+            uid=f"{service}.{secrets.token_hex(3)}",
+            **same,
+            host=host,
+            grpc_port=launch.grpc_port,
+            http_port=int(labels[f"{LABEL}.http-port"]),
+            metrics_port=int(labels[f"{LABEL}.metrics-port"]),
+            pid=0,
+            start_ticks=0,
+            folder=str(folder),
+            log=shlex.join(self._compose("logs", service)),
+            share_mechanism=f"MPS {launch.env['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']}% ({service})",
+        )
+        # --force-recreate: restarting an unready service must replace its container; never
+        # --remove-orphans, which would remove the old instance before the new one is ready.
+        started = self.runner.run(self._compose("up", "-d", "--no-deps", "--force-recreate", service, with_file=True))
+        if not started.ok:
+            self._discard(service)
+            raise StartError(f"{service} did not start: {started.error.strip() or started.output.strip()}")
+        if not self.runner.wait_ready(self._url(record, f"models/{launch.model}/ready"), timeout_s):
+            logs = self.runner.run(self._compose("logs", "--no-color", "--tail", "20", service)).output
+            self._discard(service)
+            raise StartError(f"{service} was not ready after {timeout_s:.0f} s; its last log lines:\n{logs}")
+        self._latest[service] = record.uid
+        return record
+
+    def _discard(self, service: str) -> None:
+        self.runner.run(self._compose("rm", "--stop", "--force", service))
+
+    @staticmethod
+    def _url(record: InstanceRecord, path: str) -> str:
+        return f"http://{record.host}:{record.http_port}/v2/{path}"
+
+    def health(self, record: InstanceRecord) -> Health:
+        running = self.runner.run(self._compose("ps", "--status", "running", "--quiet", _service(record)))
+        if not (running.ok and running.output.strip()):
+            return Health(False, False, False)
+        server = self.runner.probe(self._url(record, "health/ready"))
+        return Health(True, server, server and self.runner.probe(self._url(record, f"models/{record.model}/ready")))
+
+    def stop(self, record: InstanceRecord) -> None:
+        """Stop (Triton drains for --exit-timeout-secs) and remove the record's service."""
+        service = _service(record)
+        if self._latest.get(service, record.uid) != record.uid:
+            return  # a restart reused this service: its container is the new instance now
+        for args in (("stop", "--timeout", str(EXIT_TIMEOUT_S + 5)), ("rm", "--force")):
+            done = self.runner.run(self._compose(*args, service))
+            if not done.ok:
+                self.runner.log(f"warning: docker compose {args[0]} {service} failed: {done.error.strip()}")
+        self._latest.pop(service, None)
+
+
+def _service(record: InstanceRecord) -> str:
+    return record.uid.rsplit(".", 1)[0]
