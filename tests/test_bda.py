@@ -7,7 +7,7 @@ import pytest
 from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.policies.base import Choice, Demand, PlacementError, PolicyLimit
 from tritonctl.policies.bda import MAX_BATCH, _constraints, bda, bda_policy, queue_delay_us
 from tritonctl.policies.optimal import optimal
 
@@ -94,7 +94,7 @@ def test_optimal_is_at_least_as_good_as_every_candidate_it_knows(lm):
 
     assert throughput(best) >= throughput(bda_policy(demands, devices, lm)) * 0.98  # the grid misses 1-unit splits
     assert sum(c[0].share for c in best.values()) <= 100
-    with pytest.raises(PlacementError, match="too large for the optimal policy"):
+    with pytest.raises(PolicyLimit, match="too large for the optimal policy"):
         optimal([Demand(f"m{i}", 100, 1, 10) for i in range(8)], cpu() * 4, lm)
     with pytest.raises(PlacementError, match="needs a fitted latency model"):
         optimal(demands, devices, None)

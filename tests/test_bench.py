@@ -38,10 +38,12 @@ def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsy
     }
     print(table)
     assert set(rows) == set(POLICIES)
-    capacity = {p: float(r[1]) for p, r in rows.items()}
+    assert all(r[1] == "0" for r in rows.values())  # light load: every policy serves both models
+    capacity = {p: float(r[3]) for p, r in rows.items()}
     # optimal is exact on the search's share grid; the search starts from bda's placement
     assert capacity["optimal"] >= capacity["search"] >= capacity["bda"] >= capacity["spread"]
-    assert all(0 < float(r[2].rstrip("%")) <= 100 for r in rows.values())  # share of the upper bound
+    assert all(0 < float(r[4].rstrip("%")) <= 100 for r in rows.values())  # share of the upper bound
+    assert "Best tritonctl policy: " in table and "- vs gpulet: " in table
     for policy in rows:
         assert (out / f"plan-{policy}.yaml").is_file()
     assert (out / "bench.md").read_text().count("|") > 20 and (out / "bench.png").stat().st_size > 5_000

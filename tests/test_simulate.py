@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from synthetic import synthetic_dataset
+from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
-from tritonctl.errors import TritonctlError
 from tritonctl.simulate import read_trace, simulate
 
 

@@ -1,10 +1,13 @@
 """`tritonctl bench`: several policies on one cluster and workload, judged the same way.
 
-Each policy plans the cluster (timed), and its plan is simulated at the cluster's rates.
-Reported per policy: planning time, planned capacity (sum of b / t_inf, the objective of
-InSS problem (1)) and its share of a simple upper bound (every device's units spent on the
-model with the best throughput per unit, interference ignored), and from the simulator
-throughput, goodput, SLO violations, drops and devices used.
+Each policy plans the cluster (timed on a second run, once the one-time queueing tables
+exist), and its plan is simulated at the cluster's rates. Reported per policy: planning
+time, models left unserved, placements the latency model predicts to miss their SLO,
+planned capacity (sum of b / t_inf, the objective of InSS problem (1)) and its share of a
+simple upper bound (every device's units spent on the model with the best throughput per
+unit, interference ignored), and from the simulator throughput, goodput, SLO violations,
+drops and devices used. The margins of the best of tritonctl's own policies over each
+baseline are by simulated goodput (requests served within their SLO per second).
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ class BenchRow:
     violations: float  # share of arrived requests not served within the SLO
     drops: float
     devices: int
+    unserved: int = 0
+    predicted_misses: int = 0
     error: str = ""
+
+
+OWN = ("search", "bda", "inss")  # tritonctl's policies; the rest are baselines or yardsticks
+BASELINES = ("gpulet", "gslice", "igniter", "time-sharing", "spread")
 
 
 def upper_bound_rps(cluster: Cluster, lm: LatencyModel) -> float:
@@ -63,17 +72,20 @@ def bench(
     rows = []
     for policy in policies:
         plan_path = out_dir / f"plan-{policy}.yaml"
-        started = time.perf_counter()
         try:
+            make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None)
+            started = time.perf_counter()
             plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None)
         except TritonctlError as exc:
-            rows.append(BenchRow(policy, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message))
+            rows.append(BenchRow(policy, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message.splitlines()[0]))
             continue
         plan_ms = 1000 * (time.perf_counter() - started)
         save_plan(plan, plan_path)
         capacity = sum(p.predicted.throughput_rps for _, p in plan.instances())
         sim = simulate(plan, lm, duration_s, drop=drop)
-        arrived = max(1, sum(m.arrived for m in sim.models))
+        arrived = max(1, sum(m.arrived for m in sim.models)) + sum(
+            round(m.rate * duration_s) for m in cluster.spec.models if m.name in {u.name for u in plan.unserved}
+        )  # requests of unserved models arrive too, and count as violations
         rows.append(
             BenchRow(
                 policy=policy,
@@ -85,6 +97,8 @@ def bench(
                 violations=1 - sum(m.good for m in sim.models) / arrived,
                 drops=sum(m.dropped for m in sim.models) / arrived,
                 devices=sim.devices_used,
+                unserved=len(plan.unserved),
+                predicted_misses=sum(not p.predicted.meets_slo for _, p in plan.instances()),
             )
         )
     _write(rows, bound, cluster, duration_s, out_dir)
@@ -93,26 +107,40 @@ def bench(
 
 def format_rows(rows: list[BenchRow]) -> str:
     head = (
-        "| policy | plan ms | capacity req/s | of bound | throughput | goodput | SLO violations | drops | "
-        "devices |\n|---|---|---|---|---|---|---|---|---|"
+        "| policy | plan ms | unserved | predicted misses | capacity req/s | of bound | throughput | goodput | "
+        "SLO violations | drops | devices |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         if r.error:
-            lines.append(f"| {r.policy} | failed: {r.error} | | | | | | | |")
+            lines.append(f"| {r.policy} | failed: {r.error} | | | | | | | | | |")
             continue
         lines.append(
-            f"| {r.policy} | {r.plan_ms:.0f} | {r.capacity_rps:.1f} | {100 * r.of_bound:.0f}% | "
-            f"{r.throughput_rps:.1f} | {r.goodput_rps:.1f} | {100 * r.violations:.2f}% | "
-            f"{100 * r.drops:.2f}% | {r.devices} |"
+            f"| {r.policy} | {r.plan_ms:.1f} | {r.unserved} | {r.predicted_misses} | {r.capacity_rps:.1f} | "
+            f"{100 * r.of_bound:.0f}% | {r.throughput_rps:.1f} | {r.goodput_rps:.1f} | "
+            f"{100 * r.violations:.2f}% | {100 * r.drops:.2f}% | {r.devices} |"
         )
+    return "\n".join(lines)
+
+
+def margins(rows: list[BenchRow]) -> str:
+    """The best of tritonctl's policies against each baseline and against optimal, by simulated goodput."""
+    ok = {r.policy: r for r in rows if not r.error}
+    own = [ok[p] for p in OWN if p in ok]
+    if not own:
+        return "No tritonctl policy produced a plan."
+    best = max(own, key=lambda r: r.goodput_rps)
+    lines = [f"Best tritonctl policy: {best.policy} ({best.goodput_rps:.1f} req/s within SLO)."]
+    for name in (*BASELINES, "optimal"):
+        if name in ok and ok[name].goodput_rps > 0:
+            lines.append(f"- vs {name}: {100 * (best.goodput_rps / ok[name].goodput_rps - 1):+.1f}%")
     return "\n".join(lines)
 
 
 def _write(rows: list[BenchRow], bound: float, cluster: Cluster, duration_s: float, out_dir: Path) -> None:
     text = (
         f"# Policies on {cluster.spec.name}\n\nSimulated {duration_s:g} s at the cluster's rates; upper bound "
-        f"{bound:.1f} req/s.\n\n{format_rows(rows)}\n\n![bench](bench.png)\n"
+        f"{bound:.1f} req/s.\n\n{format_rows(rows)}\n\n{margins(rows)}\n\n![bench](bench.png)\n"
     )
     (out_dir / "bench.md").write_text(text)
     ok = [r for r in rows if not r.error]

@@ -11,7 +11,7 @@ from pathlib import Path
 from profiler.dataset import load_dataset
 from profiler.run import profile
 from tritonctl.apply import apply_plan, down
-from tritonctl.bench import bench, format_rows
+from tritonctl.bench import bench, format_rows, margins
 from tritonctl.client import endpoints, format_results, run_load
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
@@ -150,6 +150,7 @@ def cmd_bench(args) -> int:
     out = Path(args.output) if args.output else cluster.path.parent / "bench"
     rows = bench(cluster, artifacts, lm, args.policies, out, args.duration)
     _say(format_rows(rows))
+    _say(margins(rows))
     _say(f"table, plans and plot written to {out}")
     return 0
 

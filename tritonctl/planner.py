@@ -22,7 +22,7 @@ from tritonctl.plan import (
     Unserved,
     relative_to,
 )
-from tritonctl.policies import POLICIES, Choice, Demand, PlacementError
+from tritonctl.policies import POLICIES, Choice, Demand, PlacementError, PolicyLimit
 from tritonctl.spec import Cluster
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
@@ -229,7 +229,10 @@ def make_plan(
         for m in cluster.spec.models
     ]
     unserved = {d.name: why for d in demands if (why := unservable(d, devices, lm))}
-    choices, shed = place(policy, [d for d in demands if d.name not in unserved], devices, lm)
+    try:
+        choices, shed = place(policy, [d for d in demands if d.name not in unserved], devices, lm)
+    except PolicyLimit as exc:
+        raise TritonctlError(str(exc), file=cluster.path, field="models") from None
     unserved.update(shed)
     if unserved and (strict or not choices):
         fields = {m.name: f"models[{i}]" for i, m in enumerate(cluster.spec.models)}

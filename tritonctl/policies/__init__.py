@@ -8,7 +8,7 @@ into a Plan. Baselines follow their papers; see each module's docstring.
 
 from __future__ import annotations
 
-from tritonctl.policies.base import Choice, Demand, PlacementError, Policy, PolicyInfo
+from tritonctl.policies.base import Choice, Demand, PlacementError, Policy, PolicyInfo, PolicyLimit
 from tritonctl.policies.bda import bda_policy
 from tritonctl.policies.gpulet import gpulet
 from tritonctl.policies.gslice import gslice
@@ -33,4 +33,4 @@ POLICIES: dict[str, PolicyInfo] = {
     "optimal": PolicyInfo(optimal, "exact optimum of problem (1) on a 5-unit share grid, BDA batches; small clusters"),
 }
 
-__all__ = ["POLICIES", "Choice", "Demand", "PlacementError", "Policy", "PolicyInfo"]
+__all__ = ["POLICIES", "Choice", "Demand", "PlacementError", "Policy", "PolicyInfo", "PolicyLimit"]

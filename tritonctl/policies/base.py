@@ -34,6 +34,10 @@ class PlacementError(Exception):
     """The policy found no placement that fits; the message says why."""
 
 
+class PolicyLimit(Exception):
+    """The policy cannot take on this cluster at all (too large for it): no model is to blame."""
+
+
 # models, devices, the fitted latency model (None without a profile) -> placements per model
 Policy = Callable[[list[Demand], list[Device], LatencyModel | None], dict[str, list[Choice]]]
 

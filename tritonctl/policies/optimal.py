@@ -16,7 +16,7 @@ import math
 
 from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.policies.base import Choice, Demand, PlacementError, PolicyLimit
 from tritonctl.policies.bda import bda, throughput, with_batches
 
 STEP = 5  # share grid, in device units
@@ -49,7 +49,7 @@ def optimal(demands: list[Demand], devices: list[Device], lm: LatencyModel | Non
     names = [d.name for d in demands]
     candidates = _count(len(demands), devices)
     if candidates > MAX_CANDIDATES:
-        raise PlacementError(
+        raise PolicyLimit(
             f"{candidates:,} candidate plans (more than {MAX_CANDIDATES:,}): the cluster is too "
             "large for the optimal policy"
         )

@@ -2,11 +2,11 @@
 
 InSS decides placement and shares with a trained SAC-Discrete agent and batch sizes with
 BDA. Until that agent exists (the `inss` policy), this policy searches the same space
-directly: from a few starting placements it climbs, taking the best neighbour each round
-- move `STEP` units of share between two models on a device, move a model to another
+directly: from a few starting placements (LPT by work, spread) it climbs, taking the best neighbour each round
+- move 5, 10 or 25 units of share between two models on a device, move a model to another
 device, or swap two models across devices - judged by BDA (exact for a fixed placement):
-first fewer models without a feasible batch, then more total throughput sum b / t_inf
-(problem (1)). It stops at a local optimum or after `MAX_EVALUATIONS` placements judged
+first fewer models without a feasible batch, then how close those come to one, then more
+total throughput sum b / t_inf (problem (1)). It stops at a local optimum or after `MAX_EVALUATIONS` placements judged
 (a count, not a clock, so that a plan does not depend on the machine's speed).
 """
 
@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tritonctl.latency.model import LatencyModel
+from tritonctl.latency.model import MAX_BATCH, LatencyModel
+from tritonctl.latency.queueing import task_latency
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import bda, explain, throughput, with_batches
+from tritonctl.policies.bda import bda, corunners, explain, throughput, with_batches
 from tritonctl.policies.spread import spread
 
-STEP = 5  # units of share moved at a time
-MAX_EVALUATIONS = 1500
+STEP = 5  # share grid, in units
+MOVES = (STEP, 2 * STEP, 5 * STEP)  # share moved between two models at a time: large steps jump over plateaus
+MAX_EVALUATIONS = 300
 
 Placement = dict[str, tuple[str, int]]  # model -> (device id, share)
 
@@ -39,20 +41,33 @@ def _split(names: list[str], weights: dict[str, float], units: int, floor: dict[
 
 
 def _starts(
-    demands: list[Demand], devices: list[Device], lm: LatencyModel, floor: dict[str, int]
+    demands: list[Demand], devices: list[Device], lm: LatencyModel, work: dict[str, float], floor: dict[str, int]
 ) -> Iterator[Placement]:
-    """Spread's placement with equal shares, then the same split in proportion to each model's work."""
+    """Models by decreasing work onto the device with the least work so far (LPT), shares in proportion
+    to work; then spread's placement with equal shares and with shares in proportion to work."""
+    load = {d.id: 0.0 for d in devices}
+    memory = {d.id: d.memory_mb for d in devices}
+    lpt: dict[str, str] = {}
+    for d in sorted(demands, key=lambda d: (-work[d.name], d.name)):
+        fits = [x for x in devices if memory[x.id] >= d.memory_mb] or devices
+        device = min(fits, key=lambda x: (load[x.id], x.index))
+        lpt[d.name], load[device.id], memory[device.id] = (
+            device.id,
+            load[device.id] + work[d.name],
+            memory[device.id] - d.memory_mb,
+        )
     spread_choice = {n: c[0] for n, c in spread(demands, devices, lm).items()}
+    for assignment in (lpt, {n: c.device for n, c in spread_choice.items()}):
+        placement: Placement = {}
+        for device in devices:
+            names = [n for n, dev in assignment.items() if dev == device.id]
+            shares = _split(names, work, device.units, floor) if names else {}
+            if shares is None:
+                break
+            placement.update({n: (device.id, s) for n, s in shares.items()})
+        else:
+            yield placement
     yield {n: (c.device, c.share) for n, c in spread_choice.items()}
-    work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
-    placement: Placement = {}
-    for device in devices:
-        names = [n for n, c in spread_choice.items() if c.device == device.id]
-        shares = _split(names, work, device.units, floor) if names else {}
-        if shares is None:
-            return
-        placement.update({n: (device.id, s) for n, s in shares.items()})
-    yield placement
 
 
 def _neighbours(
@@ -60,11 +75,12 @@ def _neighbours(
 ) -> Iterator[Placement]:
     units = {d.id: d.units for d in devices}
     names = sorted(placement)
-    for a in names:  # move share between two models on one device
+    for a in names:  # move share between two models on one device, in small and large steps
         for b in names:
             (dev_a, sa), (dev_b, sb) = placement[a], placement[b]
-            if a != b and dev_a == dev_b and sb - STEP >= max(floor[b], STEP):
-                yield {**placement, a: (dev_a, sa + STEP), b: (dev_b, sb - STEP)}
+            for step in MOVES:
+                if a != b and dev_a == dev_b and sb - step >= max(floor[b], STEP):
+                    yield {**placement, a: (dev_a, sa + step), b: (dev_b, sb - step)}
     for a in names:  # move a model; both devices re-split in proportion to work
         for device in devices:
             if device.id == placement[a][0]:
@@ -87,11 +103,28 @@ def _neighbours(
                 yield {**placement, a: (dev_b, sb), b: (dev_a, sa)}
 
 
+def _shortfall(
+    name: str, placement: dict[str, Choice], batches: dict[str, int], demands: dict[str, Demand], lm: LatencyModel
+) -> float:
+    """How far a model without a feasible batch is from one: over batches 1, 2, 4 ... 32, the least of the
+    larger of load (rate x t_inf / b) and p99 / SLO. Guides the search towards feasibility where counts tie."""
+    demand, choice = demands[name], placement[name]
+    others = corunners(name, placement, batches)
+    best = float("inf")
+    for b in (2**k for k in range(MAX_BATCH.bit_length())):
+        t = lm.t_inf(name, b, choice.share, others)
+        task = task_latency(demand.rate, b, t)
+        load = demand.rate * t / (1000 * b)
+        best = min(best, max(load, task.p99_ms / demand.slo_ms) if task.stable else load)
+    return best
+
+
 def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
     if lm is None:
         raise PlacementError("policy search needs a fitted latency model: pass --latency-model")
     evaluations = 0
     floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
+    by_name = {d.name: d for d in demands}
     work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
 
     def judge(placement: Placement):
@@ -99,10 +132,11 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         evaluations += 1
         choices = {n: Choice(dev, share) for n, (dev, share) in placement.items()}
         decision = bda(choices, demands, devices, lm)
-        return (len(decision.infeasible), -throughput(choices, decision.batches, lm)), decision
+        short = sum(_shortfall(n, choices, decision.batches, by_name, lm) for n in decision.infeasible)
+        return (len(decision.infeasible), short, -throughput(choices, decision.batches, lm)), decision
 
     best = None
-    for start in _starts(demands, devices, lm, floor):
+    for start in _starts(demands, devices, lm, work, floor):
         current, (score, decision) = start, judge(start)
         while evaluations < MAX_EVALUATIONS:
             improved = None

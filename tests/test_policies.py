@@ -1,0 +1,118 @@
+"""The baselines follow their papers' rules, and the search stand-in gets close to the optimum (SYNTHETIC model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from synthetic import synthetic_dataset
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.queueing import task_latency
+from tritonctl.plan import Device
+from tritonctl.planner import unservable
+from tritonctl.policies import POLICIES, Demand, PlacementError
+from tritonctl.policies.base import Choice
+from tritonctl.policies.bda import throughput
+from tritonctl.policies.gpulet import SIZES
+from tritonctl.policies.igniter import igniter
+from tritonctl.policies.timesharing import time_sharing
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
+
+
+def cpus(n: int) -> list[Device]:
+    return [Device(id=f"cpu{i}", kind="cpu", index=i, memory_mb=4096, units=100, cores=2.0) for i in range(n)]
+
+
+DEMANDS = [Demand("alpha", 150, 120, 100), Demand("beta", 400, 40, 100)]
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "spread"])
+def test_every_policy_serves_a_light_load_within_the_devices(lm, policy):
+    devices = cpus(2)
+    out = POLICIES[policy].fn(DEMANDS, devices, lm)
+    assert set(out) == {"alpha", "beta"}
+    used: dict[str, int] = {}
+    for choices in out.values():
+        for c in choices:
+            assert 1 <= c.batch <= 32 and c.queue_delay_us >= 0 and c.weight > 0
+            used[c.device] = used.get(c.device, 0) + c.share
+    if POLICIES[policy].sharing == "temporal":
+        assert all(c.share == 100 for choices in out.values() for c in choices)
+    else:
+        assert all(total <= 100 for total in used.values())
+
+
+def test_gpulet_sizes_halves_and_slo_half(lm):
+    heavy = [Demand("alpha", 150, 600, 100), Demand("beta", 400, 40, 100)]
+    out = POLICIES["gpulet"].fn(heavy, cpus(4), lm)
+    per_device: dict[str, list[Choice]] = {}
+    for name, choices in out.items():
+        for c in choices:
+            assert c.share in SIZES  # 100 units: sizes are percentages
+            assert c.queue_delay_us == 1000 * [d for d in heavy if d.name == name][0].slo_ms / 2
+            per_device.setdefault(c.device, []).append(c)
+        assert sum(c.weight for c in choices) == pytest.approx([d.rate for d in heavy if d.name == name][0])
+    assert all(len(g) <= 2 for g in per_device.values())  # a GPU splits into at most two gpulets
+    assert len(out["alpha"]) > 1  # 600/s outgrows one gpulet: replicas
+    for name, choices in out.items():  # Algorithm 1 checks a batch when it is placed: alone, or beside
+        slo = [d.slo_ms for d in heavy if d.name == name][0]  # the gpulet already on its device
+        for c in choices:
+            assert lm.t_inf_gpulet(name, c.batch, c.share) <= slo / 2
+
+
+def test_igniter_batches_fill_in_half_the_slo_and_shares_are_minimal(lm):
+    out = igniter(DEMANDS, cpus(3), lm)
+    for d in DEMANDS:
+        (c,) = out[d.name]
+        assert c.batch == math.ceil(d.rate * d.slo_ms / 2000)
+        others = tuple(
+            (m, o.share, o.batch) for m, cs in out.items() for o in cs if m != d.name and o.device == c.device
+        )
+        assert lm.t_inf(d.name, c.batch, c.share, others) <= d.slo_ms / 2
+    # cost-minimising: both fit on one device, so no second one is opened
+    assert len({c.device for cs in out.values() for c in cs}) == 1
+    assert sum(c.share for cs in out.values() for c in cs) < 100
+
+
+def test_time_sharing_cycle_fits_every_slo(lm):
+    out = time_sharing(DEMANDS, cpus(1), lm)
+    cycle = sum(lm.t_inf(n, cs[0].batch, 100) for n, cs in out.items())
+    for d in DEMANDS:
+        (c,) = out[d.name]
+        assert cycle + lm.t_inf(d.name, c.batch, 100) <= d.slo_ms
+        assert 1000 * c.batch / cycle >= d.rate
+
+
+def test_search_is_within_5_percent_of_optimal_and_not_below_bda(lm):
+    demands = [Demand("alpha", 150, 150, 100), Demand("beta", 400, 50, 100)]
+    devices = cpus(1)
+    value = {}
+    for policy in ("bda", "search", "optimal"):
+        out = POLICIES[policy].fn(demands, devices, lm)
+        placement = {n: cs[0] for n, cs in out.items()}
+        value[policy] = throughput(placement, {n: c.batch for n, c in placement.items()}, lm)
+        for d in demands:  # and every placement meets the SLO by the queueing model
+            c = placement[d.name]
+            others = tuple((m, o.share, o.batch) for m, o in placement.items() if m != d.name)
+            assert task_latency(d.rate, c.batch, lm.t_inf(d.name, c.batch, c.share, others)).p99_ms <= d.slo_ms
+    assert value["search"] >= 0.95 * value["optimal"] and value["search"] >= value["bda"] - 1e-6
+
+
+def test_unservable_models_say_why(lm):
+    devices = cpus(2)
+    assert unservable(Demand("alpha", 150, 10, 100), devices, lm) is None
+    assert "below its fastest latency" in unservable(Demand("alpha", 0.5, 10, 100), devices, lm)
+    assert "more than all 2 devices could carry" in unservable(Demand("alpha", 150, 1e6, 100), devices, lm)
+    assert "largest device has 4096 MB" in unservable(Demand("alpha", 150, 10, 9000), devices, lm)
+
+
+def test_baselines_refuse_what_they_cannot_place(lm):
+    with pytest.raises(PlacementError, match="Gpulet cannot place"):
+        POLICIES["gpulet"].fn([Demand("alpha", 150, 5000, 100)], cpus(1), lm)
+    with pytest.raises(PlacementError, match="time sharing"):
+        time_sharing([Demand("alpha", 150, 5000, 100)], cpus(1), lm)
