@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from conftest import REPO
 from tritonctl.export import materialize
-from tritonctl.plan import Device, load_plan, save_plan
+from tritonctl.plan import Device, Prediction, load_plan, save_plan
 from tritonctl.planner import make_plan
 from tritonctl.policies import Demand, PlacementError
 from tritonctl.policies.spread import spread
@@ -58,6 +58,21 @@ def test_plan_file_round_trips_and_carries_what_later_stages_need(mlp_cluster):
     assert set(placement) >= {"instance", "device", "share", "batch", "queue_delay_us"}
     assert raw["models"][0]["port"] != raw["models"][1]["port"]
     assert loaded.resolve(plan.models[0].onnx) == (mlp_cluster.parent / "mlp.onnx").resolve()
+
+
+def test_a_plan_predicted_overloaded_round_trips(mlp_cluster):
+    """An overloaded placement has no latency prediction (None, left out of the file); it must load back."""
+    cluster = load_cluster(mlp_cluster)
+    out = mlp_cluster.parent / "plan.yaml"
+    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", out)
+    model = plan.models[0]
+    overloaded = model.placements[0].model_copy(
+        update={"predicted": Prediction(exec_ms=50.0, latency_ms=None, throughput_rps=20.0, meets_slo=False)}
+    )
+    plan = plan.model_copy(update={"models": [model.model_copy(update={"placements": [overloaded]}), *plan.models[1:]]})
+    save_plan(plan, out)
+    assert "latency_ms" not in out.read_text()
+    assert load_plan(out).plan == plan
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -50,7 +50,7 @@ class Prediction(_Strict):
     """
 
     exec_ms: float
-    latency_ms: float | None
+    latency_ms: float | None = None
     throughput_rps: float
     meets_slo: bool
 

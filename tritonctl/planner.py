@@ -101,11 +101,10 @@ def predict(
     by d + t_inf and throughput is b / d (Nexus's squishy bin packing).
     """
     placed = [(m, p) for m in plan_models for p in m.placements]
-    full = {p.device: lm.device.units for _, p in placed}
     duty: dict[str, float] = {}
-    if sharing == "temporal":
+    if sharing == "temporal":  # every share is the whole device
         for m, p in placed:
-            duty[p.device] = duty.get(p.device, 0.0) + lm.t_inf(m.name, p.batch, full[p.device])
+            duty[p.device] = duty.get(p.device, 0.0) + lm.t_inf(m.name, p.batch, p.share)
     out = []
     for model in plan_models:
         placements = []

@@ -1,0 +1,72 @@
+"""The best plan against the naive one on the real local Triton: goodput at the same Poisson rates.
+
+    python bench/real_goodput.py [--duration 60] [--scales 1 3 4] [--policy search]
+
+For each rate scale, the CPU demo cluster is planned twice at its rates times the scale:
+naively (`spread`: one instance per model, equal shares, batch 1, the skeleton's plan) and
+with `--policy` on the committed latency model. Each plan is applied on the real Triton
+in turn and driven by open-loop Poisson traffic from tritonclient.grpc; goodput is the
+requests answered within their SLO per second. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tritonctl.cli import main as tritonctl
+from tritonctl.client import endpoints, run_load
+from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
+from tritonctl.plan import load_plan, save_plan
+from tritonctl.planner import make_plan
+from tritonctl.spec import Cluster, load_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
+MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
+PLANS = REPO / ".tritonctl" / "real-goodput"
+
+
+def goodput(plan_path: Path, duration_s: float) -> tuple[float, float, int]:
+    """(goodput req/s, worst p99 ms, failed requests) of the plan applied on the real Triton."""
+    assert tritonctl(["apply", str(plan_path)]) == 0
+    try:
+        results = run_load(endpoints(load_plan(plan_path).plan), duration_s)
+    finally:
+        tritonctl(["down", str(plan_path)])
+    good = sum(r.within_slo * r.sent for r in results) / duration_s
+    return good, max(r.percentile(99) for r in results), sum(len(r.errors) for r in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic per plan and scale")
+    parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 3.0, 4.0], help="rate multipliers")
+    parser.add_argument("--policy", default="search", help="the plan to compare with the naive one")
+    args = parser.parse_args()
+    cluster = load_cluster(CLUSTER)
+    artifacts = materialize(cluster, log=lambda _: None)
+    lm = load_latency_model(MODEL)
+    rows = []
+    for scale in args.scales:
+        models = [m.model_copy(update={"rate": m.rate * scale}) for m in cluster.spec.models]
+        scaled = Cluster(cluster.spec.model_copy(update={"models": models}), cluster.path)
+        measured = {}
+        for policy in ("spread", args.policy):
+            path = PLANS / f"plan-{policy}-x{scale:g}.yaml"
+            plan = make_plan(scaled, artifacts, policy, path, lm, log=lambda _: None)
+            save_plan(plan, path)
+            measured[policy] = goodput(path, args.duration)
+        rows.append((scale, sum(m.rate for m in models), measured["spread"], measured[args.policy]))
+        print(f"\n{'scale':>5} {'offered/s':>9} {'naive goodput':>13} {args.policy + ' goodput':>15} {'ratio':>6}")
+        for scale_, offered, naive, best in rows:
+            print(
+                f"{scale_:5.1f} {offered:9.1f} {naive[0]:13.1f} {best[0]:15.1f} {best[0] / max(naive[0], 1e-9):6.2f}"
+                f"   (p99 {naive[1]:.0f} / {best[1]:.0f} ms, failed {naive[2]} / {best[2]})",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
