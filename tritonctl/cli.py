@@ -13,6 +13,7 @@ from profiler.run import profile
 from tritonctl.apply import apply_plan, down
 from tritonctl.bench import bench, format_rows, margins
 from tritonctl.client import endpoints, format_results, run_load
+from tritonctl.compose import host_gpu_count, write_compose
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.fit import fit_latency_model
@@ -164,8 +165,6 @@ def cmd_policies(args) -> int:
 def cmd_render(args) -> int:
     loaded = load_plan(args.plan)
     if args.target == "compose":
-        from tritonctl.compose import host_gpu_count, write_compose
-
         gpus = args.gpus if args.gpus is not None else host_gpu_count()
         if gpus is None:
             _say("note: no GPU found here (or no pynvml): the plan's GPUs are not checked; pass --gpus N to check")

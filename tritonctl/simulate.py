@@ -96,11 +96,6 @@ class SimResult:
     def goodput(self) -> float:
         return sum(m.good for m in self.models) / self.duration_s
 
-    @property
-    def violations(self) -> float:
-        """Share of arrived requests not served within their SLO (late, dropped or left queued)."""
-        return 1 - sum(m.good for m in self.models) / max(1, sum(m.arrived for m in self.models))
-
 
 def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (ms) of a Poisson process at `rate` per second over `duration_s`."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -47,6 +49,15 @@ class Health:
         if not self.alive:
             return "dead"
         return "ready" if self.server_ready and self.model_ready else "not ready"
+
+
+def http_ok(url: str) -> bool:
+    """Whether a Triton HTTP endpoint (health, readiness) answers 200 within a second."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 class Runtime(Protocol):

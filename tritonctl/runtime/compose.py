@@ -25,8 +25,8 @@ import yaml
 from tritonctl.compose import LABEL, service_name
 from tritonctl.errors import TritonctlError
 from tritonctl.render import Launch
-from tritonctl.runtime.base import Health, InstanceRecord, StartError
-from tritonctl.runtime.local import EXIT_TIMEOUT_S, _http_ok
+from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok
+from tritonctl.runtime.local import EXIT_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,14 @@ class CommandRunner:
 
     def probe(self, url: str) -> bool:
         dry = self._dry(["probe", url], f"GET {url}")
-        return dry.ok if dry is not None else _http_ok(url)
+        return dry.ok if dry is not None else http_ok(url)
 
     def wait_ready(self, url: str, timeout_s: float) -> bool:
         dry = self._dry(["wait-ready", url, f"{timeout_s:g}"], f"wait until GET {url} answers 200 ({timeout_s:g} s)")
         if dry is not None:
             return dry.ok
         deadline = time.monotonic() + timeout_s
-        while not _http_ok(url):
+        while not http_ok(url):
             if time.monotonic() > deadline:
                 return False
             time.sleep(1)

@@ -13,13 +13,11 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from tritonctl.render import Launch
 from tritonctl.runtime import share
-from tritonctl.runtime.base import Health, InstanceRecord, StartError
+from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok
 from tritonctl.runtime.binary import TritonBinary
 
 EXIT_TIMEOUT_S = 10
@@ -66,14 +64,6 @@ def process_alive(pid: int, start_ticks: int) -> bool:
             pass
         return False
     return True
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _log_tail(log: Path, lines: int = 12) -> str:
@@ -191,8 +181,8 @@ class LocalRuntime:
         if not process_alive(record.pid, record.start_ticks):
             return Health(False, False, False)
         base = f"http://{record.host}:{record.http_port}/v2"
-        server = _http_ok(f"{base}/health/ready")
-        return Health(True, server, server and _http_ok(f"{base}/models/{record.model}/ready"))
+        server = http_ok(f"{base}/health/ready")
+        return Health(True, server, server and http_ok(f"{base}/models/{record.model}/ready"))
 
     def stop(self, record: InstanceRecord) -> None:
         """SIGTERM the instance's process group (Triton drains in-flight requests), SIGKILL at the deadline.

@@ -1,0 +1,68 @@
+"""Decision times of the policies and the simulator's speed, for the README's figures.
+
+    python bench/decision_time.py
+
+Policies on the InSS eight-model, four-device setup (examples/inss-scaled/eight-4.yaml with
+the SCALED latency model): the one-time cost of the queueing tables, BDA per call on the
+spread placement, and each policy's warm planning time (median of 3; a policy that finds
+no plan for all eight models is timed to its failure, as the planner's first attempt).
+Simulator: requests simulated per second of wall time for the CPU demo's batch-1 plan
+(bench/results/cpu-demo/plan-spread.yaml, the slowest case: one event per request) at 1x
+and 10x its rates, with drops. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from tritonctl.latency.model import load_latency_model
+from tritonctl.plan import load_plan
+from tritonctl.planner import devices_of
+from tritonctl.policies import POLICIES, Demand, PlacementError, PolicyLimit
+from tritonctl.policies.bda import bda
+from tritonctl.policies.spread import spread
+from tritonctl.simulate import simulate
+from tritonctl.spec import load_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    try:
+        fn()
+    except (PlacementError, PolicyLimit):
+        pass
+    return 1000 * (time.perf_counter() - started)
+
+
+def main() -> None:
+    lm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
+    cluster = load_cluster(REPO / "examples/inss-scaled/eight-4.yaml")
+    devices = devices_of(cluster)
+    demands = [Demand(m.name, m.slo_ms, m.rate, round(lm.footprint_mb(m.name, 1))) for m in cluster.spec.models]
+    placement = {n: c[0] for n, c in spread(demands, devices, lm).items()}
+    first = timed(lambda: bda(placement, demands, devices, lm))
+    print(f"queueing tables and first BDA (once per process): {first:.0f} ms")
+    calls = 200
+    started = time.perf_counter()
+    for _ in range(calls):
+        bda(placement, demands, devices, lm)
+    print(f"BDA, eight models: {1000 * (time.perf_counter() - started) / calls:.2f} ms per call")
+    for name, info in POLICIES.items():
+        runs = [timed(lambda fn=info.fn: fn(demands, devices, lm)) for _ in range(3)]
+        print(f"  {name:13} {statistics.median(runs):8.1f} ms")
+    demo = load_plan(REPO / "bench/results/cpu-demo/plan-spread.yaml").plan
+    demo_lm = load_latency_model(REPO / "profiles/cpu-demo/latency-model.json")
+    for scale, seconds in ((1.0, 4000), (10.0, 400)):
+        result = simulate(demo, demo_lm, seconds, drop=True, rate_scale=scale)
+        print(
+            f"simulator, batch-1 plan at {scale:g}x: {result.requests / result.wall_s:,.0f} requests/s "
+            f"(goodput {result.goodput:.1f}/s)"
+        )
+
+
+if __name__ == "__main__":
+    main()
