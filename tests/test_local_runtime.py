@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -93,22 +95,50 @@ def test_second_apply_of_the_same_plan_changes_nothing(deployment, capsys):
     assert {uid: rec.pid for uid, rec in state_of(deployment).instances.items()} == before
 
 
-def test_changed_placement_replaces_only_that_instance(deployment, capsys):
-    before = state_of(deployment).instances
-    data = yaml.safe_load(deployment.read_text())
-    data["models"][0]["placements"][0]["batch"] = 4
-    data["models"][0]["placements"][0]["queue_delay_us"] = 2000
-    deployment.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert main(["apply", str(deployment), "--dry-run"]) == 0
-    assert "would change 2 instance(s), kept 1" in capsys.readouterr().out  # start new alpha, stop old alpha
-    assert state_of(deployment).instances.keys() == before.keys()
+def model_config(record) -> dict:
+    with urllib.request.urlopen(f"http://{record.host}:{record.http_port}/v2/models/{record.model}/config") as r:
+        return json.loads(r.read())
 
+
+def edit_plan(plan: Path, **changes) -> None:
+    data = yaml.safe_load(plan.read_text())
+    data["models"][0]["placements"][0].update(changes)
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_batch_change_reloads_in_place_without_a_restart(deployment, capsys):
+    before = state_of(deployment).instances
+    edit_plan(deployment, batch=4, queue_delay_us=2000)
+    assert main(["apply", str(deployment), "--dry-run"]) == 0
+    assert "would change 1 instance(s), kept 1" in capsys.readouterr().out
     assert main(["apply", str(deployment)]) == 0
+    out = capsys.readouterr().out
+    assert "reloaded alpha-0" in out and "no restart" in out
+    after = state_of(deployment).instances
+    assert after.keys() == before.keys()  # same processes ...
+    assert all(after[uid].pid == before[uid].pid for uid in before)
+    (alpha,) = [rec for rec in after.values() if rec.model == "alpha"]
+    config = model_config(alpha)  # ... serving the new configuration, warm-up included
+    assert config["max_batch_size"] == 4
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert config["model_warmup"][0]["batch_size"] == 4
+    x = np.ones((3, 16), np.float32)
+    assert infer(f"127.0.0.1:{alpha.grpc_port}", "alpha", x).shape == (3, 4)
+
+
+def test_share_change_swaps_only_that_instance(deployment, capsys):
+    before = state_of(deployment).instances
+    old_share = yaml.safe_load(deployment.read_text())["models"][0]["placements"][0]["share"]
+    edit_plan(deployment, share=old_share - 10)
+    assert main(["apply", str(deployment)]) == 0
+    out = capsys.readouterr().out
+    assert "swap   alpha-0" in out and "shadow of" in out and "replaced: traffic moves" in out
+    assert out.index("ready    alpha-0") < out.index("stopping alpha-0")  # the new one is warm before the old stops
     after = state_of(deployment).instances
     beta = [uid for uid, rec in before.items() if rec.model == "beta"]
     assert beta and all(uid in after and after[uid].pid == before[uid].pid for uid in beta)
     alpha_new = [rec for rec in after.values() if rec.model == "alpha"]
-    assert len(alpha_new) == 1 and alpha_new[0].uid not in before
+    assert len(alpha_new) == 1 and alpha_new[0].uid not in before and alpha_new[0].share == old_share - 10
     assert all_stopped([rec for rec in before.values() if rec.model == "alpha"])
     x = np.ones((1, 16), np.float32)
     assert infer(f"127.0.0.1:{alpha_new[0].grpc_port}", "alpha", x).shape == (1, 4)
@@ -185,7 +215,7 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     assert main(["plan", str(cluster)]) == 0
     assert main(["apply", str(tmp_path / "plan.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.count("start alpha-0") + out.count("start beta-0") == 2 and "would change 2 instance(s)" in out
+    assert out.count("start  alpha-0") + out.count("start  beta-0") == 2 and "would change 2 instance(s)" in out
     assert not (tmp_path / "repo").exists() and not (tmp_path / "state").exists()
 
 

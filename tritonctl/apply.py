@@ -2,12 +2,14 @@
 
 The decision (`diff`) is a pure function of the rendered launches and the health of the
 recorded instances. Carrying it out starts every new instance first and stops the
-instances it replaces only after all new ones are ready, so a failed start is rolled back
-with the old deployment untouched.
+instances it replaces only after all new ones are ready and warm (the shadow swap of
+InSS), so a failed start is rolled back with the old deployment untouched. A change of
+batch size or queue delay alone reloads the model in place, without a new process.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,46 +25,51 @@ from tritonctl.state import State, apply_lock, load_state, save_state
 
 @dataclass(frozen=True)
 class Step:
-    action: Literal["start", "stop", "keep"]
+    """One change: `start` a new instance, `swap` one for a new process (shadow swap: start the
+    new one, then the old one is stopped by a `stop` step), `reload` a model in place (batch or
+    queue delay changed), `keep` one as it is, or `stop` one."""
+
+    action: Literal["start", "swap", "reload", "keep", "stop"]
     instance: str
     reason: str
-    uid: str | None = None  # the recorded instance a stop or keep refers to
+    uid: str | None = None  # the recorded instance the step keeps, reloads, replaces or stops
 
 
 def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health: dict[str, Health]) -> list[Step]:
-    """Steps that turn the recorded instances into the planned ones: starts first, then stops."""
-    starts, keeps, stops = [], [], []
-    kept: set[str] = set()
+    """Steps that turn the recorded instances into the planned ones: starts, reloads, keeps, then stops."""
+    starts, reloads, keeps = [], [], []
+    used: set[str] = set()
     for name, launch in launches.items():
-        same = [
-            uid
-            for uid, rec in records.items()
-            if rec.instance == name and rec.config_hash == launch.config_hash and health[uid].label == "ready"
-        ]
+        ready = [uid for uid, rec in records.items() if rec.instance == name and health[uid].label == "ready"]
+        same = [uid for uid in ready if records[uid].config_hash == launch.config_hash]
+        reloadable = [uid for uid in ready if records[uid].process_hash == launch.process_hash]
+        older = [uid for uid, rec in records.items() if rec.instance == name]
         if same:
             keeps.append(Step("keep", name, "unchanged and ready", same[0]))
-            kept.add(same[0])
+            used.add(same[0])
+        elif reloadable:
+            reloads.append(Step("reload", name, "batch or queue delay changed", reloadable[0]))
+            used.add(reloadable[0])
+        elif not older:
+            starts.append(Step("start", name, "new"))
+        elif ready:
+            starts.append(Step("swap", name, "share, device or model changed", ready[0]))
         else:
-            older = [rec for rec in records.values() if rec.instance == name]
-            reason = (
-                "new"
-                if not older
-                else "changed"
-                if any(r.config_hash != launch.config_hash for r in older)
-                else "not ready: restart"
-            )
-            starts.append(Step("start", name, reason))
+            starts.append(Step("swap", name, "not ready: restart", older[0]))
+    stops = []
     for uid, rec in records.items():
-        if uid in kept:
+        if uid in used:
             continue
         if rec.instance not in launches:
             reason = "not in the plan"
-        elif health[uid].alive:
-            reason = "replaced"
-        else:
+        elif not health[uid].alive:
             reason = "dead"
+        elif any(s.uid == uid for s in starts):
+            reason = "replaced: traffic moves to the new instance, the old one drains"
+        else:
+            reason = "duplicate"
         stops.append(Step("stop", rec.instance, reason, uid))
-    return starts + keeps + stops
+    return starts + reloads + keeps + stops
 
 
 def _check_ports(
@@ -71,7 +78,7 @@ def _check_ports(
     """A model port must be free or held by a live instance of the same model (shared by SO_REUSEPORT)."""
     host = loaded.plan.runtime.host
     for step in steps:
-        if step.action != "start":
+        if step.action not in ("start", "swap"):
             continue
         launch = launches[step.instance]
         ours = any(
@@ -100,14 +107,85 @@ def _steps(
     health = {uid: runtime.health(rec) for uid, rec in state.instances.items()}
     steps = diff(launches, state.instances, health)
     for step in steps:
-        log(f"  {step.action:5} {step.instance:28} {step.reason}")
+        log(f"  {step.action:6} {step.instance:28} {step.reason}")
     return steps, health
+
+
+def _start_all(
+    loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, steps: list[Step], log: Callable[[str], None]
+) -> None:
+    """Start every new instance and wait until it is loaded and warmed; on failure stop them all and raise.
+
+    Each record is saved the moment its process exists, so a crash mid-start leaves nothing
+    unrecorded: a later apply finds it and keeps or stops it.
+    """
+    plan, state_dir = loaded.plan, loaded.state_dir
+    started: list[InstanceRecord] = []
+
+    def persist(record: InstanceRecord) -> None:
+        started.append(record)
+        state.instances[record.uid] = record
+        save_state(state_dir, state)
+
+    try:
+        for step in steps:
+            if step.action not in ("start", "swap"):
+                continue
+            folder, launch = rendered[step.instance]
+            began = time.monotonic()
+            old = f" (shadow of {state.instances[step.uid].uid})" if step.action == "swap" else ""
+            log(f"  starting {step.instance}{old} on {launch.device}, share {launch.share}/{launch.units} ...")
+            record = runtime.start(
+                launch, folder, plan.runtime.host, state_dir / "logs", plan.runtime.startup_timeout_s, persist
+            )
+            log(
+                f"  ready    {step.instance}: loaded and warmed in {time.monotonic() - began:.1f} s, "
+                f"pid {record.pid}, {record.share_mechanism}"
+            )
+    except BaseException as exc:
+        for record in started:
+            runtime.stop(record)
+            state.instances.pop(record.uid, None)
+        save_state(state_dir, state)
+        if isinstance(exc, StartError):
+            raise TritonctlError(
+                f"apply failed and was rolled back (the running instances keep serving): {exc}", file=loaded.path
+            ) from None
+        raise
+
+
+def _reload_all(
+    loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, steps: list[Step], log: Callable[[str], None]
+) -> None:
+    """Reload in place the models whose batch or queue delay changed; Triton serves the old config meanwhile."""
+    placements = {p.instance: p for _, p in loaded.plan.instances()}
+    for step in steps:
+        if step.action != "reload":
+            continue
+        record, placement = state.instances[step.uid], placements[step.instance]
+        began = time.monotonic()
+        log(f"  reload   {step.instance} in place: batch {placement.batch}, queue delay {placement.queue_delay_us} us")
+        try:
+            runtime.reconfigure(record, loaded.plan.runtime.startup_timeout_s)
+        except StartError as exc:
+            raise TritonctlError(
+                f"{exc}; it keeps serving its previous configuration", file=loaded.path, field="models"
+            ) from None
+        record.config_hash = rendered[step.instance][1].config_hash
+        save_state(loaded.state_dir, state)
+        log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
 
 
 def apply_plan(
     loaded: LoadedPlan, runtime: Runtime, log: Callable[[str], None] = print, dry_run: bool = False
 ) -> list[Step]:
     """Apply the plan; returns the steps taken. Raises TritonctlError after rolling back.
+
+    Order: start every new instance (shadows included) and wait until each is warm; then
+    reload in place; then stop what the plan no longer has, replaced instances last to
+    drain. A failed start stops the instances this apply started and touches nothing else.
+    The model repositories on disk always hold the latest applied plan; a running instance
+    keeps what it loaded until it is reloaded or replaced.
 
     A dry run takes no lock and writes nothing: it reads the state and prints the steps.
     """
@@ -124,32 +202,17 @@ def apply_plan(
         launches = {name: launch for name, (_, launch) in rendered.items()}
         _check_ports(loaded, steps, launches, state, health)
         state.cluster, state.plan, state.runtime = plan.cluster, str(loaded.path), runtime.name
-        started: list[InstanceRecord] = []
-        try:
-            for step in steps:
-                if step.action == "start":
-                    folder, launch = rendered[step.instance]
-                    log(f"  starting {step.instance} on {launch.device} (share {launch.share}/{launch.units}) ...")
-                    record = runtime.start(
-                        launch, folder, plan.runtime.host, state_dir / "logs", plan.runtime.startup_timeout_s
-                    )
-                    started.append(record)
-                    state.instances[record.uid] = record
-                    save_state(state_dir, state)
-                    log(f"  ready    {step.instance}: pid {record.pid}, {record.share_mechanism}")
-        except BaseException as exc:
-            for record in started:
-                runtime.stop(record)
-                del state.instances[record.uid]
-            save_state(state_dir, state)
-            if isinstance(exc, StartError):
-                raise TritonctlError(f"apply failed and was rolled back: {exc}", file=loaded.path) from None
-            raise
+        _start_all(loaded, runtime, state, rendered, steps, log)
+        _reload_all(loaded, runtime, state, rendered, steps, log)
         for step in steps:
             if step.action == "stop":
-                log(f"  stopping {step.uid} ({step.reason})")
-                runtime.stop(state.instances.pop(step.uid))
+                record = state.instances[step.uid]
+                began = time.monotonic()
+                log(f"  stopping {record.uid}: {step.reason} ...")
+                runtime.stop(record)
+                del state.instances[step.uid]
                 save_state(state_dir, state)
+                log(f"  stopped  {record.uid} in {time.monotonic() - began:.1f} s")
         return steps
 
 

@@ -32,6 +32,10 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 # outlasts its period's quota waits for the next period (bimodal latency); 10 ms spreads it.
 CFS_PERIOD_US = 10_000
 MIN_QUOTA_US = 1_000  # cgroup v1 refuses cfs_quota_us below 1 ms
+# Batches Triton runs at load (model_warmup) before it reports the model ready: the first
+# runs of an onnxruntime session are slower (allocations, kernel selection), and a swap
+# must not hand traffic to an instance that has not paid for them yet.
+WARMUP_COUNT = 3
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
     trim_blocks=True,
@@ -55,7 +59,8 @@ class Launch:
     env: dict[str, str]
     cpu_quota_us: int | None
     cpu_period_us: int | None
-    config_hash: str
+    config_hash: str  # everything about the instance: any change needs at least a reload
+    process_hash: str  # what the process is started with: a change needs a new process (a swap)
 
 
 @functools.cache
@@ -91,10 +96,15 @@ def render_config(cluster: str, model: PlannedModel, placement: Placement, devic
         backend="onnxruntime" if device.kind == "gpu" else "python",
         triton_types=DTYPES,
         threads=threads_for(device, placement.share) if device.kind == "cpu" else None,
+        warmup_count=WARMUP_COUNT,
     )
 
 
-def launch_for(model: PlannedModel, placement: Placement, device: Device, config: str) -> Launch:
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str) -> Launch:
     env: dict[str, str] = {}
     quota = period = None
     if device.kind == "gpu":
@@ -112,10 +122,10 @@ def launch_for(model: PlannedModel, placement: Placement, device: Device, config
                 f"{MIN_QUOTA_US / period:g} core",
                 field=f"models.{model.name}.placements",
             )
-    # Everything that shapes the running process: a change to any of it replaces the instance.
-    identity = json.dumps(
-        [config, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period], sort_keys=True
-    )
+    # What the process is started with. Batch size and queue delay are left out (the config
+    # rendered at batch 1 without delay): Triton reloads a model with them changed in place.
+    batchless = render_config(cluster, model, placement.model_copy(update={"batch": 1, "queue_delay_us": 0}), device)
+    process = [batchless, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period]
     return Launch(
         instance=placement.instance,
         model=model.name,
@@ -127,7 +137,8 @@ def launch_for(model: PlannedModel, placement: Placement, device: Device, config
         env=env,
         cpu_quota_us=quota,
         cpu_period_us=period,
-        config_hash=hashlib.sha256(identity.encode()).hexdigest()[:16],
+        config_hash=_digest(config, process),
+        process_hash=_digest(process),
     )
 
 
@@ -158,7 +169,7 @@ def render_instance(
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device)
-    launch = launch_for(model, placement, device, config)
+    launch = launch_for(cluster, model, placement, device, config)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / "1"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -36,6 +38,7 @@ class InstanceRecord:
     log: str
     share_mechanism: str
     cgroup: str | None = None
+    process_hash: str = ""  # empty in state files written before in-place reconfiguration existed
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,45 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def load_model(url: str, model: str, timeout_s: float) -> str | None:
+    """Ask Triton (explicit model control) to (re)load `model` from its repository; the error, or None.
+
+    Triton keeps serving the loaded version until the new one is ready (warm-up included),
+    and keeps it when the new one fails to load.
+    """
+    request = urllib.request.Request(f"{url}/v2/repository/models/{model}/load", data=b"{}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        try:
+            return json.loads(exc.read()).get("error", str(exc))
+        except ValueError:
+            return str(exc)
+    except (urllib.error.URLError, OSError) as exc:
+        return f"no answer from {url}: {exc}"
+
+
 class Runtime(Protocol):
     name: str
 
-    def start(self, launch: Launch, folder: Path, host: str, log_dir: Path, timeout_s: float) -> InstanceRecord:
-        """Start the instance and return once its model is ready; raise StartError otherwise."""
+    def start(
+        self,
+        launch: Launch,
+        folder: Path,
+        host: str,
+        log_dir: Path,
+        timeout_s: float,
+        on_spawn: Callable[[InstanceRecord], None] | None = None,
+    ) -> InstanceRecord:
+        """Start the instance and return once its model is loaded and warmed; raise StartError otherwise.
+
+        `on_spawn` is called with the record as soon as the process exists, so a caller can
+        persist it before waiting: a crash during the wait then leaves no unrecorded instance.
+        """
+
+    def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
+        """Reload the running model from its repository (batch or queue delay changed); StartError on failure."""
 
     def stop(self, record: InstanceRecord) -> None:
         """Stop the instance, letting in-flight requests finish first."""

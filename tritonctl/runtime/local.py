@@ -13,11 +13,12 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonctl.render import Launch
 from tritonctl.runtime import share
-from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok
+from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok, load_model
 from tritonctl.runtime.binary import TritonBinary
 
 EXIT_TIMEOUT_S = 10
@@ -102,7 +103,15 @@ class LocalRuntime:
             cmd.append(f"--backend-directory={self.binary.backend_dir}")
         return cmd
 
-    def start(self, launch: Launch, folder: Path, host: str, log_dir: Path, timeout_s: float) -> InstanceRecord:
+    def start(
+        self,
+        launch: Launch,
+        folder: Path,
+        host: str,
+        log_dir: Path,
+        timeout_s: float,
+        on_spawn: Callable[[InstanceRecord], None] | None = None,
+    ) -> InstanceRecord:
         uid = f"{launch.instance}.{launch.config_hash[:8]}.{secrets.token_hex(3)}"  # unique per start
         http_port, metrics_port = free_port(host), free_port(host)
         cgroup = None
@@ -142,6 +151,7 @@ class LocalRuntime:
             share=launch.share,
             units=launch.units,
             config_hash=launch.config_hash,
+            process_hash=launch.process_hash,
             host=host,
             grpc_port=launch.grpc_port,
             http_port=http_port,
@@ -154,6 +164,8 @@ class LocalRuntime:
             cgroup=str(cgroup) if cgroup else None,
         )
         try:
+            if on_spawn is not None:
+                on_spawn(record)
             self._wait_ready(proc, record, timeout_s)
         except BaseException:  # not ready, or interrupted: leave nothing running behind
             self.stop(record)
@@ -184,16 +196,24 @@ class LocalRuntime:
         server = http_ok(f"{base}/health/ready")
         return Health(True, server, server and http_ok(f"{base}/models/{record.model}/ready"))
 
-    def stop(self, record: InstanceRecord) -> None:
-        """SIGTERM the instance's process group (Triton drains in-flight requests), SIGKILL at the deadline.
+    def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
+        error = load_model(f"http://{record.host}:{record.http_port}", record.model, timeout_s)
+        if error is not None:
+            raise StartError(f"{record.instance}: reloading {record.model} failed: {error}")
 
-        Only processes known to be the instance's are signalled: its group while its leader is
-        still the process we started, and whatever remains in its cgroup (backend stubs).
+    def stop(self, record: InstanceRecord) -> None:
+        """Drain and stop the instance: SIGTERM to tritonserver alone, SIGKILL to what is left at the deadline.
+
+        On SIGTERM Triton closes its endpoints (gRPC clients get GOAWAY and reconnect to the
+        other process on the shared port), finishes the requests it holds, then stops its
+        backend stubs itself; signalling the whole group at once would kill the stubs under
+        in-flight requests. Only processes known to be the instance's are signalled: its group
+        while its leader is still the process we started, and whatever remains in its cgroup.
         """
         cgroup = Path(record.cgroup) if record.cgroup else None
         if process_alive(record.pid, record.start_ticks):
             try:
-                os.killpg(record.pid, signal.SIGTERM)
+                os.kill(record.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + EXIT_TIMEOUT_S + 5
