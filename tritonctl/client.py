@@ -60,7 +60,9 @@ class LoadResult:
     duration_s: float
     sent: int = 0
     latencies_ms: list[float] = field(default_factory=list)
+    answered_at_s: list[float] = field(default_factory=list)  # when each answer came, since the start
     errors: list[str] = field(default_factory=list)
+    failed_at_s: list[float] = field(default_factory=list)  # when each error came, since the start
 
     @property
     def ok(self) -> int:
@@ -70,8 +72,12 @@ class LoadResult:
     def throughput(self) -> float:
         return self.ok / self.duration_s
 
-    def percentile(self, q: float) -> float:
-        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+    def percentile(self, q: float, window: tuple[float, float] | None = None) -> float:
+        """The q-th latency percentile, of the requests answered within `window` (seconds since the start) if given."""
+        lat = self.latencies_ms
+        if window is not None:
+            lat = [x for x, t in zip(lat, self.answered_at_s, strict=True) if window[0] <= t <= window[1]]
+        return float(np.percentile(lat, q)) if lat else float("nan")
 
     @property
     def within_slo(self) -> float:
@@ -80,7 +86,7 @@ class LoadResult:
         return sum(1 for lat in self.latencies_ms if lat <= self.slo_ms) / self.sent
 
 
-def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: LoadResult) -> None:
+def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: LoadResult, origin: float) -> None:
     rng = np.random.default_rng(seed)
     data = rng.random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
     lock = threading.Lock()
@@ -93,12 +99,14 @@ def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: L
         outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
 
         def done(sent_at: float, result, error) -> None:  # tritonclient calls back with result=, error=
-            latency = (time.perf_counter() - sent_at) * 1000
+            now = time.perf_counter()
             with lock:
                 if error is None:
-                    out.latencies_ms.append(latency)
+                    out.latencies_ms.append((now - sent_at) * 1000)
+                    out.answered_at_s.append(now - origin)
                 else:
                     out.errors.append(str(error))
+                    out.failed_at_s.append(now - origin)
             outstanding.release()
 
         start = time.perf_counter()
@@ -124,8 +132,11 @@ def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: L
 def run_load(targets: list[Endpoint], duration_s: float, rate_scale: float = 1.0, seed: int = 0) -> list[LoadResult]:
     """Send Poisson traffic to every endpoint at once for `duration_s`; one result per model."""
     results = [LoadResult(t.model, t.slo_ms, duration_s) for t in targets]
+    origin = time.perf_counter()
     threads = [
-        threading.Thread(target=_drive, args=(t, max(t.rate * rate_scale, 0.1), duration_s, seed + i, r), daemon=True)
+        threading.Thread(
+            target=_drive, args=(t, max(t.rate * rate_scale, 0.1), duration_s, seed + i, r, origin), daemon=True
+        )
         for i, (t, r) in enumerate(zip(targets, results, strict=True))
     ]
     for thread in threads:
