@@ -83,8 +83,8 @@ def main() -> None:
             ),
         ),
     ]
-    triton = LocalRuntime(find_tritonserver(plan.runtime.tritonserver))
     loaded = load_plan(base)
+    triton = LocalRuntime(find_tritonserver(plan.runtime.tritonserver), loaded.state_dir)
     down(loaded.state_dir, triton, log=lambda _: None)
     apply_plan(loaded, triton, log=print)
     results: list[LoadResult] = []

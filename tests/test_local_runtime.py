@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -144,6 +146,24 @@ def test_share_change_swaps_only_that_instance(deployment, capsys):
     assert infer(f"127.0.0.1:{alpha_new[0].grpc_port}", "alpha", x).shape == (1, 4)
 
 
+def test_swaps_and_reloads_under_load_lose_no_request(deployment, capsys):
+    """Open-loop traffic to both models while alpha is swapped twice and reloaded: every request answered."""
+    results = []
+    load = threading.Thread(target=lambda: results.extend(run_load(endpoints(load_plan(deployment).plan), 9.0, 4.0)))
+    load.start()
+    share = yaml.safe_load(deployment.read_text())["models"][0]["placements"][0]["share"]
+    for change in ({"share": share - 5}, {"batch": 2}, {"share": share}):
+        time.sleep(1.5)
+        edit_plan(deployment, **change)
+        assert main(["apply", str(deployment)]) == 0
+    load.join()
+    out = capsys.readouterr().out
+    assert out.count("drained") >= 1 and "reloaded alpha-0" in out
+    assert sum(r.sent for r in results) > 100
+    assert [r.errors[:1] for r in results] == [[], []]
+    assert all(r.ok == r.sent for r in results)
+
+
 def test_port_in_use_is_refused_before_anything_starts(tmp_path, capsys):
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
@@ -198,7 +218,7 @@ def test_status_reports_a_dead_instance(tmp_path, capsys):
     plan = tmp_path / "plan.yaml"
     assert main(["plan", str(cluster)]) == 0 and main(["apply", str(plan)]) == 0
     (record,) = state_of(plan).instances.values()
-    LocalRuntime(None).stop(record)  # kill it behind tritonctl's back
+    LocalRuntime(None, tmp_path / "state").stop(record)  # kill it behind tritonctl's back
     capsys.readouterr()
     assert main(["status", str(plan)]) == 1
     assert " dead " in capsys.readouterr().out

@@ -72,19 +72,14 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
     return starts + reloads + keeps + stops
 
 
-def _check_ports(
-    loaded: LoadedPlan, steps: list[Step], launches: dict[str, Launch], state: State, health: dict[str, Health]
-) -> None:
-    """A model port must be free or held by a live instance of the same model (shared by SO_REUSEPORT)."""
+def _check_ports(loaded: LoadedPlan, steps: list[Step], launches: dict[str, Launch], state: State) -> None:
+    """A model port must be free or already the model's address (held by the runtime's router)."""
     host = loaded.plan.runtime.host
     for step in steps:
         if step.action not in ("start", "swap"):
             continue
         launch = launches[step.instance]
-        ours = any(
-            rec.grpc_port == launch.grpc_port and rec.model == launch.model and health[uid].alive
-            for uid, rec in state.instances.items()
-        )
+        ours = any(rec.grpc_port == launch.grpc_port and rec.model == launch.model for rec in state.instances.values())
         if not ours and not port_is_free(host, launch.grpc_port):
             raise TritonctlError(
                 f"port {launch.grpc_port} is in use by another process",
@@ -95,8 +90,8 @@ def _check_ports(
 
 def _steps(
     loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, log: Callable[[str], None]
-) -> tuple[list[Step], dict[str, Health]]:
-    """Check the state belongs to this plan's cluster; log and return the steps and the instances' health."""
+) -> list[Step]:
+    """Check the state belongs to this plan's cluster; log and return the steps."""
     if state.cluster and state.cluster != loaded.plan.cluster:
         raise TritonctlError(
             f"the state folder belongs to cluster {state.cluster!r}, not {loaded.plan.cluster!r}",
@@ -108,7 +103,7 @@ def _steps(
     steps = diff(launches, state.instances, health)
     for step in steps:
         log(f"  {step.action:6} {step.instance:28} {step.reason}")
-    return steps, health
+    return steps
 
 
 def _start_all(
@@ -176,6 +171,18 @@ def _reload_all(
         log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
 
 
+def _route(loaded: LoadedPlan, runtime: Runtime, state: State, steps: list[Step], log: Callable[[str], None]) -> None:
+    """Point every model address at the instances the plan keeps; connections to the others drain."""
+    leaving = {step.uid for step in steps if step.action == "stop"}
+    ports: dict[int, list[InstanceRecord]] = {model.port: [] for model in loaded.plan.models}
+    for uid, record in state.instances.items():
+        ports.setdefault(record.grpc_port, [])
+        if uid not in leaving:
+            ports[record.grpc_port].append(record)
+    for port, records in ports.items():
+        log(f"  switch   {runtime.route(loaded.plan.runtime.host, port, records)}")
+
+
 def apply_plan(
     loaded: LoadedPlan, runtime: Runtime, log: Callable[[str], None] = print, dry_run: bool = False
 ) -> list[Step]:
@@ -190,20 +197,22 @@ def apply_plan(
     A dry run takes no lock and writes nothing: it reads the state and prints the steps.
     """
     if dry_run:
-        return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)[0]
+        return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)
     plan = loaded.plan
     state_dir = loaded.state_dir
     with apply_lock(state_dir):
         state = load_state(state_dir)
         rendered = render(loaded)
-        steps, health = _steps(loaded, runtime, state, rendered, log)
+        steps = _steps(loaded, runtime, state, rendered, log)
         if all(step.action == "keep" for step in steps):
+            _route(loaded, runtime, state, steps, log=lambda _: None)  # heals a router that died
             return steps
         launches = {name: launch for name, (_, launch) in rendered.items()}
-        _check_ports(loaded, steps, launches, state, health)
+        _check_ports(loaded, steps, launches, state)
         state.cluster, state.plan, state.runtime = plan.cluster, str(loaded.path), runtime.name
         _start_all(loaded, runtime, state, rendered, steps, log)
         _reload_all(loaded, runtime, state, rendered, steps, log)
+        _route(loaded, runtime, state, steps, log)
         for step in steps:
             if step.action == "stop":
                 record = state.instances[step.uid]
@@ -221,10 +230,13 @@ def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print) 
     with apply_lock(state_dir):
         state = load_state(state_dir)
         count = len(state.instances)
+        for host, port in sorted({(record.host, record.grpc_port) for record in state.instances.values()}):
+            log(f"  switch   {runtime.route(host, port, [])}")
         for uid in list(state.instances):
             log(f"  stopping {uid}")
             runtime.stop(state.instances.pop(uid))
             save_state(state_dir, state)
+        runtime.shutdown()
         state.cluster = state.plan = ""
         save_state(state_dir, state)
         return count

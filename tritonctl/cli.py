@@ -187,7 +187,7 @@ def _apply(plan_path: Path, dry_run: bool = False) -> None:
             file=loaded.path,
             field="target",
         )
-    runtime = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver))
+    runtime = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     _say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
     if share.mechanism() == "none":
         _say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
@@ -209,7 +209,7 @@ def cmd_status(args) -> int:
     if not state.instances:
         _say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
-    runtime = LocalRuntime(None)
+    runtime = LocalRuntime(None, loaded.state_dir)
     _say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
     _say(
         f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
@@ -236,7 +236,8 @@ def cmd_endpoints(args) -> int:
 
 
 def cmd_down(args) -> int:
-    count = down(load_plan(args.plan).state_dir, LocalRuntime(None), log=_say)
+    state_dir = load_plan(args.plan).state_dir
+    count = down(state_dir, LocalRuntime(None, state_dir), log=_say)
     _say(f"stopped {count} instance(s)")
     return 0
 

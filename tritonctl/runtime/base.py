@@ -39,6 +39,7 @@ class InstanceRecord:
     share_mechanism: str
     cgroup: str | None = None
     process_hash: str = ""  # empty in state files written before in-place reconfiguration existed
+    backend_port: int = 0  # the instance's own gRPC port behind the model's stable `grpc_port` (0: none)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,14 @@ class Runtime(Protocol):
     def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
         """Reload the running model from its repository (batch or queue delay changed); StartError on failure."""
 
+    def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
+        """Send the model address `port` to `records` (none: close it); returns once connections to the
+        instances no longer in the set have drained, with a line saying what moved."""
+
     def stop(self, record: InstanceRecord) -> None:
         """Stop the instance, letting in-flight requests finish first."""
+
+    def shutdown(self) -> None:
+        """Stop what the runtime runs beside the instances, once none is left (the local router)."""
 
     def health(self, record: InstanceRecord) -> Health: ...

@@ -1,27 +1,35 @@
 """Local runtime: one real tritonserver process per instance on this machine.
 
-Each model's gRPC port is shared by all of its replicas (and, during a replacement, by
-old and new instance) through Triton's --reuse-grpc-port, so clients keep one address per
-model. HTTP (health, model control) and metrics ports are per instance.
+Clients keep one address per model: the model's port is served by the router
+(tritonctl/router.py, one process per deployment), which forwards to the gRPC ports of the
+model's instances and drains connections when an instance is replaced. Every instance has
+its own gRPC, HTTP (health, model control) and metrics ports.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from tritonctl.errors import TritonctlError
 from tritonctl.render import Launch
+from tritonctl.router import DRAIN_TIMEOUT_S
 from tritonctl.runtime import share
 from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok, load_model
 from tritonctl.runtime.binary import TritonBinary
 
 EXIT_TIMEOUT_S = 10
+ROUTER_FILE = "router.json"
 
 
 def free_port(host: str) -> int:
@@ -79,19 +87,21 @@ def _log_tail(log: Path, lines: int = 12) -> str:
 class LocalRuntime:
     name = "local"
 
-    def __init__(self, binary: TritonBinary | None):
+    def __init__(self, binary: TritonBinary | None, state_dir: Path):
         """`binary` may be None for a runtime that only probes and stops instances."""
         self.binary = binary
+        self.state_dir = state_dir
 
-    def command(self, launch: Launch, folder: Path, host: str, http_port: int, metrics_port: int) -> list[str]:
+    def command(
+        self, launch: Launch, folder: Path, host: str, grpc_port: int, http_port: int, metrics_port: int
+    ) -> list[str]:
         cmd = [
             str(self.binary.path),
             f"--model-repository={folder / 'models'}",
             "--model-control-mode=explicit",
             f"--load-model={launch.model}",
             f"--grpc-address={host}",
-            f"--grpc-port={launch.grpc_port}",
-            "--reuse-grpc-port=true",
+            f"--grpc-port={grpc_port}",
             f"--http-address={host}",
             f"--http-port={http_port}",
             f"--metrics-address={host}",
@@ -113,7 +123,7 @@ class LocalRuntime:
         on_spawn: Callable[[InstanceRecord], None] | None = None,
     ) -> InstanceRecord:
         uid = f"{launch.instance}.{launch.config_hash[:8]}.{secrets.token_hex(3)}"  # unique per start
-        http_port, metrics_port = free_port(host), free_port(host)
+        grpc_port, http_port, metrics_port = free_port(host), free_port(host), free_port(host)
         cgroup = None
         mechanism = "none"
         if launch.kind == "cpu":
@@ -131,7 +141,7 @@ class LocalRuntime:
         try:
             with log.open("wb") as log_fh:
                 proc = subprocess.Popen(
-                    self.command(launch, folder, host, http_port, metrics_port),
+                    self.command(launch, folder, host, grpc_port, http_port, metrics_port),
                     stdout=log_fh,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -154,6 +164,7 @@ class LocalRuntime:
             process_hash=launch.process_hash,
             host=host,
             grpc_port=launch.grpc_port,
+            backend_port=grpc_port,
             http_port=http_port,
             metrics_port=metrics_port,
             pid=proc.pid,
@@ -227,3 +238,60 @@ class LocalRuntime:
             except ProcessLookupError:
                 pass
         share.remove(cgroup)
+
+    # The router: one per deployment, started on first use, recorded in the state folder.
+
+    def _router_record(self) -> dict | None:
+        """The running router's record, None when it does not run."""
+        try:
+            rec = json.loads((self.state_dir / ROUTER_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return rec if process_alive(rec["pid"], rec["start_ticks"]) else None
+
+    def _router_url(self, host: str) -> str:
+        rec = self._router_record()
+        if rec is None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            (self.state_dir / "logs").mkdir(exist_ok=True)
+            port = free_port(host)
+            with (self.state_dir / "logs" / "router.log").open("ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "tritonctl.router", "--host", host, "--control-port", str(port),
+                     "--routes", str(self.state_dir / "routes.json")],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+            stat = _proc_stat(proc.pid)
+            rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "control_port": port}
+            (self.state_dir / ROUTER_FILE).write_text(json.dumps(rec) + "\n")
+            deadline = time.monotonic() + 10
+            while not http_ok(f"http://{host}:{port}/routes"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise TritonctlError("the router did not start", file=self.state_dir / "logs" / "router.log")
+                time.sleep(0.05)
+        return f"http://{rec['host']}:{rec['control_port']}"
+
+    def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
+        backends = [f"{r.host}:{r.backend_port}" for r in records]
+        request = urllib.request.Request(
+            f"{self._router_url(host)}/routes/{port}", data=json.dumps({"backends": backends}).encode(), method="PUT"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=DRAIN_TIMEOUT_S + 10) as response:
+                done = json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise TritonctlError(f"the router did not take the route for port {port}: {exc}") from None
+        moved = f", drained {done['drained']} connection(s)" if done["drained"] else ""
+        late = f", {done['timed_out']} closed at the drain timeout" if done["timed_out"] else ""
+        return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
+
+    def shutdown(self) -> None:
+        """Stop the router (after `down` closed every route)."""
+        rec = self._router_record()
+        if rec is not None:
+            os.kill(rec["pid"], signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while process_alive(rec["pid"], rec["start_ticks"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        (self.state_dir / ROUTER_FILE).unlink(missing_ok=True)
+        (self.state_dir / "routes.json").unlink(missing_ok=True)

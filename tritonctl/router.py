@@ -1,0 +1,260 @@
+"""The router: one stable gRPC address per model in front of its Triton instances.
+
+Why it exists: on SIGTERM Triton unloads its models first and closes its gRPC endpoint
+last, so requests on a client's open connection to an instance being stopped fail with
+"unknown model" (measured: about 20 per swap at the demo rates with `--reuse-grpc-port`).
+A gRPC client only moves to another server when its connection ends, and Triton offers no
+way to end connections without unloading. The router ends them the HTTP/2 way instead.
+
+It forwards bytes between clients and instances, reading HTTP/2 frame headers (never the
+headers' content) to know which streams (RPCs) are open. Switching a model to new
+backends sends new connections there at once; every connection to a backend that left the
+set is drained: at the next frame boundary the router sends the client a GOAWAY naming the
+last stream it forwarded, drops anything the client opens after it (gRPC clients retry
+such refused streams on a new connection, transparently), waits for the forwarded streams
+to finish and closes. The old instance can then be stopped with nothing in flight.
+
+Run as `python -m tritonctl.router --host H --control-port P --routes FILE`; the control
+endpoint (HTTP on H:P) takes `PUT /routes/<port>` with {"backends": ["host:port", ...]}
+and answers once the connections to removed backends have drained, with what it did.
+Routes are saved to FILE, so a restarted router serves the same addresses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import signal
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HEADER = struct.Struct(">I B I")  # length (24 bits) and type packed in the first 4 bytes, flags, stream id
+DATA, HEADERS, RST_STREAM, GOAWAY = 0x0, 0x1, 0x3, 0x7
+END_STREAM = 0x1
+DRAIN_TIMEOUT_S = 30.0
+
+
+def parse_header(raw: bytes) -> tuple[int, int, int, int]:
+    """(payload length, type, flags, stream id) of a 9-byte HTTP/2 frame header."""
+    length_type, flags, stream = HEADER.unpack(raw)
+    return length_type >> 8, length_type & 0xFF, flags, stream & 0x7FFFFFFF
+
+
+def goaway_frame(last_stream: int) -> bytes:
+    """A GOAWAY (NO_ERROR) telling the client that streams above `last_stream` were not processed."""
+    return HEADER.pack((8 << 8) | GOAWAY, 0, 0) + struct.pack(">II", last_stream, 0)
+
+
+@dataclass(eq=False)
+class Connection:
+    """One client connection and its backend connection."""
+
+    backend: str
+    client_w: asyncio.StreamWriter
+    backend_w: asyncio.StreamWriter
+    open_streams: set[int] = field(default_factory=set)
+    max_stream: int = 0
+    last_stream: int | None = None  # set once a GOAWAY went out: streams above it are dropped
+    server_started: asyncio.Event = field(default_factory=asyncio.Event)  # the server's preface went out
+    to_client: asyncio.Lock = field(default_factory=asyncio.Lock)  # frames to the client go out whole
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def settle(self) -> None:
+        if self.last_stream is not None and not self.open_streams:
+            self.drained.set()
+
+
+async def _pump(coroutine) -> None:
+    """Run one direction of a connection; a closed or reset side just ends it."""
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, OSError):
+        await coroutine
+
+
+async def _frames(reader: asyncio.StreamReader):
+    while True:
+        head = await reader.readexactly(9)
+        length, ftype, flags, stream = parse_header(head)
+        yield head + await reader.readexactly(length), ftype, flags, stream
+
+
+async def _client_to_backend(conn: Connection, reader: asyncio.StreamReader) -> None:
+    conn.backend_w.write(await reader.readexactly(len(PREFACE)))
+    async for frame, ftype, _, stream in _frames(reader):
+        if conn.last_stream is not None and stream > conn.last_stream:
+            continue  # opened after our GOAWAY: refused, the client retries it elsewhere
+        if ftype == HEADERS and stream not in conn.open_streams and stream > conn.max_stream:
+            conn.open_streams.add(stream)
+            conn.max_stream = stream
+        elif ftype == RST_STREAM:
+            conn.open_streams.discard(stream)
+            conn.settle()
+        conn.backend_w.write(frame)
+        await conn.backend_w.drain()
+
+
+async def _backend_to_client(conn: Connection, reader: asyncio.StreamReader) -> None:
+    async for frame, ftype, flags, stream in _frames(reader):
+        async with conn.to_client:
+            conn.client_w.write(frame)
+            await conn.client_w.drain()
+        conn.server_started.set()
+        if (ftype in (DATA, HEADERS) and flags & END_STREAM) or ftype == RST_STREAM:
+            conn.open_streams.discard(stream)
+            conn.settle()
+
+
+async def drain(conn: Connection, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+    """GOAWAY the client, wait for its forwarded streams to finish, close; whether it finished in time."""
+    await conn.server_started.wait()
+    async with conn.to_client:
+        conn.last_stream = conn.max_stream
+        conn.client_w.write(goaway_frame(conn.last_stream))
+        await conn.client_w.drain()
+    conn.settle()
+    try:
+        await asyncio.wait_for(conn.drained.wait(), timeout_s)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        conn.client_w.close()
+        conn.backend_w.close()
+
+
+@dataclass(eq=False)
+class Route:
+    port: int
+    backends: list[str]
+    connections: set[Connection] = field(default_factory=set)
+    server: asyncio.Server | None = None
+    turn: itertools.count = field(default_factory=itertools.count)
+
+    def pick(self) -> str | None:
+        return self.backends[next(self.turn) % len(self.backends)] if self.backends else None
+
+
+class Router:
+    def __init__(self, host: str, routes_file: Path):
+        self.host = host
+        self.routes_file = routes_file
+        self.routes: dict[int, Route] = {}
+
+    async def restore(self) -> None:
+        if self.routes_file.exists():
+            for port, backends in json.loads(self.routes_file.read_text()).items():
+                await self.set_backends(int(port), backends)
+
+    def _save(self) -> None:
+        tmp = self.routes_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({str(p): r.backends for p, r in sorted(self.routes.items())}, indent=2))
+        tmp.replace(self.routes_file)
+
+    async def _serve(self, route: Route, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        backend = route.pick()
+        if backend is None:
+            client_w.close()
+            return
+        host, port = backend.rsplit(":", 1)
+        try:
+            backend_r, backend_w = await asyncio.open_connection(host, int(port))
+        except OSError:
+            client_w.close()
+            return
+        conn = Connection(backend, client_w, backend_w)
+        route.connections.add(conn)
+        pumps = [
+            asyncio.create_task(_pump(_client_to_backend(conn, client_r))),
+            asyncio.create_task(_pump(_backend_to_client(conn, backend_r))),
+        ]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in pumps:
+                task.cancel()
+            route.connections.discard(conn)
+            conn.open_streams.clear()
+            conn.drained.set()
+            client_w.close()
+            backend_w.close()
+
+    async def set_backends(self, port: int, backends: list[str]) -> dict:
+        """Route `port` to `backends` (none: close the listener); drain connections to removed ones."""
+        route = self.routes.get(port)
+        if route is None:
+            route = self.routes[port] = Route(port, [])
+            route.server = await asyncio.start_server(
+                lambda r, w: self._serve(route, r, w), self.host, port, reuse_address=True
+            )
+        removed = set(route.backends) - set(backends)
+        route.backends = list(backends)
+        leaving = [c for c in route.connections if c.backend in removed]
+        if not backends:
+            route.server.close()
+            del self.routes[port]
+        self._save()
+        results = await asyncio.gather(*(drain(c) for c in leaving))
+        return {"port": port, "backends": backends, "drained": sum(results), "timed_out": len(results) - sum(results)}
+
+    def describe(self) -> dict:
+        return {
+            str(p): {"backends": r.backends, "connections": [c.backend for c in r.connections]}
+            for p, r in sorted(self.routes.items())
+        }
+
+    async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A minimal HTTP/1.1 control endpoint: GET /routes, PUT /routes/<port>."""
+        try:
+            request = (await reader.readline()).decode().split()
+            headers = {}
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                key, _, value = line.decode().partition(":")
+                headers[key.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(headers.get("content-length", 0)))
+            method, path = request[0], request[1]
+            if method == "GET" and path == "/routes":
+                status, answer = 200, self.describe()
+            elif method == "PUT" and path.startswith("/routes/"):
+                status, answer = 200, await self.set_backends(int(path.split("/")[2]), json.loads(body)["backends"])
+            else:
+                status, answer = 404, {"error": f"no such endpoint: {method} {path}"}
+        except (ValueError, KeyError, IndexError, OSError) as exc:
+            status, answer = 400, {"error": str(exc)}
+        payload = json.dumps(answer).encode()
+        writer.write(
+            f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            f"Connection: close\r\n\r\n".encode()
+            + payload
+        )
+        with contextlib.suppress(OSError):
+            await writer.drain()
+        writer.close()
+
+
+async def run(host: str, control_port: int, routes_file: Path) -> None:
+    router = Router(host, routes_file)
+    await router.restore()
+    control = await asyncio.start_server(router.control, host, control_port, reuse_address=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with control:
+        await stop.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="tritonctl's per-model gRPC router (started by `tritonctl apply`)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--control-port", type=int, required=True)
+    parser.add_argument("--routes", type=Path, required=True, help="routes file (read at start, written on change)")
+    args = parser.parse_args()
+    asyncio.run(run(args.host, args.control_port, args.routes))
+
+
+if __name__ == "__main__":
+    main()
