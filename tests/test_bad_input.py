@@ -160,3 +160,19 @@ def test_hand_edited_plan_is_validated(capsys, mlp_cluster):
     edit(plan, lambda d: d["models"][0]["placements"][0].update(device="gpu7"))
     rc, err = run_cli(capsys, "apply", str(plan))
     assert rc == 2 and "unknown device 'gpu7'" in err
+
+
+def test_strict_refuses_a_plan_predicted_to_miss_an_slo(capsys, mlp_cluster, tmp_path):
+    """A placement the latency model predicts to miss its SLO is stated in the plan; --strict refuses it."""
+    from synthetic import synthetic_dataset
+
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    edit(mlp_cluster, lambda d: d["models"][0].update(rate=600, slo_ms=150))
+    lm = str(tmp_path / "profile" / "latency-model.json")
+    rc, err = run_cli(capsys, "plan", "--strict", "--policy", "search", "--latency-model", lm, str(mlp_cluster))
+    assert rc == 2 and "cannot serve every model within its SLO" in err and "requests/s within 150 ms" in err
+    rc, err = run_cli(capsys, "plan", "--policy", "search", "--latency-model", lm, str(mlp_cluster))
+    plan = yaml.safe_load((mlp_cluster.parent / "plan.yaml").read_text())
+    alpha = next(m for m in plan["models"] if m["name"] == "alpha")["placements"][0]["predicted"]
+    assert rc == 0 and not alpha["meets_slo"] and alpha["in_slo_rps"] < 600

@@ -8,7 +8,7 @@ from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError, PolicyLimit
-from tritonctl.policies.bda import MAX_BATCH, _constraints, bda, bda_policy, queue_delay_us
+from tritonctl.policies.bda import MAX_BATCH, bda, bda_policy, broken_constraint, queue_delay_us
 from tritonctl.policies.optimal import optimal
 
 
@@ -29,7 +29,7 @@ def brute_force(name, demands, lm, devices, batches):
     ok = [
         b
         for b in range(1, MAX_BATCH + 1)
-        if _constraints(name, b, PLACEMENT, {d.name: d for d in demands}, batches, {d.id: d for d in devices}, lm)
+        if broken_constraint(name, b, PLACEMENT, {d.name: d for d in demands}, batches, {d.id: d for d in devices}, lm)
         is None
     ]
     return max(ok) if ok else None

@@ -46,13 +46,17 @@ class Prediction(_Strict):
     """What the fitted latency model expects of a placement (absent without one).
 
     exec_ms: one batch next to its co-runners; latency_ms: p99 task latency with queueing
-    (InSS eq. 2) at the model's rate, None when that rate overloads the placement.
+    (InSS eq. 2) at the model's rate, None when that rate overloads the placement;
+    meets_slo: that p99 is within the SLO; in_slo_rps: of the requests/s planned for this
+    placement, how many are predicted to finish within the SLO (`queueing.goodput`; below the
+    rate where the placement serves the model only in part).
     """
 
     exec_ms: float
     latency_ms: float | None = None
     throughput_rps: float
     meets_slo: bool
+    in_slo_rps: float | None = None
 
 
 class Placement(_Strict):
@@ -112,7 +116,8 @@ class RuntimeSettings(_Strict):
 class Plan(_Strict):
     """`sharing`: spatial, each device split into shares that add up to at most its units (MPS,
     CPU quotas); temporal, every instance gets the whole device and instances on one device
-    take turns (no spatial sharing, the baseline of InSS section 6)."""
+    take turns (no spatial sharing, the baseline of InSS section 6). `turns`: the devices of a
+    spatial plan that are shared in turns all the same (a policy may choose per device)."""
 
     version: Literal[1] = PLAN_VERSION
     cluster: str
@@ -123,11 +128,19 @@ class Plan(_Strict):
     devices: list[Device] = Field(min_length=1)
     models: list[PlannedModel] = Field(min_length=1)
     unserved: list[Unserved] = Field(default_factory=list)
+    turns: list[str] = Field(default_factory=list)
     runtime: RuntimeSettings
+
+    def takes_turns(self, device_id: str) -> bool:
+        """Whether the instances on this device take turns with all of it (rather than splitting it)."""
+        return self.sharing == "temporal" or device_id in self.turns
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
         devices = {d.id: d for d in self.devices}
+        for device_id in self.turns:
+            if device_id not in devices:
+                raise ValueError(f"turns: unknown device {device_id!r}")
         for device in self.devices:
             if device.kind == "cpu" and not device.cores:
                 raise ValueError(f"device {device.id}: a cpu device needs `cores`")
@@ -145,16 +158,14 @@ class Plan(_Strict):
                     raise ValueError(f"instance name {placement.instance!r} appears twice")
                 instances.add(placement.instance)
                 units = devices[placement.device].units
-                if self.sharing == "temporal" and placement.share != units:
+                if self.takes_turns(placement.device) and placement.share != units:
                     raise ValueError(
-                        f"instance {placement.instance!r}: a temporal plan gives every instance the whole "
+                        f"instance {placement.instance!r}: a device taken in turns gives every instance the whole "
                         f"device ({units} units), not {placement.share}"
                     )
                 used[placement.device] = used.get(placement.device, 0) + placement.share
-        if self.sharing == "temporal":
-            return self
         for device_id, total in used.items():
-            if total > devices[device_id].units:
+            if not self.takes_turns(device_id) and total > devices[device_id].units:
                 raise ValueError(f"device {device_id}: shares add up to {total} of {devices[device_id].units} units")
         return self
 

@@ -10,7 +10,7 @@ from profiler.device import cpu_fingerprint
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import task_latency
+from tritonctl.latency.queueing import goodput, task_latency
 from tritonctl.plan import (
     Device,
     Placement,
@@ -91,19 +91,24 @@ def check_latency_model(
 
 
 def predict(
-    plan_models: list[PlannedModel], lm: LatencyModel, log: Callable[[str], None], sharing: str = "spatial"
+    plan_models: list[PlannedModel],
+    lm: LatencyModel,
+    log: Callable[[str], None],
+    sharing: str = "spatial",
+    turns: frozenset[str] = frozenset(),
 ) -> list[PlannedModel]:
     """The plan's models with a prediction on every placement, given everything else on its device.
 
     Spatial sharing: the batch runs next to its co-runners (interference), queueing by eq. 2.
-    Temporal sharing: instances on a device take turns with the whole device, so a batch
+    Temporal sharing (the plan's, or a device's in `turns`): instances on a device take turns
+    with the whole device, so a batch
     runs alone but waits for one round of the others (the duty cycle d): latency is bounded
     by d + t_inf and throughput is b / d (Nexus's squishy bin packing).
     """
     placed = [(m, p) for m in plan_models for p in m.placements]
     duty: dict[str, float] = {}
-    if sharing == "temporal":  # every share is the whole device
-        for m, p in placed:
+    for m, p in placed:  # devices taken in turns: every share is the whole device
+        if sharing == "temporal" or p.device in turns:
             duty[p.device] = duty.get(p.device, 0.0) + lm.t_inf(m.name, p.batch, p.share)
     out = []
     for model in plan_models:
@@ -116,17 +121,19 @@ def predict(
                     f"(batch {fitted.batch_range}, share {fitted.share_range}); the prediction extrapolates"
                 )
             rate = model.rate_of(p)
-            if sharing == "temporal":
+            if p.device in duty:
                 exec_ms = lm.t_inf(model.name, p.batch, p.share)
                 cycle = duty[p.device]
                 throughput = 1000 * p.batch / cycle
                 latency = cycle + exec_ms if rate <= throughput else None
+                in_slo = rate if latency is not None and latency <= model.slo_ms else 0.0
             else:
                 corunners = tuple((m.name, q.share, q.batch) for m, q in placed if q.device == p.device and q is not p)
                 exec_ms = lm.t_inf(model.name, p.batch, p.share, corunners)
                 task = task_latency(rate, p.batch, exec_ms)
                 throughput = 1000 * p.batch / exec_ms
                 latency = task.p99_ms if task.stable else None
+                in_slo = goodput(rate, p.batch, exec_ms, model.slo_ms)
             placements.append(
                 p.model_copy(
                     update={
@@ -135,6 +142,7 @@ def predict(
                             latency_ms=None if latency is None else round(latency, 3),
                             throughput_rps=round(throughput, 2),
                             meets_slo=latency is not None and latency <= model.slo_ms,
+                            in_slo_rps=round(min(rate, in_slo), 2),
                         )
                     }
                 )
@@ -170,7 +178,8 @@ def unservable(demand: Demand, devices: list[Device], lm: LatencyModel | None) -
 def place(
     policy: str, demands: list[Demand], devices: list[Device], lm: LatencyModel | None
 ) -> tuple[dict[str, list[Choice]], dict[str, str]]:
-    """Run the policy; while it finds no plan, shed the model with the most work (rate x latency) and retry.
+    """Run the policy; while it finds no plan, shed the models it names (else the one with the most work,
+    rate x latency) and retry.
 
     Returns the placements and, for every shed model, why it is not served.
     """
@@ -184,9 +193,10 @@ def place(
             if len(remaining) == 1:
                 unserved[remaining[0].name] = str(exc)
                 return {}, unserved
-            heaviest = max(remaining, key=lambda d: (_work(d, lm), d.name))
-            unserved[heaviest.name] = f"the devices cannot carry it beside the others ({policy}: {exc})"
-            remaining.remove(heaviest)
+            named = [d for d in remaining if d.name in exc.shed]
+            for demand in named or [max(remaining, key=lambda d: (_work(d, lm), d.name))]:
+                unserved[demand.name] = f"the devices cannot carry it beside the others ({policy}: {exc})"
+                remaining.remove(demand)
             continue
         return choices, unserved
     return {}, unserved
@@ -211,7 +221,8 @@ def make_plan(
     """Run `policy` on the cluster and return the plan to be saved at `plan_path`.
 
     Models that cannot be served are left out of the plan and listed in its `unserved`
-    with the reason; with `strict`, any such model is an error instead.
+    with the reason; placements predicted to miss their SLO (partial service) say so in
+    their prediction and in a warning. With `strict`, either is an error instead.
     """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -276,12 +287,29 @@ def make_plan(
             )
         )
     sharing = POLICIES[policy].sharing
+    turns = sorted({c.device for cs in choices.values() for c in cs if c.turns}) if sharing == "spatial" else []
     if lm is not None:
-        planned = predict(planned, lm, log, sharing)
+        planned = predict(planned, lm, log, sharing, frozenset(turns))
+        misses = [(m, p) for m in planned for p in m.placements if not p.predicted.meets_slo]
+        if strict and misses:
+            fields = {m.name: f"models[{i}]" for i, m in enumerate(cluster.spec.models)}
+            raise TritonctlError(
+                "cannot serve every model within its SLO"
+                + "".join(
+                    f"\n  {fields[m.name]} {p.instance}: predicted {p.predicted.in_slo_rps:g} of {m.rate_of(p):g} "
+                    f"requests/s within {m.slo_ms:g} ms"
+                    for m, p in misses
+                ),
+                file=cluster.path,
+                field="models",
+            )
         for m in planned:
             for p in m.placements:
                 if not p.predicted.meets_slo:
-                    log(f"WARNING: {p.instance}: predicted to miss its SLO ({policy} trusts another estimate)")
+                    log(
+                        f"WARNING: {p.instance}: predicted to miss its SLO: {p.predicted.in_slo_rps:g} of "
+                        f"{m.rate_of(p):g} requests/s within {m.slo_ms:g} ms"
+                    )
     return Plan(
         cluster=cluster.spec.name,
         cluster_file=relative_to(cluster.path, base),
@@ -291,6 +319,7 @@ def make_plan(
         devices=devices,
         models=planned,
         unserved=[Unserved(name=n, reason=why) for n, why in unserved.items()],
+        turns=turns,
         runtime=RuntimeSettings(
             repository_dir=relative_to(cluster.resolve(runtime.repository_dir), base),
             state_dir=relative_to(cluster.resolve(runtime.state_dir), base),

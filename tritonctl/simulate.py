@@ -4,8 +4,9 @@ Every instance sits behind Triton's dynamic batcher: a batch starts as soon as i
 is free and either `batch` requests wait or the oldest has waited the queue delay; it then
 takes what is queued, up to `batch`. Under spatial sharing each instance has its own
 executor and a batch's execution time comes from the fitted latency model next to
-whichever co-runners on the device are busy when it starts; under temporal sharing the
-instances of a device share one executor, take turns and run alone with the whole device.
+whichever co-runners on the device are busy when it starts; under temporal sharing (the
+whole plan, or the devices it lists under `turns`) the instances of a device share one
+executor, take turns and run alone with the whole device.
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served. Requests still queued when the simulated time ends count as arrived
 but neither served nor dropped, so an overloaded plan shows its real throughput.
@@ -25,6 +26,7 @@ import bisect
 import csv
 import heapq
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,11 +141,13 @@ def _next_start(inst: _Instance) -> float | None:
 
 
 def _arrivals(
-    plan: Plan, duration_s: float, rate_scale: float, trace: dict[str, np.ndarray] | None, rng: np.random.Generator
+    plan: Plan, duration_s: float, rate_scale: float, trace: dict[str, np.ndarray] | None, seed: int
 ) -> dict[str, list[np.ndarray]]:
     """Each model's arrivals (ms), dealt to its replicas at random in proportion to their weights."""
     out = {}
     for model in plan.models:
+        # one stream per model, named by it: every plan of a cluster sees the same arrivals (common random numbers)
+        rng = np.random.default_rng([seed, zlib.crc32(model.name.encode())])
         if trace is None:
             times = poisson_arrivals(model.rate * rate_scale, duration_s, rng)
         else:
@@ -166,14 +170,12 @@ def simulate(
 ) -> SimResult:
     """Poisson traffic at each model's rate (or the `trace`) for `duration_s`."""
     started = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    arrivals = _arrivals(plan, duration_s, rate_scale, trace, rng)
-    temporal = plan.sharing == "temporal"
+    arrivals = _arrivals(plan, duration_s, rate_scale, trace, seed)
     shared = {d.id: _Executor() for d in plan.devices}
     instances: list[_Instance] = []
     for model in plan.models:
         for k, p in enumerate(model.placements):
-            executor = shared[p.device] if temporal else _Executor()
+            executor = shared[p.device] if plan.takes_turns(p.device) else _Executor()
             instances.append(
                 _Instance(
                     model.name,
@@ -205,7 +207,7 @@ def simulate(
         take = min(inst.batch, bisect.bisect_right(inst.times, start, head) - head)
         busy = (
             ()
-            if temporal
+            if inst.executor is shared[inst.device]
             else tuple(
                 sorted(
                     (o.model, o.share, o.executor.running[1])

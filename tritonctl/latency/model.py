@@ -99,6 +99,7 @@ class LatencyModel:
         self.meta = meta
         self._lwr = {name: self._make_lwr(p) for name, p in models.items()}
         self._table = {name: self._build_table(name) for name in models}
+        self._contention: dict[tuple[int, tuple[int, ...]], float] = {}  # (share, co-runners' shares) -> contention
 
     # ---- construction -------------------------------------------------------------------
     @staticmethod
@@ -168,7 +169,13 @@ class LatencyModel:
         """
         if self.device.kind != "cpu":
             return 0.0
+        key = (share, tuple(sorted(s for _, s, _ in corunners)))
+        cached = self._contention.get(key)
+        if cached is None:
+            cached = self._contention[key] = self._contention_of(share, key[1])
+        return cached
 
+    def _contention_of(self, share: int, shares: tuple[int, ...]) -> float:
         def threads_and_duty(s: int) -> tuple[int, float]:
             cores = s / self.device.units * self.device.cores
             threads = threads_for_cores(cores)
@@ -176,7 +183,7 @@ class LatencyModel:
 
         threads, duty = threads_and_duty(share)
         runnable = np.array([1.0])  # distribution of the number of co-runner threads wanting a core
-        for _, s, _ in corunners:
+        for s in shares:
             t, u = threads_and_duty(s)
             for _ in range(t):
                 runnable = np.convolve(runnable, [1 - u, u])

@@ -15,6 +15,8 @@ answer scales: with time measured in units of t_inf, latency depends only on the
 the load rho = rate * t_inf / b, so T = t_inf * F_b(rho). For each batch, F_b is sampled
 once on a grid of loads and interpolated; what is tabulated is rho * F_b(rho), which stays
 finite as rho -> 0 where waiting for a batch to fill dominates (T ~ (b - 1) / rate).
+Besides mean and p99 the table keeps a ladder of quantiles, so that `in_slo` can say which
+part of the tasks finish within an SLO, and `goodput` how many requests per second do.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 SAMPLE_TASKS = 2000
+OVERLOAD_LOSS = 0.05  # see `goodput`
 # Loads at which F_b is sampled: log-spaced, denser towards saturation where F_b is steep.
 _LOADS = np.unique(np.concatenate([np.geomspace(1e-3, 0.9, 240), 1 - np.geomspace(0.1, 2e-3, 80)]))
+# Quantile levels of the latency distribution kept per load, for the share of tasks within an SLO.
+LEVELS = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0])
 
 
 @functools.lru_cache(maxsize=8)
@@ -50,14 +55,8 @@ class TaskLatency:
     stable: bool  # False when the arrival rate exceeds what batches of b can serve
 
 
-def sample_task_latency(
-    rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks: int = SAMPLE_TASKS
-) -> TaskLatency:
-    """Mean and p99 task latency under Poisson arrivals at `rate` (requests/s), by eq. 2 on a sample."""
-    if rate <= 0:
-        return TaskLatency(t_inf_ms, t_inf_ms, True)
-    if rate * t_inf_ms / 1000.0 >= batch:
-        return TaskLatency(math.inf, math.inf, False)
+def sample_latencies(rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks: int = SAMPLE_TASKS) -> np.ndarray:
+    """Task latencies (ms) of a seeded Poisson arrival sequence at `rate` by eq. 2 (the load must be below 1)."""
     arrivals = _unit_arrivals(seed, tasks) * (1000.0 / rate)  # ms
     # The batch server: batch k holds tasks [k*b, (k+1)*b) and starts when its last task has
     # arrived and the previous batch is done: end_k = max(end_{k-1}, A_k) + t, whose closed
@@ -73,15 +72,29 @@ def sample_task_latency(
     last = np.searchsorted(starts, arrivals - 1e-9 * t_inf_ms, side="left") - 1
     exec_left = np.where(last >= 0, np.maximum(0.0, ends[np.maximum(last, 0)] - arrivals), 0.0)
     queued = np.maximum(0, np.arange(tasks) - (last + 1) * batch)
-    latencies = eq2(queued + 1, batch, t_inf_ms, exec_left, rate)
+    return eq2(queued + 1, batch, t_inf_ms, exec_left, rate)
+
+
+def sample_task_latency(
+    rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks: int = SAMPLE_TASKS
+) -> TaskLatency:
+    """Mean and p99 task latency under Poisson arrivals at `rate` (requests/s), by eq. 2 on a sample."""
+    if rate <= 0:
+        return TaskLatency(t_inf_ms, t_inf_ms, True)
+    if rate * t_inf_ms / 1000.0 >= batch:
+        return TaskLatency(math.inf, math.inf, False)
+    latencies = sample_latencies(rate, batch, t_inf_ms, seed, tasks)
     return TaskLatency(float(latencies.mean()), float(np.percentile(latencies, 99)), True)
 
 
 @functools.lru_cache(maxsize=64)
-def _table(batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """rho * F_b(rho) for the mean and the p99 at every load of `_LOADS` (t_inf = 1 ms)."""
-    samples = [sample_task_latency(rho * batch * 1000.0, batch, 1.0) for rho in _LOADS]
-    return _LOADS * [s.mean_ms for s in samples], _LOADS * [s.p99_ms for s in samples]
+def _table(batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """rho * F_b(rho) for the mean, the p99 and every quantile of LEVELS at every load of `_LOADS` (t_inf = 1 ms)."""
+    samples = [sample_latencies(rho * batch * 1000.0, batch, 1.0) for rho in _LOADS]
+    mean = _LOADS * np.array([x.mean() for x in samples])
+    p99 = _LOADS * np.array([np.percentile(x, 99) for x in samples])
+    quantiles = _LOADS[:, None] * np.array([np.quantile(x, LEVELS) for x in samples])
+    return mean, p99, quantiles
 
 
 def task_latency(rate: float, batch: int, t_inf_ms: float) -> TaskLatency:
@@ -92,6 +105,41 @@ def task_latency(rate: float, batch: int, t_inf_ms: float) -> TaskLatency:
         return TaskLatency(math.inf, math.inf, False)
     if not _LOADS[0] <= rho <= _LOADS[-1]:  # nearly idle or nearly saturated: sample it
         return sample_task_latency(rate, batch, t_inf_ms)
-    mean, p99 = _table(batch)
+    mean, p99, _ = _table(batch)
     scale = t_inf_ms / rho
     return TaskLatency(float(np.interp(rho, _LOADS, mean)) * scale, float(np.interp(rho, _LOADS, p99)) * scale, True)
+
+
+def in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
+    """The share of tasks whose latency by eq. 2 is within `slo_ms`, under Poisson arrivals at `rate`
+    (0 when the rate overloads batches of this size; see `goodput` for what is served then)."""
+    if rate <= 0:
+        return 1.0 if t_inf_ms <= slo_ms else 0.0
+    rho = rate * t_inf_ms / (1000.0 * batch)
+    if rho >= 1:
+        return 0.0
+    if not _LOADS[0] <= rho <= _LOADS[-1]:
+        return float((sample_latencies(rate, batch, t_inf_ms) <= slo_ms).mean())
+    *_, quantiles = _table(batch)
+    i = min(int(np.searchsorted(_LOADS, rho, side="right")) - 1, len(_LOADS) - 2)
+    w = (rho - _LOADS[i]) / (_LOADS[i + 1] - _LOADS[i])
+    ladder = ((1 - w) * quantiles[i] + w * quantiles[i + 1]) * (t_inf_ms / rho)
+    return float(np.interp(slo_ms, ladder, LEVELS, left=0.0, right=1.0))
+
+
+def goodput(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
+    """Requests per second served within `slo_ms` by one instance at `rate`, batch `batch`, t_inf `t_inf_ms`.
+
+    The larger of two estimates. Every task served in its turn: the rate times the share
+    within the SLO (`in_slo`, 0 once the rate overloads the batches). Requests that can no
+    longer make their SLO rejected (Triton's queue timeout, the simulator's --drop): the
+    instance serves full batches back to back, b / t_inf per second, as long as a request
+    may wait at least one batch's time (SLO - t_inf >= t_inf), less OVERLOAD_LOSS for the
+    batches that leave short or late near saturation.
+    """
+    if t_inf_ms > slo_ms:
+        return 0.0
+    capacity = 1000.0 * batch / t_inf_ms
+    served = rate * in_slo(rate, batch, t_inf_ms, slo_ms)
+    rejecting = (1 - OVERLOAD_LOSS) * min(rate, capacity) * min(1.0, (slo_ms - t_inf_ms) / t_inf_ms)
+    return max(served, rejecting)

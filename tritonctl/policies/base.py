@@ -28,10 +28,16 @@ class Choice:
     batch: int = 1
     queue_delay_us: int = 0
     weight: float = 1.0  # the part of the model's traffic this replica is sized for, relative to its others
+    turns: bool = False  # takes turns with the device's other `turns` replicas, each with all of it (share = units)
 
 
 class PlacementError(Exception):
-    """The policy found no placement that fits; the message says why."""
+    """The policy found no placement that fits; the message says why, `shed` which models to leave out
+    (empty: the planner picks the model with the most work)."""
+
+    def __init__(self, message: str, shed: list[str] | tuple[str, ...] = ()):
+        super().__init__(message)
+        self.shed = tuple(shed)
 
 
 class PolicyLimit(Exception):

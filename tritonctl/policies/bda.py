@@ -29,7 +29,7 @@ class BatchDecision:
     infeasible: dict[str, str]  # model -> which constraint failed, for the ones without a batch
 
 
-def _constraints(
+def broken_constraint(
     name: str,
     batch: int,
     placement: dict[str, Choice],
@@ -65,7 +65,7 @@ def bda(placement: dict[str, Choice], demands: list[Demand], devices: list[Devic
         low, high, found, reason = 1, MAX_BATCH, None, ""
         while low <= high:
             mid = (low + high) // 2
-            broken = _constraints(demand.name, mid, placement, by_name, batches, by_id, lm)
+            broken = broken_constraint(demand.name, mid, placement, by_name, batches, by_id, lm)
             if broken in ("memory", "slo"):
                 high, reason = mid - 1, broken
             elif broken == "rate":

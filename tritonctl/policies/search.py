@@ -2,12 +2,29 @@
 
 InSS decides placement and shares with a trained SAC-Discrete agent and batch sizes with
 BDA. Until that agent exists (the `inss` policy), this policy searches the same space
-directly: from a few starting placements (LPT by work, spread) it climbs, taking the best neighbour each round
-- move 5, 10 or 25 units of share between two models on a device, move a model to another
-device, or swap two models across devices - judged by BDA (exact for a fixed placement):
-first fewer models without a feasible batch, then how close those come to one, then more
-total throughput sum b / t_inf (problem (1)). It stops at a local optimum or after `MAX_EVALUATIONS` placements judged
-(a count, not a clock, so that a plan does not depend on the machine's speed).
+directly, widened by one choice per device: split it into shares (spatial sharing, MPS or
+CPU quotas) or let its models take turns with all of it (temporal sharing, the duty cycles
+of `timesharing`). On a device whose share buys few distinct speeds - a 2-core CPU, where a
+quota gives one thread up to 1.4 cores and two from 1.5 - taking turns can serve two models
+that no split can; elsewhere splitting wins. Every plan of `spread` and `time-sharing`
+(without replicas) is a point of this space, and both are among the starting points.
+
+From the starts (LPT by work, spread, time-sharing, everything alone where it fits) it
+climbs, taking the best neighbour each round: move 5, 10 or 25 units of share between two
+models on a device, move a model to another device, swap two models across devices, or
+switch a device between splitting and taking turns. Batches come from BDA on split devices
+(exact for a fixed placement) and from the duty cycle on shared-in-turn ones; a model BDA
+finds no feasible batch for keeps the batch that serves most of its requests within the
+SLO on that placement (partial service, stated in the plan as a predicted miss) instead of
+being dropped from the plan. A placement is judged by its predicted goodput first -
+requests per second within their SLOs, `queueing.goodput` per model - and by total
+throughput sum b / t_inf (problem (1)) where goodputs tie. Judging by goodput rather than by
+the number of models BDA can serve fully matters when the devices cannot carry every
+model: a plan that serves a heavy model at 90% beats one that leaves it out. A model that
+no placement serves at all is left to the planner to shed.
+
+It stops at a local optimum or after `MAX_EVALUATIONS` placements judged (a count, not a
+clock, so that a plan does not depend on the machine's speed).
 """
 
 from __future__ import annotations
@@ -15,17 +32,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import task_latency
+from tritonctl.latency.queueing import goodput
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import bda, corunners, explain, throughput, with_batches
+from tritonctl.policies.bda import bda, broken_constraint, corunners, throughput, with_batches
 from tritonctl.policies.spread import spread
+from tritonctl.policies.timesharing import schedule, time_sharing
 
 STEP = 5  # share grid, in units
 MOVES = (STEP, 2 * STEP, 5 * STEP)  # share moved between two models at a time: large steps jump over plateaus
 MAX_EVALUATIONS = 300
+TURNS = 0  # the share of a model on a device whose models take turns with all of it
+GOODPUT_TIE = 1e-4  # goodputs within this part of the offered load tie, and throughput decides
 
-Placement = dict[str, tuple[str, int]]  # model -> (device id, share)
+Placement = dict[str, tuple[str, int]]  # model -> (device id, share in units, or TURNS)
 
 
 def _split(names: list[str], weights: dict[str, float], units: int, floor: dict[str, int]) -> dict[str, int] | None:
@@ -40,11 +60,28 @@ def _split(names: list[str], weights: dict[str, float], units: int, floor: dict[
     return shares
 
 
+def _turns(placement: Placement, device: str) -> bool:
+    return any(dev == device and share == TURNS for dev, share in placement.values())
+
+
+def _resplit(
+    placement: Placement, device: Device, names: list[str], work: dict[str, float], floor: dict[str, int]
+) -> Placement | None:
+    """`names` as the models of `device`, in turns if it already takes turns, else split in proportion to work."""
+    if not names:
+        return {}
+    if _turns(placement, device.id) or len(names) == 1:
+        return {n: (device.id, TURNS if len(names) > 1 else device.units) for n in names}
+    shares = _split(names, work, device.units, floor)
+    return None if shares is None else {n: (device.id, s) for n, s in shares.items()}
+
+
 def _starts(
     demands: list[Demand], devices: list[Device], lm: LatencyModel, work: dict[str, float], floor: dict[str, int]
 ) -> Iterator[Placement]:
-    """Models by decreasing work onto the device with the least work so far (LPT), shares in proportion
-    to work; then spread's placement with equal shares and with shares in proportion to work."""
+    """LPT by work (models by decreasing work onto the least-loaded device), split in proportion to work and
+    in turns; spread's placement with its equal shares, split in proportion to work and in turns; and
+    time-sharing's plan where it has one replica per model."""
     load = {d.id: 0.0 for d in devices}
     memory = {d.id: d.memory_mb for d in devices}
     lpt: dict[str, str] = {}
@@ -56,67 +93,142 @@ def _starts(
             load[device.id] + work[d.name],
             memory[device.id] - d.memory_mb,
         )
-    spread_choice = {n: c[0] for n, c in spread(demands, devices, lm).items()}
-    for assignment in (lpt, {n: c.device for n, c in spread_choice.items()}):
-        placement: Placement = {}
-        for device in devices:
-            names = [n for n, dev in assignment.items() if dev == device.id]
-            shares = _split(names, work, device.units, floor) if names else {}
-            if shares is None:
-                break
-            placement.update({n: (device.id, s) for n, s in shares.items()})
-        else:
-            yield placement
-    yield {n: (c.device, c.share) for n, c in spread_choice.items()}
+    assignments = [lpt]
+    try:
+        spread_choice = {n: c[0] for n, c in spread(demands, devices, lm).items()}
+        yield {n: (c.device, c.share) for n, c in spread_choice.items()}
+        assignments.append({n: c.device for n, c in spread_choice.items()})
+    except PlacementError:
+        pass
+    try:
+        shared = time_sharing(demands, devices, lm)
+        if all(len(c) == 1 for c in shared.values()):
+            yield {n: (c[0].device, TURNS) for n, c in shared.items()}
+            assignments.append({n: c[0].device for n, c in shared.items()})
+    except PlacementError:
+        pass
+    for assignment in assignments:
+        for turns in (False, True):
+            placement: Placement = {}
+            for device in devices:
+                names = [n for n, dev in assignment.items() if dev == device.id]
+                if turns and len(names) > 1:
+                    placement.update({n: (device.id, TURNS) for n in names})
+                    continue
+                shares = _split(names, work, device.units, floor) if names else {}
+                if shares is None:
+                    break
+                placement.update({n: (device.id, s) for n, s in shares.items()})
+            else:
+                yield _normal(placement, devices)
+
+
+def _normal(placement: Placement, devices: list[Device]) -> Placement:
+    """A model alone on a device taking turns has all of it."""
+    units = {d.id: d.units for d in devices}
+    count: dict[str, int] = {}
+    for dev, _ in placement.values():
+        count[dev] = count.get(dev, 0) + 1
+    return {n: (dev, units[dev] if s == TURNS and count[dev] == 1 else s) for n, (dev, s) in placement.items()}
 
 
 def _neighbours(
     placement: Placement, devices: list[Device], work: dict[str, float], floor: dict[str, int]
 ) -> Iterator[Placement]:
-    units = {d.id: d.units for d in devices}
+    by_id = {d.id: d for d in devices}
     names = sorted(placement)
-    for a in names:  # move share between two models on one device, in small and large steps
+    for a in names:  # move share between two models on one split device, in small and large steps
         for b in names:
             (dev_a, sa), (dev_b, sb) = placement[a], placement[b]
             for step in MOVES:
-                if a != b and dev_a == dev_b and sb - step >= max(floor[b], STEP):
+                if a != b and dev_a == dev_b and sa != TURNS and sb - step >= max(floor[b], STEP):
                     yield {**placement, a: (dev_a, sa + step), b: (dev_b, sb - step)}
-    for a in names:  # move a model; both devices re-split in proportion to work
+    for a in names:  # move a model; a split device re-splits in proportion to work
+        origin = placement[a][0]
         for device in devices:
-            if device.id == placement[a][0]:
+            if device.id == origin:
                 continue
             moved = dict(placement)
             for dev, group in (
-                (placement[a][0], [n for n in names if placement[n][0] == placement[a][0] and n != a]),
+                (origin, [n for n in names if placement[n][0] == origin and n != a]),
                 (device.id, [n for n in names if placement[n][0] == device.id] + [a]),
             ):
-                shares = _split(group, work, units[dev], floor) if group else {}
+                shares = _resplit(placement, by_id[dev], group, work, floor)
                 if shares is None:
                     break
-                moved.update({n: (dev, s) for n, s in shares.items()})
+                moved.update(shares)
             else:
-                yield moved
+                yield _normal(moved, devices)
     for i, a in enumerate(names):  # swap two models across devices, shares stay with the device
         for b in names[i + 1 :]:
             (dev_a, sa), (dev_b, sb) = placement[a], placement[b]
-            if dev_a != dev_b and sb >= floor[a] and sa >= floor[b]:
+            if dev_a != dev_b and (sb == TURNS or sb >= floor[a]) and (sa == TURNS or sa >= floor[b]):
                 yield {**placement, a: (dev_b, sb), b: (dev_a, sa)}
+    for device in devices:  # switch a device between split shares and turns
+        group = [n for n in names if placement[n][0] == device.id]
+        if len(group) < 2:
+            continue
+        if _turns(placement, device.id):
+            shares = _split(group, work, device.units, floor)
+            if shares is not None:
+                yield {**placement, **{n: (device.id, s) for n, s in shares.items()}}
+        else:
+            yield {**placement, **{n: (device.id, TURNS) for n in group}}
 
 
-def _shortfall(
-    name: str, placement: dict[str, Choice], batches: dict[str, int], demands: dict[str, Demand], lm: LatencyModel
-) -> float:
-    """How far a model without a feasible batch is from one: over batches 1, 2, 4 ... 32, the least of the
-    larger of load (rate x t_inf / b) and p99 / SLO. Guides the search towards feasibility where counts tie."""
-    demand, choice = demands[name], placement[name]
-    others = corunners(name, placement, batches)
-    best = float("inf")
-    for b in (2**k for k in range(MAX_BATCH.bit_length())):
-        t = lm.t_inf(name, b, choice.share, others)
-        task = task_latency(demand.rate, b, t)
-        load = demand.rate * t / (1000 * b)
-        best = min(best, max(load, task.p99_ms / demand.slo_ms) if task.stable else load)
-    return best
+def _partial(
+    placement: dict[str, Choice],
+    batches: dict[str, int],
+    infeasible: dict[str, str],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    memo: dict,
+) -> dict[str, int]:
+    """Batches for a placement after BDA. A model with feasible batches takes the one serving most requests per
+    second: BDA's largest feasible batch assumes throughput grows with the batch, which on a CPU stops being true
+    past batch 8-16 (more latency for less throughput). A model BDA found none for takes the one with the most
+    predicted goodput on this placement.
+
+    Batches that break device memory are never taken; where every batch does, batch 1 stays
+    (its goodput then counts as 0).
+    """
+    by_name = {d.name: d for d in demands}
+    by_id = {d.id: d for d in devices}
+    out = dict(batches)
+    for name in by_name:
+        if name not in infeasible:  # BDA's largest feasible batch, or a smaller feasible one serving more per second
+            key = ("feasible", name, placement[name].share, corunners(name, placement, out))
+            if key not in memo:
+                best_b, best_rate = out[name], 0.0
+                for b in range(1, MAX_BATCH + 1):
+                    if broken_constraint(name, b, placement, by_name, out, by_id, lm) is None:
+                        rate = b / lm.t_inf(name, b, placement[name].share, key[3])
+                        if rate > best_rate * (1 + 1e-9):
+                            best_b, best_rate = b, rate
+                memo[key] = best_b
+            out[name] = memo[key]
+    for name in infeasible:
+        demand, best = by_name[name], (0.0, 1)
+        device = by_id[placement[name].device]
+        others = corunners(name, placement, out)
+        key = (name, placement[name].share, others)  # the same device layout recurs across placements
+        if key not in memo:
+            beside = [m for m, _, _ in others]
+            for b in range(1, MAX_BATCH + 1):
+                if not _memory_fits([*beside, name], by_name, device, {**out, name: b}, lm):
+                    break  # memory grows with the batch
+                g = goodput(demand.rate, b, lm.t_inf(name, b, placement[name].share, others), demand.slo_ms)
+                if g > best[0] + 1e-3:
+                    best = (g, b)
+            memo[key] = best[1]
+        out[name] = memo[key]
+    return out
+
+
+def _memory_fits(names: list[str], demands: dict[str, Demand], device: Device, batches: dict[str, int], lm) -> bool:
+    grown = sum(demands[n].memory_mb + lm.footprint_mb(n, batches[n]) - lm.footprint_mb(n, 1) for n in names)
+    return grown <= device.memory_mb
 
 
 def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
@@ -125,34 +237,88 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
     evaluations = 0
     floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
     by_name = {d.name: d for d in demands}
+    by_id = {d.id: d for d in devices}
     work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
+    judged: dict[tuple, tuple] = {}
+    memo: dict[tuple, int] = {}
+    quantum = max(1e-3, GOODPUT_TIE * sum(d.rate for d in demands))
 
     def judge(placement: Placement):
+        """(score, (batches, goodput per model, cycle per turn-taking device)); lower scores are better."""
         nonlocal evaluations
+        key = tuple(sorted(placement.items()))
+        if key in judged:
+            return judged[key]
         evaluations += 1
-        choices = {n: Choice(dev, share) for n, (dev, share) in placement.items()}
-        decision = bda(choices, demands, devices, lm)
-        short = sum(_shortfall(n, choices, decision.batches, by_name, lm) for n in decision.infeasible)
-        return (len(decision.infeasible), short, -throughput(choices, decision.batches, lm)), decision
+        split = [d for d in demands if placement[d.name][1] != TURNS]
+        choices = {d.name: Choice(*placement[d.name]) for d in split}
+        decision = bda(choices, split, devices, lm)
+        batches = _partial(choices, decision.batches, decision.infeasible, split, devices, lm, memo)
+        served = {  # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
+            d.name: d.rate
+            if d.name not in decision.infeasible
+            else 0.0
+            if decision.infeasible[d.name] == "memory"
+            else goodput(
+                d.rate,
+                batches[d.name],
+                lm.t_inf(d.name, batches[d.name], choices[d.name].share, corunners(d.name, choices, batches)),
+                d.slo_ms,
+            )
+            for d in split
+        }
+        capacity = throughput(choices, batches, lm)
+        cycles = {}
+        for device in devices:
+            group = [by_name[n] for n, (dev, s) in placement.items() if dev == device.id and s == TURNS]
+            if not group:
+                continue
+            plan = schedule(group, device.units, lm)
+            ok = plan is not None and _memory_fits([d.name for d in group], by_name, device, plan[1], lm)
+            cycle, group_batches = plan if plan is not None else (0.0, {d.name: 1 for d in group})
+            cycles[device.id] = cycle
+            batches.update(group_batches)
+            # a batch waits for at most one cycle and then runs: a batch server taking a cycle per batch,
+            # whose queueing (eq. 2) the duty-cycle bound alone leaves out
+            served.update(
+                {d.name: goodput(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else 0.0 for d in group}
+            )
+            capacity += sum(1000 * group_batches[d.name] / cycle for d in group) if ok else 0.0
+        score = (-round(sum(served.values()) / quantum), -capacity)
+        judged[key] = (score, (batches, served, cycles))
+        return judged[key]
 
+    starts = sorted((judge(p)[0], k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
     best = None
-    for start in _starts(demands, devices, lm, work, floor):
-        current, (score, decision) = start, judge(start)
+    for score, _, current in starts:
+        outcome = judge(current)[1]
         while evaluations < MAX_EVALUATIONS:
             improved = None
             for candidate in _neighbours(current, devices, work, floor):
-                candidate_score, candidate_decision = judge(candidate)
+                candidate_score, candidate_outcome = judge(candidate)
                 if candidate_score < score and (improved is None or candidate_score < improved[1]):
-                    improved = (candidate, candidate_score, candidate_decision)
+                    improved = (candidate, candidate_score, candidate_outcome)
                 if evaluations >= MAX_EVALUATIONS:
                     break
             if improved is None:
                 break
-            current, score, decision = improved
+            current, score, outcome = improved
         if best is None or score < best[1]:
-            best = (current, score, decision)
-    placement, _, decision = best
-    if not decision.ok:
-        raise PlacementError(explain(decision) + " on the best placement the search found")
-    choices = {n: Choice(dev, share) for n, (dev, share) in placement.items()}
-    return with_batches(choices, decision.batches, demands, lm)
+            best = (current, score, outcome)
+    placement, _, (batches, served, cycles) = best
+    unserved = sorted(n for n, g in served.items() if g <= 0)
+    if unserved:
+        raise PlacementError(
+            f"no placement the search found serves {', '.join(unserved)} within its SLO at all", shed=unserved
+        )
+    split = [d for d in demands if placement[d.name][1] != TURNS]
+    out = with_batches({d.name: Choice(*placement[d.name]) for d in split}, batches, split, lm)
+    for d in demands:
+        device, share = placement[d.name]
+        if share == TURNS:
+            units = by_id[device].units
+            exec_ms = lm.t_inf(d.name, batches[d.name], units)
+            # as time-sharing does: the batcher waits at most what one cycle leaves of the SLO
+            delay = int(1000 * max(0.0, d.slo_ms - cycles[device] - exec_ms)) if batches[d.name] > 1 else 0
+            out[d.name] = [Choice(device, units, batches[d.name], delay, turns=True)]
+    return out

@@ -18,7 +18,7 @@ from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
 
 
-def _schedule(group: list[Demand], units: int, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
+def schedule(group: list[Demand], units: int, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
     """The duty cycle and batches that keep every model of `group` at its rate and SLO, or None."""
     batches = {d.name: 1 for d in group}
     for _ in range(100):
@@ -36,8 +36,8 @@ def _schedule(group: list[Demand], units: int, lm: LatencyModel) -> tuple[float,
     return cycle, batches
 
 
-def _slack(group: list[Demand], schedule: tuple[float, dict[str, int]], units: int, lm: LatencyModel) -> float:
-    cycle, batches = schedule
+def _slack(group: list[Demand], planned: tuple[float, dict[str, int]], units: int, lm: LatencyModel) -> float:
+    cycle, batches = planned
     return min(d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], units) for d in group)
 
 
@@ -49,7 +49,7 @@ def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel 
     for d in demands:
         for replicas in range(1, len(devices) + 1):
             piece = Demand(d.name, d.slo_ms, d.rate / replicas, d.memory_mb)
-            if _schedule([piece], units, lm) is not None:
+            if schedule([piece], units, lm) is not None:
                 pieces.extend([piece] * replicas)
                 break
         else:
@@ -62,9 +62,9 @@ def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel 
             group = groups[x.id]
             if memory[x.id] < piece.memory_mb or any(g.name == piece.name for g in group):
                 continue
-            schedule = _schedule([*group, piece], units, lm)
-            if schedule is not None:
-                options.append((-_slack([*group, piece], schedule, units, lm), x.index, x.id))
+            planned = schedule([*group, piece], units, lm)
+            if planned is not None:
+                options.append((-_slack([*group, piece], planned, units, lm), x.index, x.id))
         if not options:
             raise PlacementError(f"time sharing finds no device with time left for {piece.name}")
         device_id = min(options)[2]
@@ -74,7 +74,7 @@ def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel 
     for device_id, group in groups.items():
         if not group:
             continue
-        cycle, batches = _schedule(group, units, lm)
+        cycle, batches = schedule(group, units, lm)
         for d in group:
             # Triton's batcher waits at most what one cycle leaves of the SLO for a batch to fill.
             delay = int(1000 * max(0.0, d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], units)))

@@ -1,0 +1,145 @@
+"""Judging plans by goodput: the queueing model's share within the SLO, partial service instead of shedding,
+devices taken in turns inside the search, and the InSS six-model setup against its baselines (SCALED model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_simulate import plan_of
+
+from synthetic import synthetic_dataset
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.queueing import goodput, in_slo, sample_latencies
+from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
+from tritonctl.planner import devices_of, place
+from tritonctl.policies import POLICIES, Demand
+from tritonctl.policies.search import search
+from tritonctl.simulate import simulate
+from tritonctl.spec import load_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
+
+
+def cpus(n: int) -> list[Device]:
+    return [Device(id=f"cpu{i}", kind="cpu", index=i, memory_mb=4096, units=100, cores=2.0) for i in range(n)]
+
+
+@pytest.mark.parametrize(("rate", "batch", "slo"), [(60, 4, 80), (90, 8, 150), (30, 1, 40), (95, 4, 60)])
+def test_in_slo_matches_the_sampled_distribution(rate, batch, slo):
+    t = 10.0 * batch / 1.2  # batch time: load rate * t / b between 0.25 and 0.8
+    sampled = float((sample_latencies(rate, batch, t) <= slo).mean())
+    assert in_slo(rate, batch, t, slo) == pytest.approx(sampled, abs=0.03)
+
+
+def test_goodput_below_and_above_saturation():
+    assert goodput(50, 4, 20, 1000) == pytest.approx(50, rel=1e-3)  # light load, loose SLO: everything in time
+    assert goodput(50, 4, 20, 15) == 0  # a batch takes longer than the SLO
+    # overloaded (200 > 4 / 20 ms = 200/s... at 300/s): full batches back to back, the rest rejected
+    assert goodput(300, 4, 20, 1000) == pytest.approx(0.95 * 200)
+    assert goodput(300, 4, 20, 30) == pytest.approx(0.95 * 200 * 0.5)  # a request may wait half a batch
+
+
+def test_search_serves_an_overloaded_model_in_part_and_says_so(lm):
+    """More load than the device carries: the search keeps both models (the planner used to shed the heavier
+    one) and the partial one's placement says how much of it is predicted within the SLO."""
+    demands = [Demand("alpha", 150, 2000, 100), Demand("beta", 400, 40, 100)]
+    choices, shed = place("search", demands, cpus(1), lm)
+    assert shed == {} and set(choices) == {"alpha", "beta"}
+    (alpha,) = choices["alpha"]
+    t = lm.t_inf("alpha", alpha.batch, alpha.share, (("beta", choices["beta"][0].share, choices["beta"][0].batch),))
+    assert 0 < goodput(2000, alpha.batch, t, 150) < 2000  # partial, not dropped
+
+
+def test_bda_policy_still_sheds_what_algorithm_1_cannot_serve(lm):
+    demands = [Demand("alpha", 150, 2000, 100), Demand("beta", 400, 40, 100)]
+    choices, shed = place("bda", demands, cpus(1), lm)
+    assert set(shed) == {"alpha"} and set(choices) == {"beta"}
+
+
+def test_search_finds_time_sharings_plan_when_only_turns_serve(lm):
+    """Every plan time-sharing finds (one replica per model) is a start of the search, so on a cluster where
+    its plan is the best the search knows, the search is not worse by its own judgement."""
+    demands = [Demand("alpha", 150, 120, 100), Demand("beta", 400, 40, 100), Demand("gamma", 300, 30, 100)]
+    lm.models["gamma"] = lm.models["beta"]  # a third model like beta
+    lm._lwr["gamma"], lm._table["gamma"] = lm._lwr["beta"], lm._table["beta"]
+    try:
+        out = search(demands, cpus(2), lm)
+    finally:
+        for table in (lm.models, lm._lwr, lm._table):
+            del table["gamma"]
+    assert set(out) == {"alpha", "beta", "gamma"}
+    turns = [c for cs in out.values() for c in cs if c.turns]
+    assert all(c.share == 100 for c in turns)  # a device taken in turns gives every model all of it
+
+
+def test_simulated_arrivals_do_not_depend_on_the_order_of_models(lm):
+    """Common random numbers: two plans of one cluster see the same requests, so their goodputs compare."""
+    alpha, beta = ("alpha", 20, 1e6, 50, 1, 0), ("beta", 20, 1e6, 50, 1, 0)
+    a = {m.model: m.arrived for m in simulate(plan_of(alpha, beta), lm, 30).models}
+    b = {m.model: m.arrived for m in simulate(plan_of(beta, alpha), lm, 30).models}
+    assert a == b
+
+
+def test_inss_six_models_search_ahead_of_every_baseline_within_one_percent():
+    """Issue 4's figure on the InSS six-model setup (latency model SCALED from the CPU profile): the search
+    serves all six models and is ahead of spread and time-sharing by simulated goodput, violations < 1%."""
+    slm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
+    cluster = load_cluster(REPO / "examples/inss-scaled/six-4.yaml")
+    devices = devices_of(cluster)
+    demands = [Demand(m.name, m.slo_ms, m.rate, round(slm.footprint_mb(m.name, 1))) for m in cluster.spec.models]
+    offered = sum(d.rate for d in demands)
+    result = {}
+    for policy in ("search", "spread", "time-sharing"):
+        choices, shed = place(policy, demands, devices, slm)
+        assert shed == {}
+        tensor = [Tensor(name="x", dtype="float32", shape=[1])]
+        turns = sorted({c.device for cs in choices.values() for c in cs if c.turns})
+        plan = Plan(
+            cluster="six",
+            cluster_file="c.yaml",
+            policy=policy,
+            target="cpu",
+            sharing=POLICIES[policy].sharing,
+            turns=turns if POLICIES[policy].sharing == "spatial" else [],
+            devices=devices,
+            models=[
+                PlannedModel(
+                    name=d.name,
+                    onnx="m.onnx",
+                    onnx_sha256="0",
+                    inputs=tensor,
+                    outputs=tensor,
+                    memory_mb=d.memory_mb,
+                    slo_ms=d.slo_ms,
+                    rate=d.rate,
+                    port=9000 + i,
+                    placements=[
+                        Placement(
+                            instance=f"{d.name}-{k}",
+                            device=c.device,
+                            share=c.share,
+                            batch=c.batch,
+                            queue_delay_us=c.queue_delay_us,
+                            weight=c.weight,
+                        )
+                        for k, c in enumerate(choices[d.name])
+                    ],
+                )
+                for i, d in enumerate(demands)
+            ],
+            runtime=RuntimeSettings(repository_dir="r", state_dir="s", host="127.0.0.1"),
+        )
+        result[policy] = simulate(plan, slm, 60, drop=True)
+    good = {p: r.goodput for p, r in result.items()}
+    assert good["search"] > good["spread"] and good["search"] > good["time-sharing"]
+    arrived = sum(m.arrived for m in result["search"].models)
+    assert 1 - sum(m.good for m in result["search"].models) / arrived < 0.01
+    assert np.isclose(arrived / 60, offered, rtol=0.05)
