@@ -137,7 +137,10 @@ def test_rerender_is_stable_and_a_changed_instance_gets_ports_clear_of_the_runni
     assert (out / "compose.yaml").read_text() == first
     before = yaml.safe_load(first)["services"]
 
-    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(batch=4))
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(batch=4))  # a reload: same service
+    assert render(gpu_plan, out) == 0
+    assert yaml.safe_load((out / "compose.yaml").read_text())["services"].keys() == before.keys()
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=45))  # a new process: new service
     assert render(gpu_plan, out) == 0
     after = yaml.safe_load((out / "compose.yaml").read_text())["services"]
     changed = yaml.safe_load(gpu_plan.read_text())["models"][0]["placements"][0]["instance"]
@@ -217,13 +220,13 @@ def test_model_port_on_a_running_services_http_port_is_refused(gpu_plan, tmp_pat
 
 
 def _swap_setup(gpu_plan: Path, out: Path, outcome=None):
-    """Render, start alpha-0, change its batch, re-render: (runtime, old record, new launch)."""
+    """Render, start alpha-0, change its share, re-render: (runtime, old record, new launch)."""
     lines: list[str] = []
     runner = CommandRunner(dry_run=True, log=lines.append)
     project = write_compose(load_plan(gpu_plan), out, 2)
     runtime = ComposeRuntime(out / "compose.yaml", runner)
     old = runtime.start(project.services["alpha-0"].launch, out, "127.0.0.1", out, 30)
-    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(batch=4))
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=45))
     new = write_compose(load_plan(gpu_plan), out, 2).services["alpha-0"]
     runner.steps.clear()
     lines.clear()
@@ -268,7 +271,7 @@ def test_apply_through_the_compose_runtime_replaces_only_the_changed_instance(gp
     state_dir = load_plan(gpu_plan).state_dir
     before = load_state(state_dir).instances
 
-    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(batch=4))
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=45))
     write_compose(load_plan(gpu_plan), out, 2)
     runner.steps.clear()
     apply_plan(load_plan(gpu_plan), runtime, log=lambda _: None)
@@ -280,7 +283,7 @@ def test_apply_through_the_compose_runtime_replaces_only_the_changed_instance(gp
     assert changes == [new_service, "wait-ready", old_service, old_service]
     assert {u for u in load_state(state_dir).instances} == {u for u in before if u != old.uid} | {new.uid}
 
-    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(batch=8))
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=40))
     write_compose(load_plan(gpu_plan), out, 2)
     runner.dry_outcome = lambda step: Outcome("up" not in step, "dry-run")
     with pytest.raises(TritonctlError, match="rolled back"):

@@ -95,8 +95,9 @@ class ComposeProject:
     services: dict[str, TritonService]  # by instance name
 
 
-def service_name(instance: str, config_hash: str) -> str:
-    return f"triton-{instance}-{config_hash[:8]}"
+def service_name(instance: str, process_hash: str) -> str:
+    """One service per process: a batch-only change reloads the model in the same service."""
+    return f"triton-{instance}-{process_hash[:8]}"
 
 
 def project_name(cluster: str) -> str:
@@ -394,7 +395,7 @@ def write_compose(loaded: LoadedPlan, folder: Path, gpus: int | None) -> Compose
     check_shares(loaded, launches)
     previous = read_previous(folder)
     check_ports(loaded, previous, folder / COMPOSE_FILE)
-    names = [service_name(i, launch.config_hash) for i, launch in launches.items()]
+    names = [service_name(i, launch.process_hash) for i, launch in launches.items()]
     ports = allocate_ports(names, previous, {m.port for m in plan.models})
     services = {
         instance: TritonService(name, launch, plan.device(launch.device).index, *ports[name])

@@ -25,7 +25,7 @@ import yaml
 from tritonctl.compose import LABEL, service_name
 from tritonctl.errors import TritonctlError
 from tritonctl.render import Launch
-from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok
+from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok, load_model
 from tritonctl.runtime.local import EXIT_TIMEOUT_S
 
 
@@ -84,6 +84,13 @@ class CommandRunner:
             time.sleep(1)
         return True
 
+    def load(self, url: str, model: str, timeout_s: float) -> str | None:
+        """Reload `model` through Triton's model control; the error, or None."""
+        dry = self._dry(["load", url, model], f"POST {url}/v2/repository/models/{model}/load")
+        if dry is not None:
+            return None if dry.ok else dry.error
+        return load_model(url, model, timeout_s)
+
 
 class ComposeRuntime:
     """The Runtime of runtime/base.py over one rendered Compose project.
@@ -112,13 +119,24 @@ class ComposeRuntime:
         file = ["-f", str(self.compose_file)] if with_file else []
         return ["docker", "compose", "-p", self.project, *file, *args]
 
-    def start(self, launch: Launch, folder: Path, host: str, log_dir: Path, timeout_s: float) -> InstanceRecord:
-        service = service_name(launch.instance, launch.config_hash)
+    def start(
+        self,
+        launch: Launch,
+        folder: Path,
+        host: str,
+        log_dir: Path,
+        timeout_s: float,
+        on_spawn: Callable[[InstanceRecord], None] | None = None,
+    ) -> InstanceRecord:
+        service = service_name(launch.instance, launch.process_hash)
         spec = self._read().get("services", {}).get(service)
         if spec is None:
             raise StartError(f"{service} is not in {self.compose_file}: render the plan with --target compose first")
         labels = spec["labels"]
-        same = {k: getattr(launch, k) for k in ("instance", "model", "device", "share", "units", "config_hash")}
+        same = {
+            k: getattr(launch, k)
+            for k in ("instance", "model", "device", "share", "units", "config_hash", "process_hash")
+        }
         record = InstanceRecord(
             uid=f"{service}.{secrets.token_hex(3)}",
             **same,
@@ -138,6 +156,8 @@ class ComposeRuntime:
         if not started.ok:
             self._discard(service)
             raise StartError(f"{service} did not start: {started.error.strip() or started.output.strip()}")
+        if on_spawn is not None:
+            on_spawn(record)
         if not self.runner.wait_ready(self._url(record, f"models/{launch.model}/ready"), timeout_s):
             logs = self.runner.run(self._compose("logs", "--no-color", "--tail", "20", service)).output
             self._discard(service)
@@ -158,6 +178,18 @@ class ComposeRuntime:
             return Health(False, False, False)
         server = self.runner.probe(self._url(record, "health/ready"))
         return Health(True, server, server and self.runner.probe(self._url(record, f"models/{record.model}/ready")))
+
+    def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
+        error = self.runner.load(f"http://{record.host}:{record.http_port}", record.model, timeout_s)
+        if error is not None:
+            raise StartError(f"{_service(record)}: reloading {record.model} failed: {error}")
+
+    def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
+        """No router runs in the Compose project yet: the instances share the port by --reuse-grpc-port."""
+        return f"port {port}: shared by {', '.join(_service(r) for r in records) or 'no instance'} (reuse-port)"
+
+    def shutdown(self) -> None:
+        """Nothing runs beside the Triton services that `down` must stop."""
 
     def stop(self, record: InstanceRecord) -> None:
         """Stop (Triton drains for --exit-timeout-secs) and remove the record's service."""
