@@ -123,7 +123,7 @@ class Harness:
         return request
 
     def _url(self, record: InstanceRecord) -> str:
-        return f"{self.host}:{record.grpc_port}"
+        return f"{self.host}:{record.backend_port}"
 
     def close(self) -> None:
         for record in self.pool.values():

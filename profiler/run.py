@@ -129,7 +129,7 @@ def profile(
         f"{len(runs) - len(pending)} already measured"
     )
     harness = Harness(
-        LocalRuntime(find_tritonserver(cluster.spec.runtime.tritonserver)),
+        LocalRuntime(find_tritonserver(cluster.spec.runtime.tritonserver), folder / "work"),
         device,
         {name: (_planned(name, a), a.path) for name, a in artifacts.items()},
         folder / "work",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -162,6 +164,62 @@ def test_swaps_and_reloads_under_load_lose_no_request(deployment, capsys):
     assert sum(r.sent for r in results) > 100
     assert [r.errors[:1] for r in results] == [[], []]
     assert all(r.ok == r.sent for r in results)
+
+
+def one_model_deployment(tmp_path: Path) -> tuple[Path, str]:
+    make_mlp(tmp_path / "mlp.onnx")
+    make_unloadable(tmp_path / "broken.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster)]) == 0 and main(["apply", str(plan)]) == 0
+    (record,) = state_of(plan).instances.values()
+    return plan, f"127.0.0.1:{record.grpc_port}"
+
+
+def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_path, capsys):
+    plan, url = one_model_deployment(tmp_path)
+    (old,) = state_of(plan).instances.values()
+    data = yaml.safe_load(plan.read_text())
+    data["models"][0]["onnx"] = "broken.onnx"  # a new model version that onnxruntime cannot load
+    data["models"][0]["onnx_sha256"] = "0" * 64
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["apply", str(plan)]) == 2
+    assert "rolled back (the running instances keep serving)" in capsys.readouterr().err
+    assert list(state_of(plan).instances) == [old.uid]
+    assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
+    data["cluster"] = "another-cluster"  # a plan for another cluster, pointed at this deployment's state
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["apply", str(plan)]) == 2
+    assert "belongs to cluster 'test', not 'another-cluster'" in capsys.readouterr().err
+    assert list(state_of(plan).instances) == [old.uid] and process_alive(old.pid, old.start_ticks)
+    data["cluster"] = "test"
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["down", str(plan)]) == 0
+
+
+def test_new_instance_that_crashes_while_warming_up_is_rolled_back(tmp_path, capsys):
+    plan, url = one_model_deployment(tmp_path)
+    (old,) = state_of(plan).instances.values()
+    edit_plan(plan, share=40)
+
+    def crash_the_shadow() -> None:  # SIGSEGV to the new tritonserver before it is ready
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for rec in state_of(plan).instances.values():
+                if rec.uid != old.uid:
+                    os.kill(rec.pid, signal.SIGSEGV)
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=crash_the_shadow)
+    killer.start()
+    assert main(["apply", str(plan)]) == 2
+    killer.join()
+    err = capsys.readouterr().err
+    assert "rolled back" in err and "exited with code -11" in err
+    assert list(state_of(plan).instances) == [old.uid]
+    assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
+    assert main(["down", str(plan)]) == 0
 
 
 def test_port_in_use_is_refused_before_anything_starts(tmp_path, capsys):

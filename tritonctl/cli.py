@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tritonctl.apply import apply_plan, down
 from tritonctl.bench import bench, format_rows, margins
 from tritonctl.client import endpoints, format_results, run_load
 from tritonctl.compose import host_gpu_count, write_compose
+from tritonctl.controller import Controller, ControllerConfig, load_controller_state
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.fit import fit_latency_model
@@ -203,9 +205,56 @@ def cmd_apply(args) -> int:
     return 0
 
 
+def cmd_controller(args) -> int:
+    loaded = load_plan(args.plan)
+    if loaded.plan.target == "gpu":
+        raise TritonctlError("the controller drives the local runtime, which runs CPU plans", file=loaded.path)
+    if args.policy not in POLICIES:
+        raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
+    lm = load_latency_model(args.latency_model) if args.latency_model else None
+    if lm is None:
+        _say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")
+    runtime = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
+    cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
+    controller = Controller(loaded.path, runtime, lm, args.policy, cfg, log=_say)
+    server = controller.serve(args.host, args.port)
+    _say(
+        f"controller running: state http://{args.host}:{server.server_port}/state, "
+        f"metrics http://{args.host}:{server.server_port}/metrics; Ctrl-C stops the controller "
+        "(the instances keep serving; `tritonctl down` stops them)"
+    )
+    stop = threading.Event()
+    try:
+        controller.run(stop)
+    finally:
+        server.shutdown()
+    return 0
+
+
+def _controller_status(state_dir: Path) -> None:
+    ctl = load_controller_state(state_dir)
+    if ctl is None:
+        return
+    _say(f"controller: {ctl.applies} change(s) applied, policy {ctl.policy}, current plan {ctl.plan}")
+    if ctl.target:
+        _say(f"  applying now: {ctl.target}" + (f" (last step: {ctl.steps[-1]})" if ctl.steps else ""))
+    for model, planned in sorted(ctl.planned_rates.items()):
+        estimate = ctl.estimated_rates.get(model)
+        queue = ctl.queue_ms.get(model)
+        _say(
+            f"  {model:18} planned {planned:7.1f} req/s, measured "
+            + ("   -   " if estimate is None else f"{estimate:7.1f}")
+            + (f", queue {queue:.1f} ms" if queue is not None else "")
+        )
+    for decision in ctl.decisions[-3:]:
+        when = time.strftime("%H:%M:%S", time.localtime(decision["time"]))
+        _say(f"  {when} {decision['kind']:8} {decision['reason']} ({decision['took_s']:g} s)")
+
+
 def cmd_status(args) -> int:
     loaded = load_plan(args.plan)
     state = load_state(loaded.state_dir)
+    _controller_status(loaded.state_dir)
     if not state.instances:
         _say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
@@ -346,6 +395,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("apply", cmd_apply, "start or change local Triton instances to match a plan")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--dry-run", action="store_true", help="print the steps without doing them")
+    p = add(
+        "controller",
+        cmd_controller,
+        "run the sidecar: apply the plan, watch rates, re-size batches (BDA) or re-plan (policy), apply",
+    )
+    p.add_argument("plan", help="plan.yaml to start from (or resume the plan the controller applied last)")
+    p.add_argument("--latency-model", help="fitted latency model (tritonctl fit); without it, no re-planning")
+    p.add_argument("--policy", default="search", help="policy to re-plan with when BDA fails (default: search)")
+    p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default: local)")
+    p.add_argument("--port", type=int, default=9300, help="port of the state and metrics endpoint (default 9300)")
+    p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")
+    p.add_argument("--threshold", type=_positive, default=0.25, help="relative rate change that acts (default 0.25)")
+    p.add_argument("--cooldown", type=float, default=10.0, help="seconds between two changes (default 10)")
     p = add("status", cmd_status, "show the running instances, their shares, ports and health")
     p.add_argument("plan", help="plan.yaml")
     p = add("endpoints", cmd_endpoints, "show where clients send requests for each model")

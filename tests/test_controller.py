@@ -1,0 +1,191 @@
+"""The controller: metrics and rates, its decisions, and a kill in the middle of a swap (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, make_mlp, mlp_model, write_cluster
+from synthetic import synthetic_dataset
+from tritonctl.cli import main
+from tritonctl.client import endpoints, run_load
+from tritonctl.controller import (
+    ControllerConfig,
+    RateEstimator,
+    changed_rates,
+    parse_metrics,
+    rebase,
+    rebatch,
+    with_rates,
+)
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.plan import load_plan
+from tritonctl.policies.base import Choice, Demand
+from tritonctl.policies.bda import bda
+from tritonctl.runtime.local import LocalRuntime, process_alive
+from tritonctl.state import load_state
+
+METRICS = """# HELP nv_inference_request_success Number of successful inference requests
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="alpha",version="1"} 120
+nv_inference_request_success{model="alpha",version="2"} 30
+nv_inference_request_failure{model="alpha",version="1"} 2
+nv_inference_queue_duration_us{model="alpha",version="1"} 5000
+nv_inference_pending_request_count{model="alpha",version="1"} 3
+nv_gpu_utilization{gpu_uuid="x"} 0.5
+"""
+
+
+def test_parse_metrics_sums_versions_and_keeps_only_model_series():
+    parsed = parse_metrics(METRICS)
+    assert parsed == {
+        "alpha": {
+            "nv_inference_request_success": 150.0,
+            "nv_inference_request_failure": 2.0,
+            "nv_inference_queue_duration_us": 5000.0,
+            "nv_inference_pending_request_count": 3.0,
+        }
+    }
+
+
+def counters(done: float, pending: float = 0, queue_us: float = 0) -> dict[str, float]:
+    return {
+        "nv_inference_request_success": done,
+        "nv_inference_pending_request_count": pending,
+        "nv_inference_queue_duration_us": queue_us,
+    }
+
+
+def test_rates_survive_instance_churn_and_count_a_growing_queue():
+    est = RateEstimator(window_s=4.0)
+    est.update(0.0, {"a": ("m", counters(0))})
+    assert est.rate("m") is None  # one sample spans no time
+    est.update(1.0, {"a": ("m", counters(10, queue_us=20_000))})
+    # A swap: "b" appears with counts of its own (warm-up) that are not arrivals; "a" is gone.
+    est.update(2.0, {"b": ("m", counters(500))})
+    est.update(3.0, {"b": ("m", counters(510))})
+    assert est.rate("m") == pytest.approx(20 / 3)
+    assert est.queue_ms("m") == pytest.approx(1.0)  # 20 ms queued over 20 requests
+    # Overloaded: 10 completed and 30 more waiting in one second means 40 arrived.
+    est.update(4.0, {"b": ("m", counters(520, pending=30))})
+    assert est.rate("m") == pytest.approx((10 + 0 + 10 + 40) / 4)
+    est.update(5.5, {"b": ("m", counters(530, pending=30))})  # the window keeps the last 4 s only
+    assert est.rate("m") == pytest.approx((10 + 40 + 10) / 3.5)
+
+
+def test_only_lasting_large_changes_count():
+    cfg = ControllerConfig(threshold=0.25, min_delta_rps=1.0)
+    planned = {"a": 10.0, "b": 2.0, "c": 10.0}
+    assert changed_rates(planned, {"a": 12.0, "b": 3.5, "c": None}, cfg) == {"b": 3.5}  # a: within 25 %
+    assert changed_rates(planned, {"a": 20.0, "b": 2.6}, cfg) == {"a": 20.0}  # b: under 1 req/s
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """A plan of two real ONNX models made by `bda` on a latency model fitted to SYNTHETIC data."""
+    folder = tmp_path_factory.mktemp("ctl")
+    make_mlp(folder / "mlp.onnx")
+    lm = fit_latency_model(synthetic_dataset(folder / "profile"), log=lambda _: None)
+    lm.save(folder / "lm.json")
+    cluster = write_cluster(folder, [mlp_model("alpha", slo_ms=150), mlp_model("beta", slo_ms=400)])
+    assert main(["plan", str(cluster), "--policy", "bda", "--latency-model", str(folder / "lm.json")]) == 0
+    return load_plan(folder / "plan.yaml"), lm
+
+
+def test_rebatch_is_bda_on_the_current_placement(planned):
+    loaded, lm = planned
+    plan, why = rebatch(with_rates(loaded.plan, {"alpha": 150.0}), lm)
+    assert why == "" and plan is not None
+    placement = {m.name: Choice(m.placements[0].device, m.placements[0].share) for m in loaded.plan.models}
+    expected = bda(placement, [Demand("alpha", 150, 150, 1), Demand("beta", 400, 20, 1)], loaded.plan.devices, lm)
+    assert {m.name: m.placements[0].batch for m in plan.models} == expected.batches
+    assert [p.share for _, p in plan.instances()] == [p.share for _, p in loaded.plan.instances()]
+    assert all(p.predicted is not None for _, p in plan.instances())
+    impossible, why = rebatch(with_rates(loaded.plan, {"alpha": 100_000.0}), lm)
+    assert impossible is None and "alpha" in why
+
+
+def test_rebase_keeps_every_path_pointing_at_the_same_file(planned, tmp_path):
+    loaded, _ = planned
+    moved = rebase(loaded.plan, loaded.path.parent, tmp_path / "elsewhere")
+    assert (tmp_path / "elsewhere" / moved.models[0].onnx).resolve() == loaded.resolve(loaded.plan.models[0].onnx)
+    assert (tmp_path / "elsewhere" / moved.runtime.state_dir).resolve() == loaded.state_dir.resolve()
+
+
+# ---- real processes ------------------------------------------------------------------
+
+
+def controller_json(state_dir: Path) -> dict:
+    try:
+        return json.loads((state_dir / "controller.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for(condition, timeout_s: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def start_controller(plan: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tritonctl", "controller", str(plan), "--port", "0", "--interval", "0.2"],
+        stdout=log.open("a"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+
+
+def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0
+    state_dir = tmp_path / "state"
+    log = tmp_path / "controller.log"
+    ctl = start_controller(plan, log)
+    try:
+        wait_for(lambda: controller_json(state_dir).get("applies", 0) >= 1, what="the first apply")
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text()).group(1))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
+            assert "tritonctl_applies_total 1" in response.read().decode()
+        results = []
+        load = threading.Thread(target=lambda: results.extend(run_load(endpoints(load_plan(plan).plan), 12.0, 2.0)))
+        load.start()
+        time.sleep(1.0)
+        old_alpha = [r for r in load_state(state_dir).instances.values() if r.model == "alpha"]
+        data = yaml.safe_load(plan.read_text())
+        data["models"][0]["placements"][0]["share"] -= 10
+        plan.write_text(yaml.safe_dump(data, sort_keys=False))  # the operator's new plan: a swap
+        alpha = lambda: [r for r in load_state(state_dir).instances.values() if r.model == "alpha"]  # noqa: E731
+        wait_for(lambda: len(alpha()) == 2, what="the shadow instance")
+        ctl.send_signal(signal.SIGKILL)  # mid-swap: the new instance is starting, the old one serves
+        ctl.wait()
+        assert controller_json(state_dir)["target"] == str(plan.resolve())
+        ctl = start_controller(plan, log)
+        wait_for(lambda: controller_json(state_dir).get("target") == "" and len(alpha()) == 1, what="convergence")
+        load.join()
+    finally:
+        ctl.terminate()
+        ctl.wait()
+    (new,) = alpha()
+    assert new.share == data["models"][0]["placements"][0]["share"] and new.uid != old_alpha[0].uid
+    assert LocalRuntime(None, state_dir).health(new).label == "ready"
+    assert not any(process_alive(r.pid, r.start_ticks) for r in old_alpha)
+    assert "resuming" in log.read_text()
+    assert [r.errors[:1] for r in results] == [[], []] and all(r.ok == r.sent > 10 for r in results)
+    assert main(["down", str(plan)]) == 0
