@@ -159,8 +159,9 @@ def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path)
     log = tmp_path / "controller.log"
     ctl = start_controller(plan, log)
     try:
-        wait_for(lambda: controller_json(state_dir).get("applies", 0) >= 1, what="the first apply")
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text()).group(1))
+        listening = lambda: re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text())  # noqa: E731
+        wait_for(listening, what="the controller's endpoint (after its first apply)")
+        port = int(listening().group(1))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
             assert "tritonctl_applies_total 1" in response.read().decode()
         results = []
