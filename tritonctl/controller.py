@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import threading
 import time
@@ -61,7 +62,9 @@ class ControllerConfig:
     min_delta_rps: float = 1.0
     """... and at least this far in requests per second (ignores noise on small rates)."""
     confirm: int = 2
-    """Consecutive ticks a change must last before the controller acts (hysteresis)."""
+    """Consecutive ticks a rise must last before the controller acts (hysteresis)."""
+    confirm_down: int = 5
+    """Consecutive ticks a fall must last: shrinking is never urgent, flapping is costly."""
     cooldown_s: float = 10.0
     """Seconds after an applied change before the next one (no flapping)."""
     headroom: float = 1.1
@@ -151,13 +154,18 @@ class RateEstimator:
 def changed_rates(
     planned: dict[str, float], estimated: dict[str, float | None], cfg: ControllerConfig
 ) -> dict[str, float]:
-    """The models whose estimated rate is beyond the threshold of the planned one -> estimate."""
+    """The models whose estimated rate is beyond the threshold of the planned one -> estimate.
+
+    Beyond means past the relative threshold, the absolute minimum, and three standard
+    deviations of a Poisson count over the window (at 5 req/s a 4 s window counts 20 +- 4.5
+    requests, so 25 % alone would fire on noise).
+    """
     out = {}
     for model, rate in estimated.items():
         if rate is None or model not in planned:
             continue
-        delta = abs(rate - planned[model])
-        if delta > cfg.threshold * planned[model] and delta > cfg.min_delta_rps:
+        noise = 3 * math.sqrt(max(planned[model], 0.1) / cfg.window_s)
+        if abs(rate - planned[model]) > max(cfg.threshold * planned[model], cfg.min_delta_rps, noise):
             out[model] = rate
     return out
 
@@ -407,13 +415,17 @@ class Controller:
         changed = changed_rates(planned, estimated, self.cfg)
         with self.lock:
             self.state.pending = {m: self.state.pending.get(m, 0) + 1 for m in changed}
-            ready = changed and min(self.state.pending.values()) >= self.cfg.confirm
+            ready = {
+                m: r
+                for m, r in changed.items()
+                if self.state.pending[m] >= (self.cfg.confirm if r > planned[m] else self.cfg.confirm_down)
+            }
             cooling = time.time() - self.state.last_change < self.cfg.cooldown_s
             save_controller_state(self.state_dir, self.state)
         if not ready or cooling:
             return None
-        rates = {m: max(0.1, r * self.cfg.headroom) for m, r in changed.items()}
-        why = ", ".join(f"{m} {planned[m]:g} -> {changed[m]:.1f} req/s" for m in changed)
+        rates = {m: max(0.1, r * self.cfg.headroom) for m, r in ready.items()}
+        why = ", ".join(f"{m} {planned[m]:g} -> {ready[m]:.1f} req/s" for m in ready)
         began = time.monotonic()
         plan, failure = rebatch(with_rates(current.plan, rates), self.lm)
         if plan is not None:
