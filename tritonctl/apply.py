@@ -106,9 +106,16 @@ def _steps(
     return steps
 
 
+def _discard(runtime: Runtime, state: State, state_dir: Path, records: list[InstanceRecord]) -> None:
+    for record in records:
+        runtime.stop(record)
+        state.instances.pop(record.uid, None)
+    save_state(state_dir, state)
+
+
 def _start_all(
     loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, steps: list[Step], log: Callable[[str], None]
-) -> None:
+) -> list[InstanceRecord]:
     """Start every new instance and wait until it is loaded and warmed; on failure stop them all and raise.
 
     Each record is saved the moment its process exists, so a crash mid-start leaves nothing
@@ -138,15 +145,13 @@ def _start_all(
                 f"pid {record.pid}, {record.share_mechanism}"
             )
     except BaseException as exc:
-        for record in started:
-            runtime.stop(record)
-            state.instances.pop(record.uid, None)
-        save_state(state_dir, state)
+        _discard(runtime, state, state_dir, started)
         if isinstance(exc, StartError):
             raise TritonctlError(
                 f"apply failed and was rolled back (the running instances keep serving): {exc}", file=loaded.path
             ) from None
         raise
+    return started
 
 
 def _reload_all(
@@ -164,7 +169,10 @@ def _reload_all(
             runtime.reconfigure(record, loaded.plan.runtime.startup_timeout_s)
         except StartError as exc:
             raise TritonctlError(
-                f"{exc}; it keeps serving its previous configuration", file=loaded.path, field="models"
+                f"apply failed and was rolled back: {exc}; it keeps serving its previous configuration "
+                "(reloads before it stay, the new instances were stopped)",
+                file=loaded.path,
+                field="models",
             ) from None
         record.config_hash = rendered[step.instance][1].config_hash
         save_state(loaded.state_dir, state)
@@ -210,8 +218,12 @@ def apply_plan(
         launches = {name: launch for name, (_, launch) in rendered.items()}
         _check_ports(loaded, steps, launches, state)
         state.cluster, state.plan, state.runtime = plan.cluster, str(loaded.path), runtime.name
-        _start_all(loaded, runtime, state, rendered, steps, log)
-        _reload_all(loaded, runtime, state, rendered, steps, log)
+        started = _start_all(loaded, runtime, state, rendered, steps, log)
+        try:
+            _reload_all(loaded, runtime, state, rendered, steps, log)
+        except BaseException:
+            _discard(runtime, state, state_dir, started)
+            raise
         _route(loaded, runtime, state, steps, log)
         for step in steps:
             if step.action == "stop":

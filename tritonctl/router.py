@@ -110,16 +110,21 @@ async def _backend_to_client(conn: Connection, reader: asyncio.StreamReader) -> 
 
 async def drain(conn: Connection, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
     """GOAWAY the client, wait for its forwarded streams to finish, close; whether it finished in time."""
-    await conn.server_started.wait()
-    async with conn.to_client:
-        conn.last_stream = conn.max_stream
-        conn.client_w.write(goaway_frame(conn.last_stream))
-        await conn.client_w.drain()
-    conn.settle()
+
+    async def goaway_then_wait() -> None:
+        await conn.server_started.wait()  # a GOAWAY must not precede the server's SETTINGS
+        if not conn.drained.is_set():
+            async with conn.to_client:
+                conn.last_stream = conn.max_stream
+                conn.client_w.write(goaway_frame(conn.last_stream))
+                await conn.client_w.drain()
+            conn.settle()
+        await conn.drained.wait()
+
     try:
-        await asyncio.wait_for(conn.drained.wait(), timeout_s)
+        await asyncio.wait_for(goaway_then_wait(), timeout_s)
         return True
-    except TimeoutError:
+    except (TimeoutError, ConnectionError, OSError):
         return False
     finally:
         conn.client_w.close()
@@ -178,6 +183,7 @@ class Router:
                 task.cancel()
             route.connections.discard(conn)
             conn.open_streams.clear()
+            conn.server_started.set()  # a drain waiting on a connection that ended goes through
             conn.drained.set()
             client_w.close()
             backend_w.close()
