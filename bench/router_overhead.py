@@ -1,0 +1,61 @@
+"""What the router costs: the same deployment loaded through the router and straight at the instances.
+
+    python bench/router_overhead.py [--duration 12] [--rounds 2]
+
+Plans the CPU demo cluster with `spread` (own ports and state), applies it, then sends the
+demo's Poisson traffic alternately to the models' addresses (the router) and to the
+instances' own gRPC ports, `--rounds` times each, and prints p50 and p99 per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from tritonctl.apply import apply_plan, down
+from tritonctl.client import endpoints, run_load
+from tritonctl.export import materialize
+from tritonctl.plan import load_plan, save_plan
+from tritonctl.planner import make_plan
+from tritonctl.runtime.binary import find_tritonserver
+from tritonctl.runtime.local import LocalRuntime
+from tritonctl.spec import Cluster, load_cluster
+from tritonctl.state import load_state
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
+WORK = REPO / ".tritonctl" / "router-bench"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of (router, direct)")
+    parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
+    args = parser.parse_args()
+    demo = load_cluster(CLUSTER)
+    runtime = demo.spec.runtime.model_copy(update={"base_port": args.base_port, "state_dir": str(WORK / "state")})
+    cluster = Cluster(demo.spec.model_copy(update={"runtime": runtime}), demo.path)
+    path = WORK / "plan.yaml"
+    save_plan(make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", path, log=lambda _: None), path)
+    loaded = load_plan(path)
+    triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
+    apply_plan(loaded, triton, log=lambda _: None)
+    try:
+        records = {r.model: r for r in load_state(loaded.state_dir).instances.values()}
+        routed = endpoints(loaded.plan)
+        own = {m: f"{r.host}:{r.backend_port}" for m, r in records.items()}
+        direct = [dataclasses.replace(e, url=own[e.model]) for e in routed]
+        print(f"{'round':5} {'path':7} " + " ".join(f"{e.model + ' p50/p99 ms':>26}" for e in routed))
+        for round_ in range(args.rounds):
+            for name, targets in (("router", routed), ("direct", direct)):
+                results = run_load(targets, args.duration, seed=round_)
+                cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
+                print(f"{round_:5d} {name:7} {cells}", flush=True)
+    finally:
+        down(loaded.state_dir, triton, log=lambda _: None)
+
+
+if __name__ == "__main__":
+    main()
