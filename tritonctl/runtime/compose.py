@@ -156,9 +156,12 @@ class ComposeRuntime:
                 file=self.compose_file,
             )
         try:
-            return yaml.safe_load(self.compose_file.read_text())
+            project = yaml.safe_load(self.compose_file.read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise TritonctlError(f"cannot read the Compose project: {exc}", file=self.compose_file) from None
+        if not isinstance(project, dict) or not isinstance(project.get("name"), str):
+            raise TritonctlError("not a project tritonctl rendered (no name): render it again", file=self.compose_file)
+        return project
 
     def _compose(self, *args: str, with_file: bool = False) -> list[str]:
         # stop, rm, ps and logs go by project name alone (no -f): docker compose then finds the
