@@ -1,5 +1,6 @@
 """The Compose target: a valid project whose services match the plan, refusals that write nothing,
-and the Compose runtime's dry-run command sequence for a shadow swap. No Docker engine needed."""
+and the Compose runtime's dry-run command sequences for the swap scenarios the local runtime
+passes (through `tritonctl apply --runtime compose --dry-run` where it can). No Docker engine needed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO, make_mlp, mlp_model, write_cluster
-from tritonctl.apply import apply_plan
+from tritonctl.apply import apply_plan, down
 from tritonctl.cli import main
 from tritonctl.compose import LABEL, write_compose
 from tritonctl.errors import TritonctlError
@@ -90,6 +91,16 @@ def test_project_is_valid_compose_and_every_reference_resolves(gpu_plan, tmp_pat
     sidecar = services["tritonctl-sidecar"]
     assert (Path(env["TRITONCTL_SRC"]) / sidecar["build"]["dockerfile"]).is_file()
     assert "/var/run/docker.sock" in [v["target"] for v in sidecar["volumes"]]
+    assert sidecar["command"][:3] == [f"${{PLAN_FILE:-{gpu_plan}}}", "--runtime", "compose"]
+    assert sidecar["depends_on"]["router"]["condition"] == "service_healthy"
+    work = Path(env["WORK_DIR"])  # the sidecar sees the plan, its state and the project at their host paths
+    assert all(p.is_relative_to(work) for p in (gpu_plan, out, load_plan(gpu_plan).state_dir))
+    router = services["router"]
+    assert router["network_mode"] == "host" and "profiles" not in router
+    assert router["entrypoint"] == ["python", "-m", "tritonctl.router"]
+    assert "--control-host=${ROUTER_CONTROL_ADDRESS:-127.0.0.1}" in router["command"]
+    assert router["volumes"][0]["source"] == "router-state" and router["image"] == sidecar["image"]
+    assert env["ROUTER_ADDRESS"] == "0.0.0.0" and env["TRITON_GRPC_ADDRESS"] == "127.0.0.1"
     proxied = services["tritonctl-sidecar-proxied"]
     assert "/var/run/docker.sock" not in [v["target"] for v in proxied["volumes"]]
     assert services["docker-socket-proxy"]["profiles"] == proxied["profiles"] == ["sidecar-proxied"]
@@ -112,7 +123,9 @@ def test_triton_services_carry_the_plans_shares_gpus_and_ports(gpu_plan, tmp_pat
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         assert device["device_ids"] == [str(plan.device(placement.device).index)]
         command = spec["command"]
-        assert f"--grpc-port={model.port}" in command and "--reuse-grpc-port=true" in command
+        grpc = int(spec["labels"][f"{LABEL}.grpc-port"])  # its own: the model's port is the router's
+        assert f"--grpc-port={grpc}" in command and not any("reuse" in arg for arg in command)
+        assert spec["labels"][f"{LABEL}.model-port"] == str(model.port) and spec["profiles"] == ["triton"]
         assert "--model-control-mode=explicit" in command and f"--load-model={model.name}" in command
         assert spec["network_mode"] == "host" and spec["ipc"] == "service:mps-daemon"
         assert spec["volumes"][0]["read_only"] is True and spec["volumes"][0]["target"] == "/models"
@@ -120,10 +133,12 @@ def test_triton_services_carry_the_plans_shares_gpus_and_ports(gpu_plan, tmp_pat
         assert f"--http-port={http}" in command and f"--metrics-port={metrics}" in command
         assert spec["healthcheck"]["test"][-1].endswith(f":{http}/v2/health/ready")
         assert spec["depends_on"]["mps-daemon"]["condition"] == "service_healthy"
-        instance_ports += [http, metrics]
+        instance_ports += [grpc, http, metrics]
     assert len(set(instance_ports)) == len(instance_ports)
-    assert not set(instance_ports) & {m.port for m in plan.models}
-    assert services["alpha-0"]["labels"][f"{LABEL}.grpc-port"] == services["alpha-1"]["labels"][f"{LABEL}.grpc-port"]
+    assert not set(instance_ports) & (
+        {m.port for m in plan.models} | {int(read_env(out / ".env")["ROUTER_CONTROL_PORT"])}
+    )
+    assert services["alpha-0"]["labels"][f"{LABEL}.model-port"] == services["alpha-1"]["labels"][f"{LABEL}.model-port"]
     daemon = project["services"]["mps-daemon"]
     assert daemon["entrypoint"] == ["nvidia-cuda-mps-control", "-f"] and daemon["ipc"] == "shareable"
     assert daemon["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1"]
@@ -148,10 +163,25 @@ def test_rerender_is_stable_and_a_changed_instance_gets_ports_clear_of_the_runni
     new = [n for n, s in after.items() if s.get("labels", {}).get(f"{LABEL}.instance") == changed]
     assert old and new and old != new
     assert all(after[name] == spec for name, spec in before.items() if name not in old)
-    held = {
-        int(s["labels"][f"{LABEL}.{k}-port"]) for s in before.values() if "labels" in s for k in ("http", "metrics")
-    }
-    assert not {int(after[new[0]]["labels"][f"{LABEL}.{k}-port"]) for k in ("http", "metrics")} & held
+    kinds = ("grpc", "http", "metrics")
+    held = {int(s["labels"][f"{LABEL}.{k}-port"]) for s in before.values() if "labels" in s for k in kinds}
+    assert not {int(after[new[0]]["labels"][f"{LABEL}.{k}-port"]) for k in kinds} & held
+
+
+def test_rerender_keeps_the_operators_env_values(gpu_plan, tmp_path):
+    out = tmp_path / "out"
+    assert render(gpu_plan, out) == 0
+    env = (out / ".env").read_text()
+    (out / ".env").write_text(env.replace("TRITON_TAG=24.10-py3", "TRITON_TAG=25.01-py3"))
+    assert render(gpu_plan, out) == 0
+    assert read_env(out / ".env")["TRITON_TAG"] == "25.01-py3"
+
+
+def test_model_port_on_the_routers_control_port_is_refused(gpu_plan, tmp_path, capsys):
+    edit(gpu_plan, lambda d: d["models"][1].update(port=18090))
+    assert render(gpu_plan, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "models[1].port" in err and "router's control port" in err
 
 
 def _gpus_1(plan: Path) -> list[str]:
@@ -219,36 +249,49 @@ def test_model_port_on_a_running_services_http_port_is_refused(gpu_plan, tmp_pat
     assert (out / "compose.yaml").read_text() == text
 
 
+COMPOSE = ["docker", "compose", "-p", "tritonctl-test"]
+
+
+def _service(runtime: ComposeRuntime, instance: str):
+    return next(s for s in runtime.services.values() if s.launch.instance == instance)
+
+
 def _swap_setup(gpu_plan: Path, out: Path, outcome=None):
-    """Render, start alpha-0, change its share, re-render: (runtime, old record, new launch)."""
+    """Render, start alpha-0, change its share and prepare again: (runtime, old record, new service, lines)."""
     lines: list[str] = []
     runner = CommandRunner(dry_run=True, log=lines.append)
-    project = write_compose(load_plan(gpu_plan), out, 2)
-    runtime = ComposeRuntime(out / "compose.yaml", runner)
-    old = runtime.start(project.services["alpha-0"].launch, out, "127.0.0.1", out, 30)
+    write_compose(load_plan(gpu_plan), out, 2)
+    runtime = ComposeRuntime(out, runner, gpus=2)
+    runtime.prepare(load_plan(gpu_plan), write=True)
+    old = runtime.start(_service(runtime, "alpha-0").launch, out, "127.0.0.1", out, 30)
     edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=45))
-    new = write_compose(load_plan(gpu_plan), out, 2).services["alpha-0"]
+    runtime.prepare(load_plan(gpu_plan), write=True)
     runner.steps.clear()
     lines.clear()
     if outcome:
         runner.dry_outcome = outcome
-    return runtime, old, new, lines
+    return runtime, old, _service(runtime, "alpha-0"), lines
 
 
 def test_shadow_swap_starts_and_waits_for_the_new_service_before_retiring_the_old(gpu_plan, tmp_path):
     runtime, old, new, lines = _swap_setup(gpu_plan, tmp_path / "out")
     record = runtime.start(new.launch, tmp_path, "127.0.0.1", tmp_path, 30)
+    runtime.route("127.0.0.1", record.grpc_port, [record])
     runtime.stop(old)
     old_service = old.uid.rsplit(".", 1)[0]
-    assert old_service != new.name and record.grpc_port == old.grpc_port and record.http_port != old.http_port
-    compose = ["docker", "compose", "-p", "tritonctl-test"]
+    assert old_service != new.name and record.grpc_port == old.grpc_port
+    assert record.backend_port == new.grpc_port != old.backend_port and record.http_port != old.http_port
+    control = "http://127.0.0.1:18090"
     assert runtime.runner.steps == [
-        [*compose, "-f", str(tmp_path / "out" / "compose.yaml"), "up", "-d", "--no-deps", "--force-recreate", new.name],
+        [*COMPOSE, "-f", str(tmp_path / "out" / "compose.yaml"), "up", "-d", "--no-deps", "--force-recreate", new.name],
         ["wait-ready", f"http://127.0.0.1:{new.http_port}/v2/models/alpha/ready", "30"],
-        [*compose, "stop", "--timeout", "15", old_service],
-        [*compose, "rm", "--force", old_service],
+        [*COMPOSE, "-f", str(tmp_path / "out" / "compose.yaml"), "up", "-d", "--no-deps", "router"],
+        ["wait-ready", f"{control}/routes", "30"],
+        ["put", f"{control}/routes/{record.grpc_port}", json.dumps({"backends": [f"127.0.0.1:{new.grpc_port}"]})],
+        [*COMPOSE, "stop", "--timeout", "15", old_service],
+        [*COMPOSE, "rm", "--force", old_service],
     ]
-    assert len(lines) == 4 and all(line.startswith("+ ") for line in lines)
+    assert len(lines) == 7 and all(line.startswith("+ ") for line in lines)
 
 
 @pytest.mark.parametrize("failing", ["up", "wait-ready"])
@@ -261,31 +304,120 @@ def test_failed_start_of_the_new_service_leaves_the_old_untouched(gpu_plan, tmp_
     assert not any(old.uid.rsplit(".", 1)[0] in " ".join(step) for step in steps)
 
 
-def test_apply_through_the_compose_runtime_replaces_only_the_changed_instance(gpu_plan, tmp_path):
-    """The apply logic drives the Compose runtime as it drives the local one (runner in dry-run mode)."""
-    out = tmp_path / "out"
-    runner = CommandRunner(dry_run=True, log=lambda _: None)
-    write_compose(load_plan(gpu_plan), out, 2)
-    runtime = ComposeRuntime(out / "compose.yaml", runner)
+# ---- the same scenarios through the CLI's dry run --------------------------------------
+
+
+def _deploy(gpu_plan: Path, runner: CommandRunner | None = None) -> ComposeRuntime:
+    """Render into compose/ beside the plan and apply it through a dry runner: a recorded deployment."""
+    assert render(gpu_plan, gpu_plan.parent / "compose") == 0
+    runtime = ComposeRuntime(gpu_plan.parent / "compose", runner or CommandRunner(dry_run=True, log=lambda _: None))
     apply_plan(load_plan(gpu_plan), runtime, log=lambda _: None)
+    return runtime
+
+
+def _dry(capsys, *argv: str) -> list[str]:
+    """What `tritonctl ARGV --dry-run` says it would run (the "+ " lines, without the "+ ")."""
+    capsys.readouterr()
+    assert main([*argv, "--dry-run"]) == 0
+    return [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
+
+
+def _at(lines: list[str], *words: str) -> int:
+    """Index of the only line with every word."""
+    (index,) = [i for i, line in enumerate(lines) if all(w in line for w in words)]
+    return index
+
+
+def _snapshot(gpu_plan: Path) -> tuple[str, str]:
+    """The state file and compose.yaml: a dry run changes neither."""
+    state = load_plan(gpu_plan).state_dir / "state.json"
+    return state.read_text() if state.exists() else "", (gpu_plan.parent / "compose" / "compose.yaml").read_text()
+
+
+def test_dry_run_of_a_new_deployment_starts_every_service_then_routes(gpu_plan, capsys):
+    assert render(gpu_plan, gpu_plan.parent / "compose") == 0
+    before = _snapshot(gpu_plan)
+    lines = _dry(capsys, "apply", str(gpu_plan), "--runtime", "compose")
+    services = write_compose(load_plan(gpu_plan), gpu_plan.parent / "compose", 2, write=False).services
+    for service in services.values():
+        assert _at(lines, "up -d --no-deps --force-recreate", service.name) < _at(lines, f":{service.http_port}/")
+    router = _at(lines, "up -d --no-deps router")
+    assert router > max(_at(lines, f":{s.http_port}/") for s in services.values())
+    for model in load_plan(gpu_plan).plan.models:
+        backends = [f"127.0.0.1:{s.grpc_port}" for s in services.values() if s.launch.model == model.name]
+        assert _at(lines, f"PUT http://127.0.0.1:18090/routes/{model.port}", json.dumps(backends)) > router
+    assert not any(" stop " in line for line in lines)
+    assert _snapshot(gpu_plan) == before
+
+
+def test_dry_run_of_a_share_change_switches_the_route_before_stopping_the_old_service(gpu_plan, capsys):
+    runtime = _deploy(gpu_plan)
+    (old,) = [r for r in load_state(load_plan(gpu_plan).state_dir).instances.values() if r.instance == "alpha-0"]
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=45))
+    before = _snapshot(gpu_plan)
+    lines = _dry(capsys, "apply", str(gpu_plan), "--runtime", "compose")
+    new = write_compose(load_plan(gpu_plan), runtime.folder, 2, write=False).services["alpha-0"]
+    old_service = old.uid.rsplit(".", 1)[0]
+    started = _at(lines, "--force-recreate")  # the only Triton service started: alpha-0's new one
+    assert lines[started].endswith(new.name)
+    switch = _at(lines, f"/routes/{old.grpc_port}")
+    assert f"127.0.0.1:{new.grpc_port}" in lines[switch] and f":{old.backend_port}" not in lines[switch]
+    assert started < _at(lines, f":{new.http_port}/v2/models/alpha/ready") < switch
+    assert switch < _at(lines, "stop --timeout", old_service) < _at(lines, "rm --force", old_service)
+    assert _snapshot(gpu_plan) == before
+
+
+def test_dry_run_of_a_batch_change_reloads_in_place(gpu_plan, capsys):
+    _deploy(gpu_plan)
+    (old,) = [r for r in load_state(load_plan(gpu_plan).state_dir).instances.values() if r.instance == "alpha-0"]
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(batch=4))
+    lines = _dry(capsys, "apply", str(gpu_plan), "--runtime", "compose")
+    assert _at(lines, f"POST http://127.0.0.1:{old.http_port}/v2/repository/models/alpha/load") >= 0
+    assert not any("--force-recreate" in line or " stop " in line for line in lines)
+
+
+def test_failed_start_in_apply_rolls_back_and_leaves_the_old_service_serving(gpu_plan):
+    runner = CommandRunner(dry_run=True, log=lambda _: None)
+    _deploy(gpu_plan, runner)
     state_dir = load_plan(gpu_plan).state_dir
     before = load_state(state_dir).instances
-
-    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=45))
-    write_compose(load_plan(gpu_plan), out, 2)
-    runner.steps.clear()
-    apply_plan(load_plan(gpu_plan), runtime, log=lambda _: None)
-    changes = [step[-1] if step[0] == "docker" else step[0] for step in runner.steps if "ps" not in step]
-    changes = [c for c in changes if c != "probe"]
     (old,) = [r for r in before.values() if r.instance == "alpha-0"]
-    (new,) = [r for r in load_state(state_dir).instances.values() if r.instance == "alpha-0"]
-    old_service, new_service = old.uid.rsplit(".", 1)[0], new.uid.rsplit(".", 1)[0]
-    assert changes == [new_service, "wait-ready", old_service, old_service]
-    assert {u for u in load_state(state_dir).instances} == {u for u in before if u != old.uid} | {new.uid}
+    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=45))
+    runner.steps.clear()
+    runner.dry_outcome = lambda step: Outcome("--force-recreate" not in step, "dry-run", "no such image")
+    with pytest.raises(TritonctlError, match="rolled back.*no such image"):
+        apply_plan(load_plan(gpu_plan), ComposeRuntime(gpu_plan.parent / "compose", runner), log=lambda _: None)
+    assert load_state(state_dir).instances.keys() == before.keys()
+    assert runner.steps[-1][-3:] == ["--stop", "--force", runner.steps[-2][-1]]  # the new service, removed
+    retire = [step for step in runner.steps if old.uid.rsplit(".", 1)[0] in step and {"stop", "rm"} & set(step)]
+    assert not retire and not any(step[0] == "put" for step in runner.steps)  # the routes never moved
 
-    edit(gpu_plan, lambda d: d["models"][0]["placements"][0].update(share=40))
-    write_compose(load_plan(gpu_plan), out, 2)
-    runner.dry_outcome = lambda step: Outcome("up" not in step, "dry-run")
-    with pytest.raises(TritonctlError, match="rolled back"):
-        apply_plan(load_plan(gpu_plan), runtime, log=lambda _: None)
-    assert new.uid in load_state(state_dir).instances
+
+def test_down_closes_the_routes_stops_every_service_then_the_router(gpu_plan, capsys):
+    runner = CommandRunner(dry_run=True, log=lambda _: None)
+    _deploy(gpu_plan, runner)
+    state_dir = load_plan(gpu_plan).state_dir
+    records = load_state(state_dir).instances.values()
+    before = _snapshot(gpu_plan)
+    lines = _dry(capsys, "down", str(gpu_plan))
+    assert _snapshot(gpu_plan) == before
+    closes = [_at(lines, f"/routes/{port}", '{"backends": []}') for port in {r.grpc_port for r in records}]
+    stops = [_at(lines, "stop --timeout", r.uid.rsplit(".", 1)[0]) for r in records]
+    assert max(closes) < min(stops) and max(stops) < _at(lines, "stop router") < _at(lines, "rm --force router")
+
+    assert down(state_dir, ComposeRuntime(gpu_plan.parent / "compose", runner), log=lambda _: None) == len(records)
+    assert not load_state(state_dir).instances
+
+
+def test_status_asks_the_compose_runtime(gpu_plan, capsys):
+    _deploy(gpu_plan)
+    capsys.readouterr()
+    assert main(["status", str(gpu_plan)]) == 1  # no Docker engine here: every service reads as dead
+    out = capsys.readouterr().out
+    assert "by the compose runtime" in out and out.count(" dead ") == 4
+
+
+def test_apply_without_a_rendered_project_is_refused(gpu_plan, tmp_path, capsys):
+    assert main(["apply", str(gpu_plan), "--runtime", "compose", "--compose-dir", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no Compose project" in err and "--target compose" in err

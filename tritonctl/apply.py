@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -91,10 +93,17 @@ def _check_ports(loaded: LoadedPlan, steps: list[Step], launches: dict[str, Laun
 def _steps(
     loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, log: Callable[[str], None]
 ) -> list[Step]:
-    """Check the state belongs to this plan's cluster; log and return the steps."""
+    """Check the state belongs to this plan's cluster and runtime; log and return the steps."""
     if state.cluster and state.cluster != loaded.plan.cluster:
         raise TritonctlError(
             f"the state folder belongs to cluster {state.cluster!r}, not {loaded.plan.cluster!r}",
+            file=loaded.path,
+            field="runtime.state_dir",
+        )
+    if state.instances and state.runtime != runtime.name:
+        raise TritonctlError(
+            f"the deployment in {loaded.state_dir} runs on the {state.runtime} runtime, not {runtime.name}: "
+            f"apply with --runtime {state.runtime}, or `tritonctl down` it first",
             file=loaded.path,
             field="runtime.state_dir",
         )
@@ -106,15 +115,25 @@ def _steps(
     return steps
 
 
-def _discard(runtime: Runtime, state: State, state_dir: Path, records: list[InstanceRecord]) -> None:
+Save = Callable[[State], None]
+
+
+def _discard(runtime: Runtime, state: State, save: Save, records: list[InstanceRecord]) -> None:
+    """Stop instances this apply started and forget them."""
     for record in records:
         runtime.stop(record)
         state.instances.pop(record.uid, None)
-    save_state(state_dir, state)
+    save(state)
 
 
 def _start_all(
-    loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, steps: list[Step], log: Callable[[str], None]
+    loaded: LoadedPlan,
+    runtime: Runtime,
+    state: State,
+    rendered: dict,
+    steps: list[Step],
+    log: Callable[[str], None],
+    save: Save,
 ) -> list[InstanceRecord]:
     """Start every new instance and wait until it is loaded and warmed; on failure stop them all and raise.
 
@@ -127,7 +146,7 @@ def _start_all(
     def persist(record: InstanceRecord) -> None:
         started.append(record)
         state.instances[record.uid] = record
-        save_state(state_dir, state)
+        save(state)
 
     try:
         for step in steps:
@@ -145,7 +164,7 @@ def _start_all(
                 f"pid {record.pid}, {record.share_mechanism}"
             )
     except BaseException as exc:
-        _discard(runtime, state, state_dir, started)
+        _discard(runtime, state, save, started)
         if isinstance(exc, StartError):
             raise TritonctlError(
                 f"apply failed and was rolled back (the running instances keep serving): {exc}", file=loaded.path
@@ -155,7 +174,13 @@ def _start_all(
 
 
 def _reload_all(
-    loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, steps: list[Step], log: Callable[[str], None]
+    loaded: LoadedPlan,
+    runtime: Runtime,
+    state: State,
+    rendered: dict,
+    steps: list[Step],
+    log: Callable[[str], None],
+    save: Save,
 ) -> None:
     """Reload in place the models whose batch or queue delay changed; Triton serves the old config meanwhile."""
     placements = {p.instance: p for _, p in loaded.plan.instances()}
@@ -175,7 +200,7 @@ def _reload_all(
                 field="models",
             ) from None
         record.config_hash = rendered[step.instance][1].config_hash
-        save_state(loaded.state_dir, state)
+        save(state)
         log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
 
 
@@ -202,27 +227,32 @@ def apply_plan(
     The model repositories on disk always hold the latest applied plan; a running instance
     keeps what it loaded until it is reloaded or replaced.
 
-    A dry run takes no lock and writes nothing: it reads the state and prints the steps.
+    A dry run takes no lock and writes nothing: it reads the state and prints the steps, and,
+    with a runtime that rehearses (Compose in dry-run mode), walks through them with it, so
+    that runtime prints every command it would run (host ports are not checked).
     """
-    if dry_run:
+    if dry_run and not runtime.rehearses:
+        loaded = runtime.prepare(loaded, write=False)
         return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)
-    plan = loaded.plan
     state_dir = loaded.state_dir
-    with apply_lock(state_dir):
+    with nullcontext() if dry_run else apply_lock(state_dir):
+        loaded = runtime.prepare(loaded, write=not dry_run)
+        plan = loaded.plan
         state = load_state(state_dir)
-        rendered = render(loaded)
+        save: Save = (lambda _: None) if dry_run else partial(save_state, state_dir)
+        rendered = render(loaded, write=not dry_run)
         steps = _steps(loaded, runtime, state, rendered, log)
         if all(step.action == "keep" for step in steps):
             _route(loaded, runtime, state, steps, log=lambda _: None)  # heals a router that died
             return steps
-        launches = {name: launch for name, (_, launch) in rendered.items()}
-        _check_ports(loaded, steps, launches, state)
+        if not dry_run:
+            _check_ports(loaded, steps, {name: launch for name, (_, launch) in rendered.items()}, state)
         state.cluster, state.plan, state.runtime = plan.cluster, str(loaded.path), runtime.name
-        started = _start_all(loaded, runtime, state, rendered, steps, log)
+        started = _start_all(loaded, runtime, state, rendered, steps, log, save)
         try:
-            _reload_all(loaded, runtime, state, rendered, steps, log)
+            _reload_all(loaded, runtime, state, rendered, steps, log, save)
         except BaseException:
-            _discard(runtime, state, state_dir, started)
+            _discard(runtime, state, save, started)
             raise
         _route(loaded, runtime, state, steps, log)
         for step in steps:
@@ -232,23 +262,30 @@ def apply_plan(
                 log(f"  stopping {record.uid}: {step.reason} ...")
                 runtime.stop(record)
                 del state.instances[step.uid]
-                save_state(state_dir, state)
+                save(state)
                 log(f"  stopped  {record.uid} in {time.monotonic() - began:.1f} s")
         return steps
 
 
-def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print) -> int:
-    """Stop every recorded instance; returns how many were stopped."""
-    with apply_lock(state_dir):
+def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print, dry_run: bool = False) -> int:
+    """Close every model address, stop every recorded instance and what runs beside them; returns how
+    many instances were (in a dry run: would be) stopped. A dry run saves nothing and calls the runtime
+    only if it rehearses."""
+    with nullcontext() if dry_run else apply_lock(state_dir):
         state = load_state(state_dir)
+        act = runtime.rehearses or not dry_run
+        save: Save = (lambda _: None) if dry_run else partial(save_state, state_dir)
         count = len(state.instances)
         for host, port in sorted({(record.host, record.grpc_port) for record in state.instances.values()}):
-            log(f"  switch   {runtime.route(host, port, [])}")
+            log(f"  switch   {runtime.route(host, port, []) if act else f'port {port} -> closed'}")
         for uid in list(state.instances):
             log(f"  stopping {uid}")
-            runtime.stop(state.instances.pop(uid))
-            save_state(state_dir, state)
-        runtime.shutdown()
+            record = state.instances.pop(uid)
+            if act:
+                runtime.stop(record)
+            save(state)
+        if act:
+            runtime.shutdown()
         state.cluster = state.plan = ""
-        save_state(state_dir, state)
+        save(state)
         return count

@@ -21,12 +21,14 @@ from tritonctl.export import materialize
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
-from tritonctl.plan import load_plan, save_plan
+from tritonctl.plan import LoadedPlan, load_plan, save_plan
 from tritonctl.planner import check_latency_model, make_plan
 from tritonctl.policies import POLICIES
 from tritonctl.render import render
 from tritonctl.runtime import share
+from tritonctl.runtime.base import Runtime
 from tritonctl.runtime.binary import find_tritonserver
+from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
 from tritonctl.runtime.local import LocalRuntime
 from tritonctl.simulate import format_sim, read_trace, simulate
 from tritonctl.spec import load_cluster
@@ -174,25 +176,53 @@ def cmd_render(args) -> int:
         project = write_compose(loaded, out, gpus)
         for name, service in project.services.items():
             _say(f"  {name:24} {service.name}  (GPU {service.device_index}, MPS {service.launch.share}%)")
-        _say(f"Compose project {project.name} written to {out}; on the GPU host: cd {out} && docker compose up -d")
+        _say(
+            f"Compose project {project.name} written to {out}; on the GPU host: (cd {out} && docker compose up -d) "
+            f"&& tritonctl apply {loaded.path} --runtime compose --compose-dir {out}"
+        )
         return 0
     for name, (folder, launch) in render(loaded).items():
         _say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
     return 0
 
 
-def _apply(plan_path: Path, dry_run: bool = False) -> None:
-    loaded = load_plan(plan_path)
+def _runtime(
+    loaded: LoadedPlan, name: str, compose_dir: str | None, dry_run: bool = False, starts: bool = True
+) -> Runtime:
+    """The runtime `name` for the plan; `starts`: it will start instances (the local one needs tritonserver)."""
+    if name == "compose":
+        folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
+        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=_say), host_gpu_count())
+    if not starts:
+        return LocalRuntime(None, loaded.state_dir)
     if loaded.plan.target == "gpu":
         raise TritonctlError(
-            "this plan targets GPUs; the local runtime runs CPU plans (render it and deploy on a GPU host)",
+            "this plan targets GPUs; the local runtime runs CPU plans (on a GPU host: render it with "
+            "--target compose and use --runtime compose)",
             file=loaded.path,
             field="target",
         )
-    runtime = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
-    _say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
-    if share.mechanism() == "none":
-        _say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
+    return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
+
+
+def _applied_runtime(args) -> tuple[LoadedPlan, Runtime]:
+    """The plan and the runtime its state says applied it (to look at or stop what runs)."""
+    loaded = load_plan(args.plan)
+    name = load_state(loaded.state_dir).runtime
+    return loaded, _runtime(loaded, name, args.compose_dir, getattr(args, "dry_run", False), starts=False)
+
+
+def _apply(plan_path: Path, dry_run: bool = False, runtime_name: str = "local", compose_dir: str | None = None) -> None:
+    loaded = load_plan(plan_path)
+    runtime = _runtime(loaded, runtime_name, compose_dir, dry_run)
+    if isinstance(runtime, ComposeRuntime):
+        _say(f"applying {loaded.path} through the Compose project in {runtime.folder}")
+        if dry_run:
+            _say("dry run: the docker commands and HTTP calls below are printed, not made")
+    else:
+        _say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
+        if share.mechanism() == "none":
+            _say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
     started = time.monotonic()
     steps = apply_plan(loaded, runtime, log=_say, dry_run=dry_run)
     changed = sum(step.action != "keep" for step in steps)
@@ -201,20 +231,18 @@ def _apply(plan_path: Path, dry_run: bool = False) -> None:
 
 
 def cmd_apply(args) -> int:
-    _apply(Path(args.plan), args.dry_run)
+    _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir)
     return 0
 
 
 def cmd_controller(args) -> int:
     loaded = load_plan(args.plan)
-    if loaded.plan.target == "gpu":
-        raise TritonctlError("the controller drives the local runtime, which runs CPU plans", file=loaded.path)
     if args.policy not in POLICIES:
         raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
+    runtime = _runtime(loaded, args.runtime, args.compose_dir)
     lm = load_latency_model(args.latency_model) if args.latency_model else None
     if lm is None:
         _say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")
-    runtime = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
     controller = Controller(loaded.path, runtime, lm, args.policy, cfg, log=_say)
     server = controller.serve(args.host, args.port)
@@ -258,7 +286,7 @@ def cmd_status(args) -> int:
     if not state.instances:
         _say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
-    runtime = LocalRuntime(None, loaded.state_dir)
+    _, runtime = _applied_runtime(args)
     _say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
     _say(
         f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
@@ -285,9 +313,9 @@ def cmd_endpoints(args) -> int:
 
 
 def cmd_down(args) -> int:
-    state_dir = load_plan(args.plan).state_dir
-    count = down(state_dir, LocalRuntime(None, state_dir), log=_say)
-    _say(f"stopped {count} instance(s)")
+    loaded, runtime = _applied_runtime(args)
+    count = down(loaded.state_dir, runtime, log=_say, dry_run=args.dry_run)
+    _say(f"{'would stop' if args.dry_run else 'stopped'} {count} instance(s)")
     return 0
 
 
@@ -323,7 +351,7 @@ def cmd_demo(args) -> int:
     _say("== 4/4 load")
     rc = _load(plan_path, args.duration, 1.0)
     if args.teardown:
-        cmd_down(argparse.Namespace(plan=str(plan_path)))
+        cmd_down(argparse.Namespace(plan=str(plan_path), compose_dir=None, dry_run=False))
     else:
         first = endpoints(load_plan(plan_path).plan)[0]
         _say(
@@ -356,6 +384,21 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
         return p
+
+    def add_compose_dir(p):
+        p.add_argument(
+            "--compose-dir",
+            help="compose: the project folder (tritonctl render --target compose; default: compose/ beside the plan)",
+        )
+
+    def add_runtime(p):
+        p.add_argument(
+            "--runtime",
+            choices=["local", "compose"],
+            default="local",
+            help="local: tritonserver processes here (CPU plans); compose: services of a rendered Compose project",
+        )
+        add_compose_dir(p)
 
     p = add("export", cmd_export, "export the cluster's torchvision models to ONNX (cached by content)")
     p.add_argument("cluster", help="cluster.yaml")
@@ -392,9 +435,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-o", "--output", help="compose: project folder (default: compose/ beside the plan)")
     p.add_argument("--gpus", type=int, help="compose: GPUs on the target host (default: count them here, if any)")
-    p = add("apply", cmd_apply, "start or change local Triton instances to match a plan")
+    p = add("apply", cmd_apply, "start or change Triton instances to match a plan")
     p.add_argument("plan", help="plan.yaml")
-    p.add_argument("--dry-run", action="store_true", help="print the steps without doing them")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the steps without doing them (compose: also every docker command and HTTP call)",
+    )
+    add_runtime(p)
     p = add(
         "controller",
         cmd_controller,
@@ -408,12 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")
     p.add_argument("--threshold", type=_positive, default=0.25, help="relative rate change that acts (default 0.25)")
     p.add_argument("--cooldown", type=float, default=10.0, help="seconds between two changes (default 10)")
+    add_runtime(p)
     p = add("status", cmd_status, "show the running instances, their shares, ports and health")
     p.add_argument("plan", help="plan.yaml")
+    add_compose_dir(p)
     p = add("endpoints", cmd_endpoints, "show where clients send requests for each model")
     p.add_argument("plan", help="plan.yaml")
-    p = add("down", cmd_down, "stop every instance of the deployment")
+    p = add("down", cmd_down, "stop every instance of the deployment (through the runtime that applied it)")
     p.add_argument("plan", help="plan.yaml")
+    p.add_argument("--dry-run", action="store_true", help="print what would be stopped (compose: every command)")
+    add_compose_dir(p)
     p = add("simulate", cmd_simulate, "replay Poisson traffic against a plan in a discrete-event simulator")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")

@@ -1,29 +1,35 @@
-"""Render a GPU plan into a Docker Compose project: the MPS control daemon, one Triton service
-per placement at its MPS share, and the tritonctl sidecar.
+"""Render a GPU plan into a Docker Compose project: the MPS control daemon, the router, one
+Triton service per placement at its MPS share, and the tritonctl sidecar.
 
 Output folder:
 
     compose.yaml            the project (tests validate it against the Compose Specification schema)
-    .env                    what operators change: images and tags, bind addresses, host paths, sidecar access
+    .env                    what operators change: images and tags, bind addresses, host paths, sidecar access;
+                            kept across re-renders (delete it to get the defaults back)
     repository/<instance>/  each instance's model repository (render.py), mounted read-only
 
 Decisions (docker/README.md gives the reasons and trade-offs):
 
-- Triton services use `network_mode: host`: replicas of a model, and the shadow instance that
-  replaces one, all bind the model's stable gRPC port with --reuse-grpc-port, which two
-  containers cannot do through published ports. HTTP and metrics ports are per service and
-  bind to 127.0.0.1 unless .env says otherwise.
+- The router (tritonctl/router.py, as for the local runtime) owns each model's stable gRPC port
+  and forwards to the instances' own gRPC ports; `tritonctl apply --runtime compose` switches it.
+  Triton services are in the profile `triton`: `docker compose up -d` starts the daemon, the
+  router and the sidecar, and the instances are started (and swapped) by apply, by name.
+- Router and Triton services use `network_mode: host`, so every port is a host port; instance
+  ports (gRPC, HTTP, metrics) and the router's control port bind to 127.0.0.1 unless .env says
+  otherwise, and only the router's model ports listen on all interfaces.
 - IPC: the MPS daemon's IPC namespace is `shareable` and every Triton service joins it
   (`ipc: service:mps-daemon`), rather than `ipc: host`; pipe and log directories are named volumes.
-- One service name per instance and config hash, so a shadow instance and the one it replaces
-  are two services of one project. A service keeps its HTTP and metrics ports across renders;
-  a new one takes ports no service of the previous render holds, since both run during a swap.
+- One service name per instance and process hash, so a shadow instance and the one it replaces
+  are two services of one project. A service keeps its ports across renders; a new one takes
+  ports no service of the previous render holds, since both run during a swap.
 - No CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: a plan carries each model's estimated footprint, not a
   memory limit, and a limit set to that estimate would fail allocations Triton makes beyond it.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,34 +45,49 @@ COMPOSE_FILE = "compose.yaml"
 ENV_FILE = ".env"
 REPOSITORY = "repository"
 MPS_DAEMON = "mps-daemon"
+ROUTER = "router"
+TRITON_PROFILE = "triton"
+ROUTES_DIR = "/var/lib/tritonctl-router"
 PIPE_DIR = "/tmp/nvidia-mps"
 LOG_DIR = "/var/log/nvidia-mps"
 MODELS_DIR = "/models"
-PORT_BASE = 18100  # first per-service HTTP/metrics port; clear of Triton's 8000-8002 and node_exporter's 9100
+PORT_BASE = 18100  # first per-instance port; clear of Triton's 8000-8002 and node_exporter's 9100
 LABEL = "tritonctl"
 SOURCE = TEMPLATES.parent  # the repository the sidecar image is built from
 
 # (variable, default, what it is): the only values compose.yaml takes from the environment.
 SETTINGS = [
     ("TRITON_IMAGE", "nvcr.io/nvidia/tritonserver", "Triton image (NGC); the MPS daemon runs from it too"),
-    ("TRITON_TAG", "24.10-py3", "Triton 24.10 is Triton 2.51, the first with --reuse-grpc-port"),
-    ("TRITON_GRPC_ADDRESS", "0.0.0.0", "where the models' gRPC ports listen (clients connect here)"),
+    ("TRITON_TAG", "24.10-py3", "Triton 24.10 is Triton 2.51 (the release tritonctl is tested with, on CPU)"),
+    ("TRITON_GRPC_ADDRESS", "127.0.0.1", "each instance's own gRPC port: only the router connects to it"),
     ("TRITON_HTTP_ADDRESS", "127.0.0.1", "HTTP (health, model control: no authentication) stays on loopback"),
     ("TRITON_METRICS_ADDRESS", "127.0.0.1", "Prometheus metrics; 0.0.0.0 to scrape from another host"),
     ("TRITON_SHM_SIZE", "1gb", "/dev/shm of the MPS daemon's IPC namespace, shared by every Triton service"),
     ("MODEL_REPOSITORY", f"./{REPOSITORY}", "rendered model repositories, one folder per instance"),
-    ("DEPLOY_DIR", "", "this folder's absolute path on the host (the sidecar sees it at the same path)"),
-    ("TRITONCTL_SRC", "", "the tritonctl source tree the sidecar image is built from"),
-    ("SIDECAR_IMAGE", "tritonctl-sidecar:0.1.0", "the sidecar image (built from docker/Dockerfile)"),
+    ("ROUTER_ADDRESS", "0.0.0.0", "where the models' stable gRPC ports listen (the router; clients connect here)"),
+    ("ROUTER_CONTROL_ADDRESS", "127.0.0.1", "the router's control endpoint (routes; no authentication)"),
+    ("ROUTER_CONTROL_PORT", "18090", "the router's control port (tritonctl apply and the sidecar switch routes here)"),
+    ("DEPLOY_DIR", "", "this folder's absolute path on the host"),
+    (
+        "WORK_DIR",
+        "",
+        "a host folder holding this folder, the plan, its cluster file, exports and state folder "
+        "(the sidecar sees it at the same path)",
+    ),
+    ("PLAN_FILE", "", "the plan the sidecar's controller follows (applies again when it changes)"),
+    ("TRITONCTL_SRC", "", "the tritonctl source tree the tritonctl image is built from"),
+    ("TRITONCTL_IMAGE", "tritonctl:0.1.0", "the tritonctl image (docker/Dockerfile): the router and the sidecar"),
     ("DOCKER_SOCKET", "/var/run/docker.sock", "the Docker engine's socket on the host"),
     ("SOCKET_PROXY_IMAGE", "tecnativa/docker-socket-proxy:latest", "pin a tag or digest you have reviewed"),
     ("SOCKET_PROXY_PORT", "2375", "loopback port of the socket proxy (profile sidecar-proxied)"),
+    (
+        "COMPOSE_PROFILES",
+        "sidecar",
+        "which sidecar `docker compose up` starts: `sidecar` mounts the Docker socket (root-equivalent on this\n"
+        "host); `sidecar-proxied` talks to a socket proxy that allows fewer API sections (docker/README.md);\n"
+        "empty: none (apply with `tritonctl apply --runtime compose` from the host)",
+    ),
 ]
-PROFILES_NOTE = (
-    "# Which sidecar runs: `sidecar` mounts the Docker socket (root-equivalent on this host);\n"
-    "# `sidecar-proxied` talks to a socket proxy that allows fewer API sections (see docker/README.md).\n"
-    "COMPOSE_PROFILES=sidecar\n"
-)
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,7 @@ class TritonService:
     name: str
     launch: Launch
     device_index: int
+    grpc_port: int  # the instance's own; clients use the model's port, on the router
     http_port: int
     metrics_port: int
 
@@ -85,7 +107,7 @@ class Previous:
     """A Triton service of the previous render in the output folder: it may be running."""
 
     model: str
-    ports: tuple[int, int, int]  # gRPC, HTTP, metrics
+    ports: tuple[int, int, int]  # the instance's gRPC, HTTP, metrics
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,8 @@ class ComposeProject:
     folder: Path
     name: str
     services: dict[str, TritonService]  # by instance name
+    loaded: LoadedPlan  # the plan with its repository_dir in this folder, as the services mount it
+    control_url: str  # the router's control endpoint
 
 
 def service_name(instance: str, process_hash: str) -> str:
@@ -184,64 +208,100 @@ def read_previous(folder: Path) -> dict[str, Previous]:
         ) from None
 
 
-def check_ports(loaded: LoadedPlan, previous: dict[str, Previous], compose_file: Path) -> None:
-    """A model's port must not be held by a service of the previous render, unless by a replica of
-    that same model on its gRPC port (shared by SO_REUSEPORT): old and new services run side by side
-    during a swap. Ports of this render's own services are allocated clear of model ports."""
+def check_ports(loaded: LoadedPlan, previous: dict[str, Previous], control_port: int, folder: Path) -> None:
+    """A model's port belongs to the router: it must be neither the router's control port nor a port of
+    a service of the previous render (it runs until its replacement is ready). New instances' ports
+    are allocated clear of model ports."""
     for i, model in enumerate(loaded.plan.models):
-        for name, prev in previous.items():
-            grpc, http, metrics = prev.ports
-            if model.port in (http, metrics) or (model.port == grpc and prev.model != model.name):
-                raise TritonctlError(
-                    f"port {model.port} is held by service {name} ({prev.model}) of the deployment in "
-                    f"{compose_file}, which runs until its replacement is ready; give {model.name} another "
-                    "port (or, if nothing runs from that folder, render into an empty one)",
-                    file=loaded.path,
-                    field=f"models[{i}].port",
-                )
+        held = (
+            [f"the router's control port (ROUTER_CONTROL_PORT in {folder / ENV_FILE})"]
+            if model.port == control_port
+            else []
+        )
+        held += [
+            f"held by service {name} ({prev.model}) of the deployment in {folder / COMPOSE_FILE}, which runs "
+            "until its replacement is ready"
+            for name, prev in previous.items()
+            if model.port in prev.ports
+        ]
+        if held:
+            raise TritonctlError(
+                f"port {model.port} is {held[0]}; give {model.name} another port "
+                "(or, if nothing runs from that folder, render into an empty one)",
+                file=loaded.path,
+                field=f"models[{i}].port",
+            )
 
 
 def allocate_ports(
     names: list[str], previous: dict[str, Previous], reserved: set[int], base: int = PORT_BASE
-) -> dict[str, tuple[int, int]]:
-    """(HTTP, metrics) port per service: a service of the previous render keeps its ports; a new one
-    takes the lowest free pair from `base`, clear of `reserved` and of every previous service's ports."""
+) -> dict[str, tuple[int, int, int]]:
+    """(gRPC, HTTP, metrics) ports per service: a service of the previous render keeps its ports; a new one
+    takes the lowest free ports from `base`, clear of `reserved` and of every previous service's ports."""
     busy = reserved | {port for prev in previous.values() for port in prev.ports}
-    ports: dict[str, tuple[int, int]] = {}
-    candidate = base
+    free = (port for port in range(base, 65536) if port not in busy)
+    ports: dict[str, tuple[int, int, int]] = {}
     for name in names:
         if name in previous:
-            ports[name] = previous[name].ports[1:]
+            ports[name] = previous[name].ports
             continue
-        while candidate in busy or candidate + 1 in busy:
-            candidate += 1
-        if candidate + 1 > 65535:
-            raise TritonctlError(f"no free HTTP and metrics ports left above {base} for {name}")
-        ports[name] = (candidate, candidate + 1)
-        busy |= {candidate, candidate + 1}
+        taken = tuple(itertools.islice(free, 3))
+        if len(taken) < 3:
+            raise TritonctlError(f"no free ports left above {base} for {name}")
+        ports[name] = taken
     return ports
 
 
-def settings(folder: Path) -> dict[str, str]:
-    """The .env values for a project written to `folder`."""
+def read_env(path: Path) -> dict[str, str]:
+    """The KEY=VALUE lines of a .env file (none when there is no file)."""
+    if not path.exists():
+        return {}
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def work_dir(loaded: LoadedPlan, deploy: Path) -> str:
+    """The deepest folder holding the deployment folder, the plan and what it names (cluster file, exports, state)."""
+    plan = loaded.plan
+    paths = [deploy, loaded.path.resolve().parent, loaded.state_dir, loaded.resolve(plan.cluster_file).parent]
+    return os.path.commonpath(paths + [loaded.resolve(model.onnx).parent for model in plan.models])
+
+
+def settings(loaded: LoadedPlan, folder: Path) -> dict[str, str]:
+    """The .env values for a project written to `folder`: those of the .env already there, defaults for the rest."""
+    deploy = folder.resolve()
     values = {name: default for name, default, _ in SETTINGS}
-    values["DEPLOY_DIR"] = str(folder.resolve())
+    values["DEPLOY_DIR"] = str(deploy)
+    values["WORK_DIR"] = work_dir(loaded, deploy)
+    values["PLAN_FILE"] = str(loaded.path.resolve())
     # Relative when the project lies inside the source tree, so the two can move to the GPU host together.
-    inside = folder.resolve().is_relative_to(SOURCE)
-    values["TRITONCTL_SRC"] = relative_to(SOURCE, folder) if inside else str(SOURCE)
-    return values
+    values["TRITONCTL_SRC"] = relative_to(SOURCE, folder) if deploy.is_relative_to(SOURCE) else str(SOURCE)
+    kept = read_env(folder / ENV_FILE)
+    return {name: kept.get(name, value) for name, value in values.items()}
+
+
+def current_settings(folder: Path) -> dict[str, str]:
+    """The settings of the project in `folder`: its .env's values, defaults for the rest."""
+    return {**{name: default for name, default, _ in SETTINGS}, **read_env(folder / ENV_FILE)}
+
+
+def control_url(values: dict[str, str]) -> str:
+    """Where tritonctl reaches the router's control endpoint."""
+    address = values["ROUTER_CONTROL_ADDRESS"]
+    return f"http://{'127.0.0.1' if address == '0.0.0.0' else address}:{values['ROUTER_CONTROL_PORT']}"
 
 
 def env_text(values: dict[str, str]) -> str:
     lines = [
         "# tritonctl: what operators change in this Compose project. compose.yaml reads these as ${VAR:-default}.",
-        "# Ports are not here: model ports come from the plan, per-service HTTP/metrics ports are fixed",
-        "# at render time (Compose cannot compute them from a base); re-render to change them.",
+        "# Re-renders keep the values here; delete this file to get the defaults back.",
+        "# Ports are not here (but the router's control port): model ports come from the plan, per-instance",
+        "# ports are fixed at render time (Compose cannot compute them from a base); re-render to change them.",
         "",
     ]
     for name, _, comment in SETTINGS:
-        lines += [f"# {comment}", f"{name}={values[name]}"]
-    return "\n".join(lines) + "\n\n" + PROFILES_NOTE
+        lines += [*(f"# {line}" for line in comment.splitlines()), f"{name}={values[name]}"]
+    return "\n".join(lines) + "\n"
 
 
 def _mps_volumes(read_only: bool = False) -> list[dict]:
@@ -254,16 +314,47 @@ def _gpus(indexes: list[int], capabilities: list[str]) -> dict:
     return {"resources": {"reservations": {"devices": [device]}}}
 
 
-def _sidecar(ref, profile: str, docker_host: str) -> dict:
-    deploy_dir = {"type": "bind", "source": ref("DEPLOY_DIR"), "target": ref("DEPLOY_DIR")}
+def _tritonctl_image(ref) -> dict:
     return {
-        "image": ref("SIDECAR_IMAGE"),
+        "image": ref("TRITONCTL_IMAGE"),
         "build": {"context": ref("TRITONCTL_SRC"), "dockerfile": "docker/Dockerfile"},
+    }
+
+
+def _router(ref) -> dict:
+    control = f"http://{ref('ROUTER_CONTROL_ADDRESS')}:{ref('ROUTER_CONTROL_PORT')}/routes"
+    return {
+        **_tritonctl_image(ref),
+        "entrypoint": ["python", "-m", "tritonctl.router"],
+        "command": [
+            f"--host={ref('ROUTER_ADDRESS')}",
+            f"--control-host={ref('ROUTER_CONTROL_ADDRESS')}",
+            f"--control-port={ref('ROUTER_CONTROL_PORT')}",
+            f"--routes={ROUTES_DIR}/routes.json",
+        ],
+        "network_mode": "host",  # model ports are host ports; instances' gRPC ports are on the host's loopback
+        "volumes": [{"type": "volume", "source": "router-state", "target": ROUTES_DIR}],
+        "healthcheck": {
+            "test": ["CMD", "python", "-c", "import sys, urllib.request; urllib.request.urlopen(sys.argv[1])", control],
+            "interval": "5s",
+            "timeout": "3s",
+            "retries": 3,
+        },
+        "restart": "unless-stopped",
+    }
+
+
+def _sidecar(ref, profile: str, docker_host: str) -> dict:
+    work = {"type": "bind", "source": ref("WORK_DIR"), "target": ref("WORK_DIR")}
+    return {
+        **_tritonctl_image(ref),
         "profiles": [profile],
-        "network_mode": "host",  # reaches the Triton services' loopback HTTP ports
-        "working_dir": ref("DEPLOY_DIR"),
+        "command": [ref("PLAN_FILE"), "--runtime", "compose", "--compose-dir", ref("DEPLOY_DIR")],
+        "network_mode": "host",  # reaches the instances' and the router's loopback ports
+        "working_dir": ref("WORK_DIR"),
         "environment": {"DOCKER_HOST": docker_host},
-        "volumes": [deploy_dir],
+        "volumes": [work],
+        "depends_on": {ROUTER: {"condition": "service_healthy"}},
         "restart": "unless-stopped",
     }
 
@@ -293,7 +384,8 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
                     "retries": 5,
                 },
                 "restart": "unless-stopped",
-            }
+            },
+            ROUTER: _router(ref),
         },
     }
     for service in services:
@@ -310,8 +402,7 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
                 "--model-control-mode=explicit",
                 f"--load-model={launch.model}",
                 f"--grpc-address={ref('TRITON_GRPC_ADDRESS')}",
-                f"--grpc-port={launch.grpc_port}",
-                "--reuse-grpc-port=true",
+                f"--grpc-port={service.grpc_port}",
                 f"--http-address={ref('TRITON_HTTP_ADDRESS')}",
                 f"--http-port={service.http_port}",
                 f"--metrics-address={ref('TRITON_METRICS_ADDRESS')}",
@@ -319,6 +410,7 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
                 f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
                 f"--id={launch.instance}",
             ],
+            "profiles": [TRITON_PROFILE],  # started by apply, by name
             "network_mode": "host",
             "ipc": f"service:{MPS_DAEMON}",
             "environment": {**env, "CUDA_MPS_PIPE_DIRECTORY": PIPE_DIR},
@@ -348,7 +440,8 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
                 f"{LABEL}.model": launch.model,
                 f"{LABEL}.device": launch.device,
                 f"{LABEL}.config-hash": launch.config_hash,
-                f"{LABEL}.grpc-port": str(launch.grpc_port),
+                f"{LABEL}.model-port": str(launch.grpc_port),
+                f"{LABEL}.grpc-port": str(service.grpc_port),
                 f"{LABEL}.http-port": str(service.http_port),
                 f"{LABEL}.metrics-port": str(service.metrics_port),
             },
@@ -357,7 +450,7 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
     sidecar = _sidecar(ref, "sidecar", "unix:///var/run/docker.sock")
     sidecar["volumes"].append(socket)
     proxied = _sidecar(ref, "sidecar-proxied", f"tcp://127.0.0.1:{ref('SOCKET_PROXY_PORT')}")
-    proxied["depends_on"] = {"docker-socket-proxy": {"condition": "service_started"}}
+    proxied["depends_on"]["docker-socket-proxy"] = {"condition": "service_started"}
     out["services"]["tritonctl-sidecar"] = sidecar
     out["services"]["tritonctl-sidecar-proxied"] = proxied
     out["services"]["docker-socket-proxy"] = {
@@ -371,7 +464,7 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
         "networks": ["socket-proxy"],
         "restart": "unless-stopped",
     }
-    out["volumes"] = {"mps-pipe": {}, "mps-log": {}}
+    out["volumes"] = {"mps-pipe": {}, "mps-log": {}, "router-state": {}}
     out["networks"] = {"socket-proxy": {}}
     return out
 
@@ -381,8 +474,9 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-def write_compose(loaded: LoadedPlan, folder: Path, gpus: int | None) -> ComposeProject:
-    """Check the plan, then write compose.yaml, .env and the model repositories into `folder`.
+def write_compose(loaded: LoadedPlan, folder: Path, gpus: int | None, write: bool = True) -> ComposeProject:
+    """Check the plan, then write compose.yaml, .env and the model repositories into `folder` (only
+    compute the project if not `write`).
 
     Every check runs before the first write: a refused plan leaves the folder as it was.
     """
@@ -393,22 +487,29 @@ def write_compose(loaded: LoadedPlan, folder: Path, gpus: int | None) -> Compose
     local = LoadedPlan(plan.model_copy(update={"runtime": runtime}), loaded.path)
     launches = {name: launch for name, (_, launch) in render(local, write=False).items()}
     check_shares(loaded, launches)
+    values = settings(loaded, folder)
+    try:
+        control_port = int(values["ROUTER_CONTROL_PORT"])
+    except ValueError:
+        raise TritonctlError(
+            f"ROUTER_CONTROL_PORT={values['ROUTER_CONTROL_PORT']!r} is not a port number", file=folder / ENV_FILE
+        ) from None
     previous = read_previous(folder)
-    check_ports(loaded, previous, folder / COMPOSE_FILE)
+    check_ports(loaded, previous, control_port, folder)
     names = [service_name(i, launch.process_hash) for i, launch in launches.items()]
-    ports = allocate_ports(names, previous, {m.port for m in plan.models})
+    ports = allocate_ports(names, previous, {m.port for m in plan.models} | {control_port})
     services = {
         instance: TritonService(name, launch, plan.device(launch.device).index, *ports[name])
         for (instance, launch), name in zip(launches.items(), names, strict=True)
     }
-    values = settings(folder)
     project = compose_project(plan, list(services.values()), values)
-
-    render(local)
-    header = (
-        f"# Rendered by tritonctl from {loaded.path} (cluster {plan.cluster}): do not edit, re-render.\n"
-        "# Start: docker compose up -d   Settings: .env   Decisions and trade-offs: docker/README.md\n"
-    )
-    (folder / COMPOSE_FILE).write_text(header + yaml.dump(project, Dumper=_Dumper, sort_keys=False, width=120))
-    (folder / ENV_FILE).write_text(env_text(values))
-    return ComposeProject(folder, project["name"], services)
+    if write:
+        render(local)
+        header = (
+            f"# Rendered by tritonctl from {loaded.path} (cluster {plan.cluster}): do not edit, re-render.\n"
+            "# Start: docker compose up -d, then tritonctl apply PLAN --runtime compose (or the sidecar does)\n"
+            "# Settings: .env   Decisions and trade-offs: docker/README.md\n"
+        )
+        (folder / COMPOSE_FILE).write_text(header + yaml.dump(project, Dumper=_Dumper, sort_keys=False, width=120))
+        (folder / ENV_FILE).write_text(env_text(values))
+    return ComposeProject(folder, project["name"], services, local, control_url(values))

@@ -14,9 +14,10 @@ last stream it forwarded, drops anything the client opens after it (gRPC clients
 such refused streams on a new connection, transparently), waits for the forwarded streams
 to finish and closes. The old instance can then be stopped with nothing in flight.
 
-Run as `python -m tritonctl.router --host H --control-port P --routes FILE`; the control
-endpoint (HTTP on H:P) takes `PUT /routes/<port>` with {"backends": ["host:port", ...]}
-and answers once the connections to removed backends have drained, with what it did.
+Run as `python -m tritonctl.router --host H --control-port P --routes FILE`: model ports
+listen on H, the control endpoint on P of `--control-host` (H unless given). It takes
+`PUT /routes/<port>` with {"backends": ["host:port", ...]} and answers once the connections
+to removed backends have drained, with what it did.
 Routes are saved to FILE, so a restarted router serves the same addresses.
 """
 
@@ -241,10 +242,10 @@ class Router:
         writer.close()
 
 
-async def run(host: str, control_port: int, routes_file: Path) -> None:
+async def run(host: str, control_port: int, routes_file: Path, control_host: str | None = None) -> None:
     router = Router(host, routes_file)
     await router.restore()
-    control = await asyncio.start_server(router.control, host, control_port, reuse_address=True)
+    control = await asyncio.start_server(router.control, control_host or host, control_port, reuse_address=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -255,11 +256,12 @@ async def run(host: str, control_port: int, routes_file: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="tritonctl's per-model gRPC router (started by `tritonctl apply`)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address of the model ports (clients connect here)")
+    parser.add_argument("--control-host", help="address of the control endpoint (default: --host)")
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--routes", type=Path, required=True, help="routes file (read at start, written on change)")
     args = parser.parse_args()
-    asyncio.run(run(args.host, args.control_port, args.routes))
+    asyncio.run(run(args.host, args.control_port, args.routes, args.control_host))
 
 
 if __name__ == "__main__":

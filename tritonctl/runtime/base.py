@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from tritonctl.plan import LoadedPlan
 from tritonctl.render import Launch
 
 
@@ -85,6 +86,13 @@ def load_model(url: str, model: str, timeout_s: float) -> str | None:
 
 class Runtime(Protocol):
     name: str
+    rehearses: bool
+    """Whether the runtime only prints what it would do (a dry run): apply then walks through every
+    step with it and saves nothing. False for a runtime that cannot pretend (local processes)."""
+
+    def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
+        """The plan as this runtime deploys it, with what the runtime needs besides the repositories
+        written when `write` (the Compose project); raises TritonctlError for a plan it cannot deploy."""
 
     def start(
         self,

@@ -2,8 +2,9 @@
 
 A start is `docker compose -f <file> up -d --no-deps <service>`, then a wait for the service's
 Triton HTTP ready endpoint; a stop is `docker compose stop` then `rm` of that service. Each
-config hash has its own service name, so a shadow swap (the apply logic starts the new instance
-and stops the old one only once the new one is ready) runs two services side by side.
+process hash has its own service name, so a shadow swap (the apply logic starts the new instance
+and stops the old one only once the new one is ready) runs two services side by side. A route
+is a PUT to the project's router service (started on first use), as for the local runtime.
 
 Every side effect goes through a CommandRunner; in a dry run it records and prints each step
 and answers with an injected outcome instead. Never run against a Docker engine: none runs on
@@ -12,21 +13,36 @@ the development machines (docker/README.md says what that leaves unverified).
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from tritonctl.compose import LABEL, service_name
+from tritonctl.compose import (
+    COMPOSE_FILE,
+    ROUTER,
+    TritonService,
+    control_url,
+    current_settings,
+    service_name,
+    write_compose,
+)
 from tritonctl.errors import TritonctlError
+from tritonctl.plan import LoadedPlan
 from tritonctl.render import Launch
+from tritonctl.router import DRAIN_TIMEOUT_S
 from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok, load_model
 from tritonctl.runtime.local import EXIT_TIMEOUT_S
+
+ROUTER_START_S = 30  # seconds for the router's control endpoint to answer once `up` returned
 
 
 @dataclass(frozen=True)
@@ -45,7 +61,8 @@ def assume_success(step: list[str]) -> Outcome:
 class CommandRunner:
     """Runs docker commands and HTTP probes; in a dry run, records and prints them and returns `dry_outcome`.
 
-    Steps are argv lists; probes are recorded as ["probe", url] and ["wait-ready", url, timeout].
+    Steps are argv lists; HTTP calls are recorded as ["probe", url], ["wait-ready", url, timeout],
+    ["load", url, model] and ["put", url, body].
     """
 
     dry_run: bool = False
@@ -91,9 +108,23 @@ class CommandRunner:
             return None if dry.ok else dry.error
         return load_model(url, model, timeout_s)
 
+    def put(self, url: str, body: dict, timeout_s: float) -> Outcome:
+        """PUT `body` as JSON; the answer's body as output."""
+        data = json.dumps(body)
+        if (dry := self._dry(["put", url, data], f"PUT {url} {data}")) is not None:
+            return dry
+        request = urllib.request.Request(url, data=data.encode(), method="PUT")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return Outcome(True, response.read().decode())
+        except urllib.error.HTTPError as exc:
+            return Outcome(False, error=exc.read().decode(errors="replace") or str(exc))
+        except (urllib.error.URLError, OSError) as exc:
+            return Outcome(False, error=str(exc))
+
 
 class ComposeRuntime:
-    """The Runtime of runtime/base.py over one rendered Compose project.
+    """The Runtime of runtime/base.py over the Compose project rendered into `folder`.
 
     The MPS daemon must already run (`docker compose up -d` starts it): starts use --no-deps,
     so starting one Triton service never recreates the daemon the others are attached to.
@@ -101,23 +132,49 @@ class ComposeRuntime:
 
     name = "compose"
 
-    def __init__(self, compose_file: Path, runner: CommandRunner | None = None):
-        self.compose_file = compose_file.resolve()
+    def __init__(self, folder: Path, runner: CommandRunner | None = None, gpus: int | None = None):
+        """`gpus`: the host's GPU count, checked against each plan (None: not checked)."""
+        self.folder = folder.resolve()
+        self.compose_file = self.folder / COMPOSE_FILE
         self.runner = runner or CommandRunner()
+        self.gpus = gpus
         self.project = self._read()["name"]
+        self.control_url = control_url(current_settings(self.folder))
+        self.services: dict[str, TritonService] = {}  # by service name, once a plan is prepared
         self._latest: dict[str, str] = {}  # service -> uid of this runtime's latest start of it
+        self._router_up = False
+
+    @property
+    def rehearses(self) -> bool:
+        return self.runner.dry_run
 
     def _read(self) -> dict:
+        if not self.compose_file.exists():
+            raise TritonctlError(
+                f"no Compose project in {self.folder}: render the plan there first "
+                f"(tritonctl render PLAN --target compose -o {self.folder}) and start it (docker compose up -d)",
+                file=self.compose_file,
+            )
         try:
-            return yaml.safe_load(self.compose_file.read_text())
+            project = yaml.safe_load(self.compose_file.read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise TritonctlError(f"cannot read the Compose project: {exc}", file=self.compose_file) from None
+        if not isinstance(project, dict) or not isinstance(project.get("name"), str):
+            raise TritonctlError("not a project tritonctl rendered (no name): render it again", file=self.compose_file)
+        return project
 
     def _compose(self, *args: str, with_file: bool = False) -> list[str]:
         # stop, rm, ps and logs go by project name alone (no -f): docker compose then finds the
         # service's containers by label, so a service the latest render no longer has still answers.
         file = ["-f", str(self.compose_file)] if with_file else []
         return ["docker", "compose", "-p", self.project, *file, *args]
+
+    def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
+        """Re-render the project for the plan (running services keep their names and ports, .env its values)."""
+        project = write_compose(loaded, self.folder, self.gpus, write)
+        self.project, self.control_url = project.name, project.control_url
+        self.services = {service.name: service for service in project.services.values()}
+        return project.loaded
 
     def start(
         self,
@@ -129,10 +186,9 @@ class ComposeRuntime:
         on_spawn: Callable[[InstanceRecord], None] | None = None,
     ) -> InstanceRecord:
         service = service_name(launch.instance, launch.process_hash)
-        spec = self._read().get("services", {}).get(service)
-        if spec is None:
-            raise StartError(f"{service} is not in {self.compose_file}: render the plan with --target compose first")
-        labels = spec["labels"]
+        rendered = self.services.get(service)
+        if rendered is None:
+            raise StartError(f"{service} is not in {self.compose_file}: apply prepares the plan first")
         same = {
             k: getattr(launch, k)
             for k in ("instance", "model", "device", "share", "units", "config_hash", "process_hash")
@@ -142,8 +198,9 @@ class ComposeRuntime:
             **same,
             host=host,
             grpc_port=launch.grpc_port,
-            http_port=int(labels[f"{LABEL}.http-port"]),
-            metrics_port=int(labels[f"{LABEL}.metrics-port"]),
+            backend_port=rendered.grpc_port,
+            http_port=rendered.http_port,
+            metrics_port=rendered.metrics_port,
             pid=0,
             start_ticks=0,
             folder=str(folder),
@@ -184,12 +241,42 @@ class ComposeRuntime:
         if error is not None:
             raise StartError(f"{_service(record)}: reloading {record.model} failed: {error}")
 
+    def _start_router(self) -> None:
+        """Start the router service unless this runtime did already (`up` leaves a running one as it is)."""
+        if self._router_up:
+            return
+        started = self.runner.run(self._compose("up", "-d", "--no-deps", ROUTER, with_file=True))
+        if not started.ok:
+            raise TritonctlError(f"the router did not start: {started.error.strip()}", file=self.compose_file)
+        if not self.runner.wait_ready(f"{self.control_url}/routes", ROUTER_START_S):
+            raise TritonctlError(
+                f"the router's control endpoint {self.control_url} did not answer within {ROUTER_START_S} s "
+                f"(docker compose -p {self.project} logs {ROUTER})",
+                file=self.compose_file,
+            )
+        self._router_up = True
+
     def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
-        """No router runs in the Compose project yet: the instances share the port by --reuse-grpc-port."""
-        return f"port {port}: shared by {', '.join(_service(r) for r in records) or 'no instance'} (reuse-port)"
+        self._start_router()
+        backends = [f"{r.host}:{r.backend_port}" for r in records]
+        answer = self.runner.put(f"{self.control_url}/routes/{port}", {"backends": backends}, DRAIN_TIMEOUT_S + 10)
+        if not answer.ok:
+            raise TritonctlError(f"the router did not take the route for port {port}: {answer.error.strip()}")
+        try:
+            done = json.loads(answer.output)
+        except ValueError:  # a dry run's answer
+            done = {}
+        moved = f", drained {done['drained']} connection(s)" if done.get("drained") else ""
+        late = f", {done['timed_out']} closed at the drain timeout" if done.get("timed_out") else ""
+        return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
 
     def shutdown(self) -> None:
-        """Nothing runs beside the Triton services that `down` must stop."""
+        """Stop and remove the router service (after `down` closed every route)."""
+        for args in (("stop",), ("rm", "--force")):
+            done = self.runner.run(self._compose(*args, ROUTER))
+            if not done.ok:
+                self.runner.log(f"warning: docker compose {args[0]} {ROUTER} failed: {done.error.strip()}")
+        self._router_up = False
 
     def stop(self, record: InstanceRecord) -> None:
         """Stop (Triton drains for --exit-timeout-secs) and remove the record's service."""

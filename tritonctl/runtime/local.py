@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
+from tritonctl.plan import LoadedPlan
 from tritonctl.render import Launch
 from tritonctl.router import DRAIN_TIMEOUT_S
 from tritonctl.runtime import share
@@ -86,6 +87,11 @@ def _log_tail(log: Path, lines: int = 12) -> str:
 
 class LocalRuntime:
     name = "local"
+    rehearses = False
+
+    def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
+        """The plan as it is: the instances run from its own repositories."""
+        return loaded
 
     def __init__(self, binary: TritonBinary | None, state_dir: Path):
         """`binary` may be None for a runtime that only probes and stops instances."""
