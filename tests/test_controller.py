@@ -181,6 +181,11 @@ def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path)
         ctl = start_controller(plan, log)
         wait_for(lambda: controller_json(state_dir).get("target") == "" and len(alpha()) == 1, what="convergence")
         load.join()
+        good = plan.read_text()
+        plan.write_text(good.replace("share:", "share: -"))  # a malformed plan: refused, nothing touched
+        wait_for(lambda: controller_json(state_dir)["decisions"][-1]["kind"] == "error", what="the refusal")
+        assert "share" in controller_json(state_dir)["decisions"][-1]["reason"] and ctl.poll() is None
+        plan.write_text(good)
     finally:
         ctl.terminate()
         ctl.wait()

@@ -331,7 +331,7 @@ class Controller:
 
     # -- applying
     def _apply(self, path: Path, decision: Decision) -> bool:
-        loaded = load_plan(path)
+        """Apply the plan at `path` and record the decision; a bad plan or a failed apply is recorded, not raised."""
         with self.lock:
             self.state.target, self.state.steps = str(path), []
             save_controller_state(self.state_dir, self.state)
@@ -343,6 +343,7 @@ class Controller:
 
         began = time.monotonic()
         try:
+            loaded = load_plan(path)
             apply_plan(loaded, self.runtime, log=log)
             ok = True
         except TritonctlError as exc:
