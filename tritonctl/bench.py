@@ -66,6 +66,7 @@ def bench(
     out_dir: Path,
     duration_s: float,
     drop: bool = True,
+    policy_file: Path | None = None,
 ) -> list[BenchRow]:
     out_dir.mkdir(parents=True, exist_ok=True)
     bound = upper_bound_rps(cluster, lm)
@@ -73,9 +74,9 @@ def bench(
     for policy in policies:
         plan_path = out_dir / f"plan-{policy}.yaml"
         try:
-            make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None)
+            make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None, policy_file=policy_file)
             started = time.perf_counter()
-            plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None)
+            plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None, policy_file=policy_file)
         except TritonctlError as exc:
             rows.append(BenchRow(policy, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message.splitlines()[0]))
             continue

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import task_latency
+from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import bda, corunners, explain, throughput, with_batches
+from tritonctl.policies.bda import bda, explain, shortfall, throughput, with_batches
 from tritonctl.policies.spread import spread
 
 STEP = 5  # share grid, in units
@@ -103,22 +102,6 @@ def _neighbours(
                 yield {**placement, a: (dev_b, sb), b: (dev_a, sa)}
 
 
-def _shortfall(
-    name: str, placement: dict[str, Choice], batches: dict[str, int], demands: dict[str, Demand], lm: LatencyModel
-) -> float:
-    """How far a model without a feasible batch is from one: over batches 1, 2, 4 ... 32, the least of the
-    larger of load (rate x t_inf / b) and p99 / SLO. Guides the search towards feasibility where counts tie."""
-    demand, choice = demands[name], placement[name]
-    others = corunners(name, placement, batches)
-    best = float("inf")
-    for b in (2**k for k in range(MAX_BATCH.bit_length())):
-        t = lm.t_inf(name, b, choice.share, others)
-        task = task_latency(demand.rate, b, t)
-        load = demand.rate * t / (1000 * b)
-        best = min(best, max(load, task.p99_ms / demand.slo_ms) if task.stable else load)
-    return best
-
-
 def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
     if lm is None:
         raise PlacementError("policy search needs a fitted latency model: pass --latency-model")
@@ -132,7 +115,7 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         evaluations += 1
         choices = {n: Choice(dev, share) for n, (dev, share) in placement.items()}
         decision = bda(choices, demands, devices, lm)
-        short = sum(_shortfall(n, choices, decision.batches, by_name, lm) for n in decision.infeasible)
+        short = sum(shortfall(n, choices, decision.batches, by_name, lm) for n in decision.infeasible)
         return (len(decision.infeasible), short, -throughput(choices, decision.batches, lm)), decision
 
     best = None

@@ -1,0 +1,157 @@
+"""The GPU-provisioning MDP of InSS (section 5.2) as a gymnasium environment, on the fitted latency model.
+
+State and action are those of `tritonctl.policies.inss` (which the trained policy acts through online):
+memory used per device by the previous decision, arrival rate and queued work per model; per model a
+device and a share level. Inside a step BDA (Algorithm 1) picks the batch sizes, then the reward is eq. 3:
+
+    r_t = (1 / N) sum_i (h_i / H_i - omega v_i)
+
+with H_i model i's throughput alone on a whole device at batch 1, omega = 100 (section 6.1), and per model:
+
+- BDA finds a batch: h_i = b_i / t_inf (problem (1)'s objective), v_i = 0 (its p99 meets the SLO).
+- no batch fits in the device's memory (constraint 1b): not deployed, h_i = 0, v_i = 1 (every task misses).
+- no batch meets the SLO or the rate: v_i = 1 - 1 / s_i, with s_i >= 1 how far it is from a feasible batch
+  (`tritonctl.policies.bda.shortfall`: the least over batches of max(load, p99 / SLO)), to first order the
+  share of its traffic it would have to shed; h_i = (1 - v_i) x rate, what it serves within the SLO.
+
+The sum is divided by N so that rewards of clusters of different sizes are on one scale ("normalisation
+of the reward", section 5.4). Rates change: each episode draws a factor per model uniformly in
+[rate_low, rate_high] of the cluster's rate, and each step moves it by a log-normal jitter (clipped to
+what the observation can show). Between steps, as online, BDA first re-decides the batches of the
+previous placement at the new rates; the state is observed after that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import gymnasium as gym
+import numpy as np
+
+from tritonctl.latency.model import LatencyModel
+from tritonctl.plan import Device
+from tritonctl.policies.base import Choice, Demand
+from tritonctl.policies.bda import BatchDecision, bda, corunners, shortfall
+from tritonctl.policies.inss import RATE_HEADROOM, SHARE_LEVELS, Layout, action_mask, decode, observe
+from tritonctl.policies.spread import spread
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Episode shape, workload dynamics and the reward's penalty."""
+
+    steps: int = 50
+    """Decisions per episode (Table 1 has 200; shorter episodes give more varied rates per minute of training)."""
+    penalty: float = 100.0
+    """omega of eq. 3: the weight of a model's SLO-violation share against its normalised throughput (6.1)."""
+    rate_low: float = 0.5
+    """Lowest per-episode rate factor of a model (times the cluster's rate)."""
+    rate_high: float = 1.2
+    """Highest per-episode rate factor."""
+    rate_jitter: float = 0.1
+    """Standard deviation of the per-step log-normal change of a model's rate."""
+    levels: int = SHARE_LEVELS
+    """Share levels per device (level l is (l + 1) / levels of its units)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one decision yields: BDA's batches and eq. 3's terms per model."""
+
+    decision: BatchDecision
+    throughput: dict[str, float]  # h_i / H_i
+    violation: dict[str, float]  # v_i
+    reward: float
+
+    @property
+    def undeployed(self) -> set[str]:
+        return {n for n, why in self.decision.infeasible.items() if why == "memory"}
+
+
+def peak_rps(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> dict[str, float]:
+    """H_i: throughput alone on a whole device at batch 1."""
+    units = max(d.units for d in devices)
+    return {d.name: 1000 / lm.t_inf(d.name, 1, units) for d in demands}
+
+
+def outcome(
+    placement: dict[str, Choice],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    peak: dict[str, float],
+    penalty: float,
+) -> Outcome:
+    """BDA on the placement, then the reward of eq. 3 (see the module docstring)."""
+    decision = bda(placement, demands, devices, lm)
+    by_name = {d.name: d for d in demands}
+    throughput, violation = {}, {}
+    for d in demands:
+        why, batch = decision.infeasible.get(d.name), decision.batches[d.name]
+        if why is None:
+            t = lm.t_inf(d.name, batch, placement[d.name].share, corunners(d.name, placement, decision.batches))
+            violation[d.name], served = 0.0, 1000 * batch / t
+        elif why == "memory":
+            violation[d.name], served = 1.0, 0.0
+        else:
+            violation[d.name] = 1 - 1 / shortfall(d.name, placement, decision.batches, by_name, lm)
+            served = (1 - violation[d.name]) * d.rate
+        throughput[d.name] = served / peak[d.name]
+    reward = sum(throughput[n] - penalty * violation[n] for n in by_name) / len(demands)
+    return Outcome(decision, throughput, violation, reward)
+
+
+class InssEnv(gym.Env):
+    """One cluster's provisioning MDP; `action_masks()` (and info["action_mask"]) gives the allowed choices."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self, cluster: str, demands: list[Demand], devices: list[Device], lm: LatencyModel, config: EnvConfig = None
+    ):
+        self.config = config or EnvConfig()
+        self.demands, self.devices, self.lm = list(demands), list(devices), lm
+        self.layout = Layout.of(cluster, self.demands, self.devices, self.config.levels)
+        self.peak = peak_rps(self.demands, self.devices, lm)
+        self.mask = action_mask(self.layout, self.demands, lm)
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.layout.obs_dim,), np.float32)
+        self.action_space = gym.spaces.MultiDiscrete(self.layout.heads)
+        self.factors = np.ones(len(self.demands))
+        self.t = 0
+        self.placement: dict[str, Choice] = {}
+
+    def action_masks(self) -> np.ndarray:
+        return self.mask.copy()
+
+    def current_demands(self) -> list[Demand]:
+        return [replace(d, rate=d.rate * f) for d, f in zip(self.demands, self.factors, strict=True)]
+
+    def _observe(self) -> np.ndarray:
+        """BDA re-decides the previous placement's batches at the current rates; the state is seen after."""
+        demands = self.current_demands()
+        decision = bda(self.placement, demands, self.devices, self.lm)
+        undeployed = {n for n, why in decision.infeasible.items() if why == "memory"}
+        return observe(self.layout, self.placement, decision.batches, demands, self.lm, undeployed)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        cfg = self.config
+        self.factors = self.np_random.uniform(cfg.rate_low, cfg.rate_high, len(self.demands))
+        self.t = 0
+        self.placement = {n: c[0] for n, c in spread(self.demands, self.devices, self.lm).items()}
+        return self._observe(), {"action_mask": self.action_masks()}
+
+    def step(self, action):
+        demands = self.current_demands()
+        self.placement = decode(action, self.layout, demands)
+        result = outcome(self.placement, demands, self.devices, self.lm, self.peak, self.config.penalty)
+        info = {
+            "action_mask": self.action_masks(),
+            "throughput": sum(result.throughput.values()),
+            "violation": sum(result.violation[d.name] * d.rate for d in demands) / sum(d.rate for d in demands),
+            "goodput_rps": sum((1 - result.violation[d.name]) * d.rate for d in demands),
+        }
+        self.t += 1
+        jitter = self.np_random.normal(0.0, self.config.rate_jitter, len(self.demands))
+        self.factors = np.clip(self.factors * np.exp(jitter), 0.05, RATE_HEADROOM)
+        return self._observe(), float(result.reward), False, self.t >= self.config.steps, info
