@@ -17,8 +17,10 @@ with H_i model i's throughput alone on a whole device at batch 1, omega = 100 (s
 The sum is divided by N so that rewards of clusters of different sizes are on one scale ("normalisation
 of the reward", section 5.4). Rates change: each episode draws a factor per model uniformly in
 [rate_low, rate_high] of the cluster's rate, and each step moves it by a log-normal jitter (clipped to
-what the observation can show). Between steps, as online, BDA first re-decides the batches of the
-previous placement at the new rates; the state is observed after that.
+what the observation can show). Some episodes leave models out (rate 0, not placed, their heads
+ignored), as the planner does when it sheds a model the devices cannot carry: the policy then decides
+for the others. Between steps, as online, BDA first re-decides the batches of the previous placement
+at the new rates; the state is observed after that.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand
 from tritonctl.policies.bda import BatchDecision, bda, corunners, shortfall
-from tritonctl.policies.inss import RATE_HEADROOM, SHARE_LEVELS, Layout, action_mask, decode, observe
+from tritonctl.policies.inss import RATE_HEADROOM, SHARE_LEVELS, Layout, action_mask, decode, observe, propose
 from tritonctl.policies.spread import spread
 
 
@@ -52,6 +54,8 @@ class EnvConfig:
     """Standard deviation of the per-step log-normal change of a model's rate."""
     levels: int = SHARE_LEVELS
     """Share levels per device (level l is (l + 1) / levels of its units)."""
+    absent: float = 0.3
+    """Probability that an episode leaves out models: between 1 and half of them, chosen at random."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ class InssEnv(gym.Env):
         self.observation_space = gym.spaces.Box(0.0, 1.0, (self.layout.obs_dim,), np.float32)
         self.action_space = gym.spaces.MultiDiscrete(self.layout.heads)
         self.factors = np.ones(len(self.demands))
+        self.present = np.ones(len(self.demands), bool)
         self.t = 0
         self.placement: dict[str, Choice] = {}
 
@@ -124,7 +129,9 @@ class InssEnv(gym.Env):
         return self.mask.copy()
 
     def current_demands(self) -> list[Demand]:
-        return [replace(d, rate=d.rate * f) for d, f in zip(self.demands, self.factors, strict=True)]
+        """The models in this episode at their current rates."""
+        scaled = zip(self.demands, self.factors, self.present, strict=True)
+        return [replace(d, rate=d.rate * f) for d, f, here in scaled if here]
 
     def _observe(self) -> np.ndarray:
         """BDA re-decides the previous placement's batches at the current rates; the state is seen after."""
@@ -133,12 +140,24 @@ class InssEnv(gym.Env):
         undeployed = {n for n, why in decision.infeasible.items() if why == "memory"}
         return observe(self.layout, self.placement, decision.batches, demands, self.lm, undeployed)
 
+    def planning_reward(self, act) -> float:
+        """Eq. 3's reward of the decision `act(state, mask)` takes where `tritonctl plan` asks for one: every model
+        at the cluster's own rate, spread's placement current."""
+        current = {n: c[0] for n, c in spread(self.demands, self.devices, self.lm).items()}
+        decision = bda(current, self.demands, self.devices, self.lm)
+        placement = propose(act, self.layout, current, decision, self.demands, self.lm)
+        return outcome(placement, self.demands, self.devices, self.lm, self.peak, self.config.penalty).reward
+
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         cfg = self.config
-        self.factors = self.np_random.uniform(cfg.rate_low, cfg.rate_high, len(self.demands))
+        n = len(self.demands)
+        self.factors = self.np_random.uniform(cfg.rate_low, cfg.rate_high, n)
+        self.present = np.ones(n, bool)
+        if n > 1 and self.np_random.random() < cfg.absent:
+            self.present[self.np_random.choice(n, self.np_random.integers(1, n // 2 + 1), replace=False)] = False
         self.t = 0
-        self.placement = {n: c[0] for n, c in spread(self.demands, self.devices, self.lm).items()}
+        self.placement = {m: c[0] for m, c in spread(self.current_demands(), self.devices, self.lm).items()}
         return self._observe(), {"action_mask": self.action_masks()}
 
     def step(self, action):

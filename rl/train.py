@@ -2,10 +2,12 @@
 
 Top to bottom: per episode, reset the environment (rates drawn anew), then per step act with the current
 policy under the action mask, store the transition, and update the agent once the buffer holds
-`learning_starts` transitions. Each episode appends a row to `train.csv` (mean reward, normalised
-throughput and SLO-violation share over its steps); every `checkpoint_every` episodes and at the end the
-run folder gets a checkpoint (the whole agent, its replay buffer and random state: `resume` goes on from
-it exactly) and the learning curve; at the end the deployable actor goes to `policy_file`.
+`learning_starts` transitions. Each episode appends a row to `train.csv`: mean reward, normalised
+throughput and SLO-violation share over its steps, and the reward of the greedy decision where
+`tritonctl plan` asks for one (every model at the cluster's rate, spread's placement current). Every
+`checkpoint_every` episodes and at the end the run folder gets a checkpoint (the whole agent, its replay
+buffer and random state: `resume` goes on from it exactly) and the learning curve; at the end the
+deployable actor goes to `policy_file`.
 
 Reproducible: episode e resets the environment with seed (seed, e), the agent draws from its own seeded
 Generator, and torch runs on one thread.
@@ -34,7 +36,7 @@ from tritonctl.planner import devices_of
 from tritonctl.policies import Demand
 from tritonctl.spec import Cluster
 
-COLUMNS = ("episode", "reward", "throughput", "violation", "goodput_rps", "alpha", "wall_s")
+COLUMNS = ("episode", "reward", "throughput", "violation", "goodput_rps", "alpha", "planning_reward", "wall_s")
 
 
 def training_sac() -> SACConfig:
@@ -112,6 +114,9 @@ def plot_curve(rows: list[dict[str, float]], path: Path, title: str) -> None:
             smooth = np.convolve(values, np.ones(window) / window, mode="valid")
             ax.plot(episodes[window - 1 :], smooth, color="tab:blue", label=f"mean of {window}")
             ax.legend(loc="best", fontsize=8)
+        if key == "reward":
+            ax.plot(episodes, [r["planning_reward"] for r in rows], color="tab:orange", label="greedy, at planning")
+            ax.legend(loc="best", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("episode")
@@ -169,7 +174,8 @@ def train(
             for key in ("throughput", "violation", "goodput_rps"):
                 totals[key] += info[key]
         row = {k: v / env.config.steps for k, v in totals.items()}
-        row.update(episode=episode + 1, wall_s=round(time.perf_counter() - started, 1))
+        greedy = env.planning_reward(lambda o, m: agent.act(o, m, deterministic=True))
+        row.update(episode=episode + 1, planning_reward=greedy, wall_s=round(time.perf_counter() - started, 1))
         rows.append(row)
         with open(csv_path, "a", newline="") as f:
             csv.DictWriter(f, COLUMNS).writerow({k: round(v, 4) for k, v in row.items()})

@@ -46,7 +46,7 @@ def test_env_passes_the_gymnasium_checker(lm):
 
 
 def test_a_placement_that_overflows_memory_is_a_full_violation(lm):
-    env = InssEnv("test", DEMANDS, cpus(150, 150), lm)  # one model fits a device, two do not
+    env = InssEnv("test", DEMANDS, cpus(150, 150), lm, EnvConfig(absent=0.0))  # one fits a device, two do not
     env.reset(seed=0)
     obs, reward, _, _, info = env.step([1, 9, 1, 9])  # both on cpu1: 200 MB > 150 MB
     assert reward == pytest.approx(-env.config.penalty)  # h = 0, v = 1 for both: (0 - 100 - 100) / 2
@@ -55,6 +55,16 @@ def test_a_placement_that_overflows_memory_is_a_full_violation(lm):
     assert obs[-2:].tolist() == [1.0, 1.0]  # undeployed: fully queued
     _, reward, _, _, info = env.step([0, 9, 1, 9])  # one per device: both served
     assert reward > 0 and info["violation"] == 0.0
+
+
+def test_episodes_without_some_models_observe_them_idle_and_place_the_rest(lm):
+    env = InssEnv("test", DEMANDS, cpus(4096, 4096), lm, EnvConfig(absent=1.0))
+    obs, _ = env.reset(seed=1)
+    (gone,) = [i for i, here in enumerate(env.present) if not here]  # one of two models left out
+    assert obs[2 + gone] == 0.0 and obs[4 + gone] == 0.0  # rate and queue
+    env.step([0, 9, 0, 9])
+    assert set(env.placement) == {DEMANDS[1 - gone].name}
+    assert env.placement[DEMANDS[1 - gone].name].share == 100  # alone on cpu0: no split with the absent one
 
 
 def test_masks_forbid_devices_too_small_and_shares_below_the_profile(lm):

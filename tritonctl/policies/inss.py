@@ -20,6 +20,7 @@ The MDP, for N models and K devices:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import task_latency
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import bda, corunners, explain, with_batches
+from tritonctl.policies.bda import BatchDecision, bda, corunners, explain, with_batches
 from tritonctl.policies.spread import spread
 
 SHARE_LEVELS = 10
@@ -176,6 +177,20 @@ def observe(
     return np.array(used + rates + queues, np.float32)
 
 
+def propose(
+    act: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    layout: Layout,
+    current: dict[str, Choice],
+    decision: BatchDecision,
+    demands: list[Demand],
+    lm: LatencyModel,
+) -> dict[str, Choice]:
+    """The actor's placement, `act(state, mask)`, seeing the current placement with BDA's `decision` on it."""
+    undeployed = {n for n, why in decision.infeasible.items() if why == "memory"}
+    obs = observe(layout, current, decision.batches, demands, lm, undeployed)
+    return decode(act(obs, action_mask(layout, demands, lm)), layout, demands)
+
+
 @dataclass(frozen=True)
 class Trained:
     """A trained actor with the layout it was trained for, loaded from `path`."""
@@ -226,10 +241,7 @@ def inss(
     decision = bda(current, demands, devices, lm)
     if decision.ok:
         return with_batches(current, decision.batches, demands, lm)
-    undeployed = {n for n, why in decision.infeasible.items() if why == "memory"}
-    obs = observe(trained.layout, current, decision.batches, demands, lm, undeployed)
-    action = trained.actor.act(obs, action_mask(trained.layout, demands, lm))
-    placement = decode(action, trained.layout, demands)
+    placement = propose(trained.actor.act, trained.layout, current, decision, demands, lm)
     decision = bda(placement, demands, devices, lm)
     if not decision.ok:
         raise PlacementError(explain(decision) + " on the placement the trained policy chose")
