@@ -1,26 +1,16 @@
 """The GPU-provisioning MDP of InSS (section 5.2) as a gymnasium environment, on the fitted latency model.
 
-State and action are those of `tritonctl.policies.inss` (which the trained policy acts through online):
-memory used per device by the previous decision, arrival rate and queued work per model; per model a
-device and a share level. Inside a step BDA (Algorithm 1) picks the batch sizes, then the reward is eq. 3:
+State, action and reward (eq. 3) are those of `tritonctl.policies.inss`, through which the trained
+policy acts online: memory used per device by the previous decision, arrival rate and queued work per
+model; per model a device and a share level; inside a step BDA (Algorithm 1) picks the batch sizes, then
+normalised throughput minus 100 x the SLO-violation share, placements that overflow memory counting as
+violations.
 
-    r_t = (1 / N) sum_i (h_i / H_i - omega v_i)
-
-with H_i model i's throughput alone on a whole device at batch 1, omega = 100 (section 6.1), and per model:
-
-- BDA finds a batch: h_i = b_i / t_inf (problem (1)'s objective), v_i = 0 (its p99 meets the SLO).
-- no batch fits in the device's memory (constraint 1b): not deployed, h_i = 0, v_i = 1 (every task misses).
-- no batch meets the SLO or the rate: v_i = 1 - 1 / s_i, with s_i >= 1 how far it is from a feasible batch
-  (`tritonctl.policies.bda.shortfall`: the least over batches of max(load, p99 / SLO)), to first order the
-  share of its traffic it would have to shed; h_i = (1 - v_i) x rate, what it serves within the SLO.
-
-The sum is divided by N so that rewards of clusters of different sizes are on one scale ("normalisation
-of the reward", section 5.4). Rates change: each episode draws a factor per model uniformly in
-[rate_low, rate_high] of the cluster's rate, and each step moves it by a log-normal jitter (clipped to
-what the observation can show). Some episodes leave models out (rate 0, not placed, their heads
-ignored), as the planner does when it sheds a model the devices cannot carry: the policy then decides
-for the others. Between steps, as online, BDA first re-decides the batches of the previous placement
-at the new rates; the state is observed after that.
+Rates change: each episode draws a factor per model uniformly in [rate_low, rate_high] of the cluster's
+rate, and each step moves it by a log-normal jitter (clipped to what the observation can show). Some
+episodes leave models out (rate 0, not placed, their heads ignored), as the planner does when it sheds a
+model the devices cannot carry: the policy then decides for the others. Between steps, as online, BDA
+first re-decides the batches of the previous placement at the new rates; the state is observed after.
 """
 
 from __future__ import annotations
@@ -33,8 +23,19 @@ import numpy as np
 from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand
-from tritonctl.policies.bda import BatchDecision, bda, corunners, shortfall
-from tritonctl.policies.inss import RATE_HEADROOM, SHARE_LEVELS, Layout, action_mask, decode, observe, propose
+from tritonctl.policies.bda import bda
+from tritonctl.policies.inss import (
+    PENALTY,
+    RATE_HEADROOM,
+    SHARE_LEVELS,
+    Layout,
+    action_mask,
+    decode,
+    observe,
+    outcome,
+    peak_rps,
+    propose,
+)
 from tritonctl.policies.spread import spread
 
 
@@ -44,7 +45,7 @@ class EnvConfig:
 
     steps: int = 50
     """Decisions per episode (Table 1 has 200; shorter episodes give more varied rates per minute of training)."""
-    penalty: float = 100.0
+    penalty: float = PENALTY
     """omega of eq. 3: the weight of a model's SLO-violation share against its normalised throughput (6.1)."""
     rate_low: float = 0.5
     """Lowest per-episode rate factor of a model (times the cluster's rate)."""
@@ -56,53 +57,6 @@ class EnvConfig:
     """Share levels per device (level l is (l + 1) / levels of its units)."""
     absent: float = 0.3
     """Probability that an episode leaves out models: between 1 and half of them, chosen at random."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one decision yields: BDA's batches and eq. 3's terms per model."""
-
-    decision: BatchDecision
-    throughput: dict[str, float]  # h_i / H_i
-    violation: dict[str, float]  # v_i
-    reward: float
-
-    @property
-    def undeployed(self) -> set[str]:
-        return {n for n, why in self.decision.infeasible.items() if why == "memory"}
-
-
-def peak_rps(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> dict[str, float]:
-    """H_i: throughput alone on a whole device at batch 1."""
-    units = max(d.units for d in devices)
-    return {d.name: 1000 / lm.t_inf(d.name, 1, units) for d in demands}
-
-
-def outcome(
-    placement: dict[str, Choice],
-    demands: list[Demand],
-    devices: list[Device],
-    lm: LatencyModel,
-    peak: dict[str, float],
-    penalty: float,
-) -> Outcome:
-    """BDA on the placement, then the reward of eq. 3 (see the module docstring)."""
-    decision = bda(placement, demands, devices, lm)
-    by_name = {d.name: d for d in demands}
-    throughput, violation = {}, {}
-    for d in demands:
-        why, batch = decision.infeasible.get(d.name), decision.batches[d.name]
-        if why is None:
-            t = lm.t_inf(d.name, batch, placement[d.name].share, corunners(d.name, placement, decision.batches))
-            violation[d.name], served = 0.0, 1000 * batch / t
-        elif why == "memory":
-            violation[d.name], served = 1.0, 0.0
-        else:
-            violation[d.name] = 1 - 1 / shortfall(d.name, placement, decision.batches, by_name, lm)
-            served = (1 - violation[d.name]) * d.rate
-        throughput[d.name] = served / peak[d.name]
-    reward = sum(throughput[n] - penalty * violation[n] for n in by_name) / len(demands)
-    return Outcome(decision, throughput, violation, reward)
 
 
 class InssEnv(gym.Env):

@@ -19,8 +19,8 @@ from tritonctl.latency.fit import fit_latency_model
 from tritonctl.plan import Device
 from tritonctl.policies import POLICIES, Demand
 from tritonctl.policies.base import Choice
-from tritonctl.policies.bda import bda
-from tritonctl.policies.inss import Layout, decode, inss, load_trained
+from tritonctl.policies.bda import bda, shortfall
+from tritonctl.policies.inss import Layout, decode, inss, load_trained, outcome, peak_rps
 from tritonctl.spec import load_cluster
 
 torch.set_num_threads(1)
@@ -114,6 +114,24 @@ def test_inss_takes_bda_first_then_the_actor_then_bda(lm, tmp_path):
     assert {c[0].share for c in out.values()} == {50}
     halves = {n: Choice("cpu0", 50) for n in out}
     assert {n: c[0].batch for n, c in out.items()} == bda(halves, light, devices, lm).batches
+
+
+def test_when_no_placement_serves_every_model_inss_deploys_the_better_one_by_eq_3(lm, tmp_path):
+    devices = cpus(4096)
+    demands = [Demand("alpha", 150, 600, 100), Demand("beta", 400, 10, 100)]  # alpha overloads any share
+    layout = Layout.of("test", demands, devices, levels=4)
+    forced_policy(tmp_path / "p.pt", layout, [0, 0, 0, 3])  # alpha 25 units, beta 75: worse than 50/50
+    trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
+    out = inss(demands, devices, lm, trained)  # not refused: served as well as the better placement allows
+    halves = {n: Choice("cpu0", 50) for n in ("alpha", "beta")}
+    proposal = {"alpha": Choice("cpu0", 25), "beta": Choice("cpu0", 75)}
+    reward = [outcome(p, demands, devices, lm, peak_rps(demands, devices, lm), 100).reward for p in (halves, proposal)]
+    assert reward[0] > reward[1]
+    assert {n: c[0].share for n, c in out.items()} == {"alpha": 50, "beta": 50}
+    decision = bda(halves, demands, devices, lm)
+    assert set(decision.infeasible) == {"alpha"}
+    closest = shortfall("alpha", halves, decision.batches, {d.name: d for d in demands}, lm)[1]
+    assert out["alpha"][0].batch == closest > 1 and out["beta"][0].batch == decision.batches["beta"]
 
 
 def test_inss_refuses_a_policy_for_another_cluster(tmp_path, lm):

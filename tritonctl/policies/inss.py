@@ -3,7 +3,11 @@ for batch sizes; and the pieces of its MDP (section 5.2) that training (`rl/env.
 
 Online (section 5.5, Workflow): BDA runs first on the current placement (spread's, the one a fresh
 deployment starts from); only when BDA reports failure does the actor choose placement and shares, and
-BDA runs again on its choice.
+BDA runs again on its choice. When BDA fails there too, InSS deploys its decision all the same, its
+violations priced into the reward the actor was trained on; here the placement eq. 3 rates higher of
+the actor's and the current one is deployed (a reallocation that the latency model predicts to do worse
+is not made), models without a feasible batch at the batch that comes closest to one (`bda.shortfall`).
+Only a placement that does not fit in memory is refused (the planner then sheds a model).
 
 The MDP, for N models and K devices:
 
@@ -12,6 +16,13 @@ The MDP, for N models and K devices:
   the previous decision: Little's law gives rate x mean latency tasks in the queue, counted in units of the
   tasks that arrive within one SLO, i.e. mean latency / SLO, 1 where the queue grows without bound or the
   model is not deployed. All in [0, 1].
+- reward, eq. 3: r = (1 / N) sum_i (h_i / H_i - omega v_i), with H_i model i's throughput alone on a
+  whole device at batch 1 and omega = 100 (section 6.1). Per model: BDA finds a batch: h_i = b_i / t_inf
+  (problem (1)'s objective), v_i = 0 (its p99 meets the SLO); no batch fits in memory (constraint 1b):
+  not deployed, h_i = 0, v_i = 1; no batch meets the SLO or the rate: v_i = 1 - 1 / s_i, with s_i >= 1
+  how far it is from a feasible batch (`bda.shortfall`), to first order the share of its traffic it would
+  have to shed, and h_i = (1 - v_i) x rate, what it serves within the SLO. Dividing by N puts clusters
+  of different sizes on one scale ("normalisation of the reward", section 5.4).
 - action: per model a device head (K) and a share-level head (`levels`: level l is (l + 1) / levels of the
   device's units). Where the levels on a device add up to more than its units, the device is split in
   proportion to them. Masked: devices the model does not fit on alone, levels below its profiled share.
@@ -32,10 +43,11 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import task_latency
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import BatchDecision, bda, corunners, explain, with_batches
+from tritonctl.policies.bda import BatchDecision, bda, corunners, explain, shortfall, with_batches
 from tritonctl.policies.spread import spread
 
 SHARE_LEVELS = 10
+PENALTY = 100.0  # omega of eq. 3 (InSS section 6.1)
 RATE_HEADROOM = 1.5  # rates observe as rate / (RATE_HEADROOM x the cluster's rate at training)
 POLICY_DIR = Path(__file__).resolve().parent.parent.parent / "rl" / "policies"
 FORMAT = "tritonctl-inss-policy/1"
@@ -177,6 +189,53 @@ def observe(
     return np.array(used + rates + queues, np.float32)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one decision yields: BDA's batches and eq. 3's terms per model."""
+
+    decision: BatchDecision
+    throughput: dict[str, float]  # h_i / H_i
+    violation: dict[str, float]  # v_i
+    reward: float
+
+    @property
+    def undeployed(self) -> set[str]:
+        return {n for n, why in self.decision.infeasible.items() if why == "memory"}
+
+
+def peak_rps(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> dict[str, float]:
+    """H_i: throughput alone on a whole device at batch 1."""
+    units = max(d.units for d in devices)
+    return {d.name: 1000 / lm.t_inf(d.name, 1, units) for d in demands}
+
+
+def outcome(
+    placement: dict[str, Choice],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    peak: dict[str, float],
+    penalty: float,
+) -> Outcome:
+    """BDA on the placement, then the reward of eq. 3 (see the module docstring)."""
+    decision = bda(placement, demands, devices, lm)
+    by_name = {d.name: d for d in demands}
+    throughput, violation = {}, {}
+    for d in demands:
+        why, batch = decision.infeasible.get(d.name), decision.batches[d.name]
+        if why is None:
+            t = lm.t_inf(d.name, batch, placement[d.name].share, corunners(d.name, placement, decision.batches))
+            violation[d.name], served = 0.0, 1000 * batch / t
+        elif why == "memory":
+            violation[d.name], served = 1.0, 0.0
+        else:
+            violation[d.name] = 1 - 1 / shortfall(d.name, placement, decision.batches, by_name, lm)[0]
+            served = (1 - violation[d.name]) * d.rate
+        throughput[d.name] = served / peak[d.name]
+    reward = sum(throughput[n] - penalty * violation[n] for n in by_name) / len(demands)
+    return Outcome(decision, throughput, violation, reward)
+
+
 def propose(
     act: Callable[[np.ndarray, np.ndarray], np.ndarray],
     layout: Layout,
@@ -232,17 +291,22 @@ def load_trained(path: Path, cluster: str, models: list[str], devices: list[Devi
 def inss(
     demands: list[Demand], devices: list[Device], lm: LatencyModel | None, trained: Trained | None = None
 ) -> dict[str, list[Choice]]:
-    """BDA on the current (spread) placement; when it fails, the actor's placement and shares, then BDA again."""
+    """BDA on the current (spread) placement; when it fails, the actor's placement and shares, then BDA again;
+    when that fails too, the better of the two by eq. 3 (see the module docstring)."""
     if lm is None:
         raise PlacementError("policy inss needs a fitted latency model: pass --latency-model")
-    if trained is None:
-        raise PlacementError("policy inss needs a trained policy (tritonctl train)")
     current = {name: choices[0] for name, choices in spread(demands, devices, lm).items()}
     decision = bda(current, demands, devices, lm)
     if decision.ok:
         return with_batches(current, decision.batches, demands, lm)
-    placement = propose(trained.actor.act, trained.layout, current, decision, demands, lm)
-    decision = bda(placement, demands, devices, lm)
-    if not decision.ok:
-        raise PlacementError(explain(decision) + " on the placement the trained policy chose")
-    return with_batches(placement, decision.batches, demands, lm)
+    if trained is None:
+        raise PlacementError("BDA fails on the current placement and inss has no trained policy (tritonctl train)")
+    proposal = propose(trained.actor.act, trained.layout, current, decision, demands, lm)
+    peak = peak_rps(demands, devices, lm)
+    judged = [(p, outcome(p, demands, devices, lm, peak, PENALTY)) for p in (proposal, current)]
+    placement, result = judged[0] if judged[0][1].decision.ok else max(judged, key=lambda j: j[1].reward)
+    if result.undeployed:
+        raise PlacementError(explain(result.decision) + " on the placement the trained policy chose")
+    by_name, batches = {d.name: d for d in demands}, result.decision.batches
+    closest = {n: shortfall(n, placement, batches, by_name, lm)[1] for n in result.decision.infeasible}
+    return with_batches(placement, {**batches, **closest}, demands, lm)

@@ -115,7 +115,7 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         evaluations += 1
         choices = {n: Choice(dev, share) for n, (dev, share) in placement.items()}
         decision = bda(choices, demands, devices, lm)
-        short = sum(shortfall(n, choices, decision.batches, by_name, lm) for n in decision.infeasible)
+        short = sum(shortfall(n, choices, decision.batches, by_name, lm)[0] for n in decision.infeasible)
         return (len(decision.infeasible), short, -throughput(choices, decision.batches, lm)), decision
 
     best = None
