@@ -33,7 +33,8 @@ from rl.sac import SACConfig, SACDiscrete
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planner import devices_of
-from tritonctl.policies import Demand
+from tritonctl.policies import Demand, PlacementError
+from tritonctl.policies.spread import spread
 from tritonctl.spec import Cluster
 
 COLUMNS = ("episode", "reward", "throughput", "violation", "goodput_rps", "alpha", "planning_reward", "wall_s")
@@ -70,7 +71,12 @@ def demands_of(cluster: Cluster, lm: LatencyModel) -> list[Demand]:
 
 
 def make_env(cluster: Cluster, lm: LatencyModel, config: EnvConfig) -> InssEnv:
-    return InssEnv(cluster.spec.name, demands_of(cluster, lm), devices_of(cluster), lm, config)
+    demands, devices = demands_of(cluster, lm), devices_of(cluster)
+    try:  # episodes start from spread's placement: it must fit
+        spread(demands, devices, lm)
+    except PlacementError as exc:
+        raise TritonctlError(f"cannot train for this cluster: {exc}", file=cluster.path, field="models") from None
+    return InssEnv(cluster.spec.name, demands, devices, lm, config)
 
 
 def _save_checkpoint(folder: Path, agent: SACDiscrete, episode: int) -> None:
@@ -136,6 +142,8 @@ def train(
     log: Callable[[str], None] = print,
 ) -> list[dict[str, float]]:
     """Train (or, with `resume`, go on training) a policy for `cluster`; returns the per-episode log."""
+    if config.episodes < 1:
+        raise TritonctlError(f"--episodes must be at least 1, not {config.episodes}")
     torch.set_num_threads(1)
     env = make_env(cluster, lm, config.env)
     csv_path, checkpoint = out_dir / "train.csv", out_dir / "checkpoint"
@@ -144,6 +152,10 @@ def train(
         if not (checkpoint / "state.json").is_file():
             raise TritonctlError("no checkpoint to resume from: train without --resume first", file=checkpoint)
         agent, start = _load_checkpoint(checkpoint)
+        if start > config.episodes:
+            raise TritonctlError(
+                f"the checkpoint is at episode {start}, past --episodes {config.episodes}", file=checkpoint
+            )
         rows = _read_log(csv_path, start)
         if agent.metadata != env.layout.metadata():
             raise TritonctlError("the checkpoint was trained for another cluster layout", file=checkpoint)

@@ -183,3 +183,8 @@ def test_training_is_seeded_and_resume_goes_on_from_the_checkpoint(tmp_path, lm)
     assert trained.layout.models == ("alpha", "beta")
     with pytest.raises(TritonctlError, match="no checkpoint"):
         train(cluster, lm, tmp_path / "e", tmp_path / "e.pt", tiny(3), resume=True, progress=False)
+    with pytest.raises(TritonctlError, match="checkpoint is at episode 3, past --episodes 2"):
+        train(cluster, lm, resumed, resumed / "p.pt", tiny(2), resume=True, progress=False)
+    huge = load_cluster(write_cluster(tmp_path, [mlp_model("alpha", memory_mb=9000)]))
+    with pytest.raises(TritonctlError, match="cannot train for this cluster.*fits on no device"):
+        train(huge, lm, tmp_path / "f", tmp_path / "f.pt", tiny(1), progress=False)
