@@ -35,6 +35,7 @@ from tritonctl.policies.inss import (
     outcome,
     peak_rps,
     propose,
+    undeployed,
 )
 from tritonctl.policies.spread import spread
 
@@ -65,7 +66,12 @@ class InssEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(
-        self, cluster: str, demands: list[Demand], devices: list[Device], lm: LatencyModel, config: EnvConfig = None
+        self,
+        cluster: str,
+        demands: list[Demand],
+        devices: list[Device],
+        lm: LatencyModel,
+        config: EnvConfig | None = None,
     ):
         self.config = config or EnvConfig()
         self.demands, self.devices, self.lm = list(demands), list(devices), lm
@@ -91,8 +97,7 @@ class InssEnv(gym.Env):
         """BDA re-decides the previous placement's batches at the current rates; the state is seen after."""
         demands = self.current_demands()
         decision = bda(self.placement, demands, self.devices, self.lm)
-        undeployed = {n for n, why in decision.infeasible.items() if why == "memory"}
-        return observe(self.layout, self.placement, decision.batches, demands, self.lm, undeployed)
+        return observe(self.layout, self.placement, decision.batches, demands, self.lm, undeployed(decision))
 
     def planning_reward(self, act) -> float:
         """Eq. 3's reward of the decision `act(state, mask)` takes where `tritonctl plan` asks for one: every model

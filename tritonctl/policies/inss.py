@@ -111,9 +111,12 @@ class Layout:
         if tuple(models) != self.models:
             return f"it was trained for models {list(self.models)}, the cluster has {models}"
         if wanted != self.devices:
-            show = lambda slots: ", ".join(f"{s.id} ({s.units} units, {s.memory_mb} MB)" for s in slots)  # noqa: E731
-            return f"it was trained for devices {show(self.devices)}, the cluster has {show(wanted)}"
+            return f"it was trained for devices {_show(self.devices)}, the cluster has {_show(wanted)}"
         return None
+
+
+def _show(slots: tuple[Slot, ...]) -> str:
+    return ", ".join(f"{s.id} ({s.units} units, {s.memory_mb} MB)" for s in slots)
 
 
 def action_mask(layout: Layout, demands: list[Demand], lm: LatencyModel) -> np.ndarray:
@@ -200,7 +203,12 @@ class Outcome:
 
     @property
     def undeployed(self) -> set[str]:
-        return {n for n, why in self.decision.infeasible.items() if why == "memory"}
+        return undeployed(self.decision)
+
+
+def undeployed(decision: BatchDecision) -> set[str]:
+    """Models BDA cannot fit in their device's memory at any batch: not deployed."""
+    return {n for n, why in decision.infeasible.items() if why == "memory"}
 
 
 def peak_rps(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> dict[str, float]:
@@ -245,18 +253,16 @@ def propose(
     lm: LatencyModel,
 ) -> dict[str, Choice]:
     """The actor's placement, `act(state, mask)`, seeing the current placement with BDA's `decision` on it."""
-    undeployed = {n for n, why in decision.infeasible.items() if why == "memory"}
-    obs = observe(layout, current, decision.batches, demands, lm, undeployed)
+    obs = observe(layout, current, decision.batches, demands, lm, undeployed(decision))
     return decode(act(obs, action_mask(layout, demands, lm)), layout, demands)
 
 
 @dataclass(frozen=True)
 class Trained:
-    """A trained actor with the layout it was trained for, loaded from `path`."""
+    """A trained actor with the layout it was trained for."""
 
     actor: Any  # rl.sac.TrainedActor
     layout: Layout
-    path: Path
 
 
 def default_policy_file(cluster: str) -> Path:
@@ -285,7 +291,7 @@ def load_trained(path: Path, cluster: str, models: list[str], devices: list[Devi
             "train one for this cluster with `tritonctl train`",
             file=path,
         )
-    return Trained(actor, layout, path)
+    return Trained(actor, layout)
 
 
 def inss(
@@ -306,7 +312,7 @@ def inss(
     judged = [(p, outcome(p, demands, devices, lm, peak, PENALTY)) for p in (proposal, current)]
     placement, result = judged[0] if judged[0][1].decision.ok else max(judged, key=lambda j: j[1].reward)
     if result.undeployed:
-        raise PlacementError(explain(result.decision) + " on the placement the trained policy chose")
+        raise PlacementError(explain(result.decision) + " on the current placement or the trained policy's")
     by_name, batches = {d.name: d for d in demands}, result.decision.batches
     closest = {n: shortfall(n, placement, batches, by_name, lm)[1] for n in result.decision.infeasible}
     return with_batches(placement, {**batches, **closest}, demands, lm)
