@@ -14,9 +14,10 @@ from rl.env import EnvConfig, InssEnv
 from rl.sac import SACConfig, SACDiscrete
 from rl.train import TrainConfig, train
 from synthetic import synthetic_dataset
+from tritonctl.cli import main
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.plan import Device
+from tritonctl.plan import Device, load_plan
 from tritonctl.policies import POLICIES, Demand
 from tritonctl.policies.base import Choice
 from tritonctl.policies.bda import bda, shortfall
@@ -188,3 +189,23 @@ def test_training_is_seeded_and_resume_goes_on_from_the_checkpoint(tmp_path, lm)
     huge = load_cluster(write_cluster(tmp_path, [mlp_model("alpha", memory_mb=9000)]))
     with pytest.raises(TritonctlError, match="cannot train for this cluster.*fits on no device"):
         train(huge, lm, tmp_path / "f", tmp_path / "f.pt", tiny(1), progress=False)
+
+
+def test_plan_cli_uses_a_matching_policy_file_and_refuses_another(tmp_path, capsys, lm):
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    make_mlp(tmp_path / "mlp.onnx")
+    models = [mlp_model("alpha", rate=300, slo_ms=150), mlp_model("beta", rate=10, slo_ms=400)]
+    cluster = write_cluster(tmp_path, models)
+    demands = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 10, 100)]
+    forced_policy(tmp_path / "ok.pt", Layout.of("test", demands, cpus(4096)), [0, 7, 0, 2])
+    forced_policy(tmp_path / "other.pt", Layout.of("other", demands, cpus(4096, 4096)), [0, 7, 0, 2])
+    lm_file = str(tmp_path / "profile" / "latency-model.json")
+    args = ["plan", str(cluster), "--policy", "inss", "--latency-model", lm_file]
+    capsys.readouterr()
+    assert main([*args, "--policy-file", str(tmp_path / "other.pt")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "other.pt") in err and "trained for cluster 'other' and does not fit 'test'" in err
+    assert main([*args, "--policy-file", str(tmp_path / "ok.pt"), "-o", str(tmp_path / "plan.yaml")]) == 0
+    plan = load_plan(tmp_path / "plan.yaml").plan
+    assert plan.policy == "inss" and not plan.unserved and {m.name for m in plan.models} == {"alpha", "beta"}
