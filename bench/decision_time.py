@@ -5,7 +5,9 @@
 Policies on the InSS eight-model, four-device setup (examples/inss-scaled/eight-4.yaml with
 the SCALED latency model): the one-time cost of the queueing tables, BDA per call on the
 spread placement, and each policy's warm planning time (median of 3; a policy that finds
-no plan for all eight models is timed to its failure, as the planner's first attempt).
+no plan for all eight models is timed to its failure, as the planner's first attempt). For
+`inss` (with the trained rl/policies/inss-eight-4.pt) also its online decision when BDA fails
+on the current placement: actor forward pass plus BDA on the actor's choice (median of 200).
 Simulator: requests simulated per second of wall time for the CPU demo's batch-1 plan
 (bench/results/cpu-demo/plan-spread.yaml, the slowest case: one event per request) at 1x
 and 10x its rates, with drops. Run it on a quiet machine.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from tritonctl.latency.model import load_latency_model
@@ -22,6 +25,7 @@ from tritonctl.plan import load_plan
 from tritonctl.planner import devices_of
 from tritonctl.policies import POLICIES, Demand, PlacementError, PolicyLimit
 from tritonctl.policies.bda import bda
+from tritonctl.policies.inss import action_mask, decode, default_policy_file, load_trained, observe
 from tritonctl.policies.spread import spread
 from tritonctl.simulate import simulate
 from tritonctl.spec import load_cluster
@@ -51,9 +55,20 @@ def main() -> None:
     for _ in range(calls):
         bda(placement, demands, devices, lm)
     print(f"BDA, eight models: {1000 * (time.perf_counter() - started) / calls:.2f} ms per call")
+    name = cluster.spec.name
+    trained = load_trained(default_policy_file(name), name, [d.name for d in demands], devices)
     for name, info in POLICIES.items():
-        runs = [timed(lambda fn=info.fn: fn(demands, devices, lm)) for _ in range(3)]
+        fn = partial(info.fn, trained=trained) if info.trained else info.fn
+        runs = [timed(lambda fn=fn: fn(demands, devices, lm)) for _ in range(3)]
         print(f"  {name:13} {statistics.median(runs):8.1f} ms")
+    mask = action_mask(trained.layout, demands, lm)
+    obs = observe(trained.layout, placement, bda(placement, demands, devices, lm).batches, demands, lm)
+
+    def decide() -> None:
+        bda(decode(trained.actor.act(obs, mask), trained.layout, demands), demands, devices, lm)
+
+    runs = [timed(decide) for _ in range(200)]
+    print(f"inss online decision (actor forward + BDA), eight models: {statistics.median(runs):.2f} ms")
     demo = load_plan(REPO / "bench/results/cpu-demo/plan-spread.yaml").plan
     demo_lm = load_latency_model(REPO / "profiles/cpu-demo/latency-model.json")
     for scale, seconds in ((1.0, 4000), (10.0, 400)):

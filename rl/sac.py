@@ -324,6 +324,19 @@ class SACDiscrete:
         }
         torch.save(state, path)
 
+    def save_actor(self, path: str | Path, metadata: dict[str, Any]) -> None:
+        """Write only what acting needs, the actor's shape and weights and `metadata`: a small file to deploy
+        (`TrainedActor.load`), unlike `save`, which keeps everything training needs."""
+        json.dumps(metadata)
+        state = {
+            "obs_dim": self.obs_dim,
+            "heads": self.heads,
+            "hidden_sizes": list(self.config.hidden_sizes),
+            "actor": self.actor.state_dict(),
+            "metadata": metadata,
+        }
+        torch.save(state, path)
+
     @classmethod
     def load(cls, path: str | Path) -> SACDiscrete:
         """An agent restored from `save`; the metadata saved with it is in `.metadata`."""
@@ -337,3 +350,25 @@ class SACDiscrete:
             opt.load_state_dict(state["optimizers"][name])
         agent.metadata = state["metadata"]
         return agent
+
+
+class TrainedActor:
+    """A deployed policy: the actor `SACDiscrete.save_actor` wrote, choosing greedily under a mask."""
+
+    def __init__(self, actor: Actor, metadata: dict[str, Any]):
+        self.actor, self.metadata = actor.eval(), metadata
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainedActor:
+        state = torch.load(path, weights_only=True)
+        actor = Actor(state["obs_dim"], state["heads"], tuple(state["hidden_sizes"]))
+        actor.load_state_dict(state["actor"])
+        return cls(actor, state["metadata"])
+
+    @torch.no_grad()
+    def act(self, obs, mask=None) -> np.ndarray:
+        """The most likely allowed action of every head for one observation."""
+        rows = torch.as_tensor(np.asarray(obs, np.float32)[None])
+        if mask is not None:
+            mask = torch.as_tensor(check_mask(mask, self.actor.sizes)[None])
+        return np.array([int(z.argmax()) for z in self.actor(rows, mask)])

@@ -37,7 +37,8 @@ def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsy
         if line.startswith("| ") and "---" not in line and "policy" not in line
     }
     print(table)
-    assert set(rows) == set(POLICIES)
+    assert set(rows) == set(POLICIES) - {"inss"}  # no policy trained for this cluster: left out, with a note
+    assert "inss left out: no trained policy" in table
     assert all(r[1] == "0" for r in rows.values())  # light load: every policy serves both models
     capacity = {p: float(r[3]) for p, r in rows.items()}
     # optimal is exact on the grid of split shares; the search may also let a device's models take turns

@@ -127,3 +127,18 @@ def test_speed_at_least_200k_requests_per_second(lm):
         runs = [simulate(plan, lm, duration_s=seconds, drop=True) for _ in range(2)]
         assert runs[0].throughput > 0.2 * sum(rates)  # requests were really served, not all dropped
         assert max(r.requests / r.wall_s for r in runs) >= 200_000
+
+
+def test_latency_errors_are_fixed_per_model_seeded_and_leave_arrivals_alone(lm):
+    plan = plan_of(("alpha", 20, 1e6, 50, 1, 0), ("beta", 5, 1e6, 50, 1, 0))
+    exact = simulate(plan, lm, duration_s=50, seed=3)
+    off = simulate(plan, lm, duration_s=50, seed=3, latency_error=0.1)
+    assert exact.latency_errors == {} and set(off.latency_errors) == {"alpha", "beta"}
+    assert all(0 < abs(e) <= 0.1 for e in off.latency_errors.values())
+    assert off.latency_errors == simulate(plan, lm, duration_s=50, seed=3, latency_error=0.1).latency_errors
+    assert [m.arrived for m in off.models] == [m.arrived for m in exact.models]
+    for m, e in zip(off.models, (off.latency_errors["alpha"], off.latency_errors["beta"]), strict=True):
+        base = next(x for x in exact.models if x.model == m.model)
+        assert (m.p50_ms > base.p50_ms) == (e > 0)  # light load: latency moves with the error's sign
+    with pytest.raises(TritonctlError, match="latency error"):
+        simulate(plan, lm, duration_s=5, latency_error=1.5)

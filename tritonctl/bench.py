@@ -66,6 +66,7 @@ def bench(
     out_dir: Path,
     duration_s: float,
     drop: bool = True,
+    policy_file: Path | None = None,
 ) -> list[BenchRow]:
     out_dir.mkdir(parents=True, exist_ok=True)
     bound = upper_bound_rps(cluster, lm)
@@ -73,9 +74,9 @@ def bench(
     for policy in policies:
         plan_path = out_dir / f"plan-{policy}.yaml"
         try:
-            make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None)
+            make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None, policy_file=policy_file)
             started = time.perf_counter()
-            plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None)
+            plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None, policy_file=policy_file)
         except TritonctlError as exc:
             rows.append(BenchRow(policy, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message.splitlines()[0]))
             continue
@@ -124,16 +125,22 @@ def format_rows(rows: list[BenchRow]) -> str:
 
 
 def margins(rows: list[BenchRow]) -> str:
-    """The best of tritonctl's policies against each baseline and against optimal, by simulated goodput."""
+    """The best of tritonctl's policies against each baseline and against optimal, by simulated goodput; then
+    each of tritonctl's policies against the same."""
     ok = {r.policy: r for r in rows if not r.error}
     own = [ok[p] for p in OWN if p in ok]
     if not own:
         return "No tritonctl policy produced a plan."
+    others = [name for name in (*BASELINES, "optimal") if name in ok and ok[name].goodput_rps > 0]
+
+    def margin(mine: BenchRow, name: str) -> str:
+        return f"{100 * (mine.goodput_rps / ok[name].goodput_rps - 1):+.1f}%"
+
     best = max(own, key=lambda r: r.goodput_rps)
     lines = [f"Best tritonctl policy: {best.policy} ({best.goodput_rps:.1f} req/s within SLO)."]
-    for name in (*BASELINES, "optimal"):
-        if name in ok and ok[name].goodput_rps > 0:
-            lines.append(f"- vs {name}: {100 * (best.goodput_rps / ok[name].goodput_rps - 1):+.1f}%")
+    lines += [f"- vs {name}: {margin(best, name)}" for name in others]
+    lines.append("Each of tritonctl's policies, by goodput:")
+    lines += [f"- {r.policy}: " + ", ".join(f"vs {name} {margin(r, name)}" for name in others) for r in own]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from tritonctl.latency.report import write_report
 from tritonctl.plan import LoadedPlan, load_plan, save_plan
 from tritonctl.planner import check_latency_model, make_plan
 from tritonctl.policies import POLICIES
+from tritonctl.policies.inss import default_policy_file
 from tritonctl.render import render
 from tritonctl.runtime import share
 from tritonctl.runtime.base import Runtime
@@ -50,7 +51,12 @@ def cmd_export(args) -> int:
 
 
 def _plan(
-    cluster_arg: str, policy: str, output: str | None, latency_model: str | None = None, strict: bool = False
+    cluster_arg: str,
+    policy: str,
+    output: str | None,
+    latency_model: str | None = None,
+    strict: bool = False,
+    policy_file: str | None = None,
 ) -> Path:
     cluster = load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
@@ -60,7 +66,8 @@ def _plan(
     if latency_model:
         lm = load_latency_model(latency_model)
         check_latency_model(cluster, artifacts, lm, Path(latency_model), _say)
-    plan = make_plan(cluster, artifacts, policy, out, lm, log=_say, strict=strict)
+    trained = Path(policy_file) if policy_file else None
+    plan = make_plan(cluster, artifacts, policy, out, lm, log=_say, strict=strict, policy_file=trained)
     save_plan(plan, out)
     _say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
@@ -89,7 +96,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    _plan(args.cluster, args.policy, args.output, args.latency_model, args.strict)
+    _plan(args.cluster, args.policy, args.output, args.latency_model, args.strict, args.policy_file)
     return 0
 
 
@@ -139,7 +146,9 @@ def cmd_simulate(args) -> int:
         unknown = sorted(set(trace) - {m.name for m in loaded.plan.models})
         if unknown:
             _say(f"WARNING: the trace has requests for models the plan does not serve: {', '.join(unknown)}")
-    result = simulate(loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale, trace)
+    result = simulate(
+        loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale, trace, latency_error=args.latency_error
+    )
     _say(format_sim(result))
     return 0
 
@@ -149,14 +158,40 @@ def cmd_bench(args) -> int:
     lm = load_latency_model(args.latency_model)
     artifacts = materialize(cluster, log=lambda _: None)
     check_latency_model(cluster, artifacts, lm, Path(args.latency_model), _say)
-    unknown = [p for p in args.policies if p not in POLICIES]
+    unknown = [p for p in args.policies or [] if p not in POLICIES]
     if unknown:
         raise TritonctlError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
     out = Path(args.output) if args.output else cluster.path.parent / "bench"
-    rows = bench(cluster, artifacts, lm, args.policies, out, args.duration)
+    policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
+    policies = args.policies
+    if args.policies is None:  # every policy; inss where a policy was trained for this cluster
+        policies = [p for p in POLICIES if not POLICIES[p].trained or policy_file.is_file()]
+        if len(policies) < len(POLICIES):
+            _say(f"note: inss left out: no trained policy {policy_file} (tritonctl train)")
+    rows = bench(cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file)
     _say(format_rows(rows))
     _say(margins(rows))
     _say(f"table, plans and plot written to {out}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from rl.train import TrainConfig, train  # torch loads only for training
+
+    cluster = load_cluster(args.cluster)
+    lm = load_latency_model(args.latency_model)
+    out = Path(args.output) if args.output else Path("rl") / "runs" / cluster.spec.name
+    policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
+    config = TrainConfig(seed=args.seed)
+    if args.episodes is not None:
+        config.episodes = args.episodes
+    rows = train(cluster, lm, out, policy_file, config, resume=args.resume, log=_say)
+    last = rows[-max(1, len(rows) // 10) :]
+    _say(
+        f"last {len(last)} episodes: reward {sum(r['reward'] for r in last) / len(last):.2f}, "
+        f"SLO violations {100 * sum(r['violation'] for r in last) / len(last):.2f}%, "
+        f"{rows[-1]['wall_s']:.0f} s of training"
+    )
     return 0
 
 
@@ -416,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict", action="store_true", help="fail if any model cannot be served (default: plan the others, list it)"
     )
+    p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
     p = add("fit", cmd_fit, "fit the interference-aware latency model (InSS section 4) to a profile")
     p.add_argument("profile", help="profile folder (tritonctl profile)")
     p.add_argument("-o", "--output", help="model file (default: latency-model.json in the profile folder)")
@@ -474,12 +510,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival process (default 0)")
     p.add_argument("--drop", action="store_true", help="drop requests that can no longer meet their SLO")
     p.add_argument("--trace", help="replay this trace (CSV: model,time_s) instead of Poisson arrivals at the rates")
+    p.add_argument(
+        "--latency-error",
+        type=float,
+        default=0.0,
+        help="run every model's batches (1 + e) times as long as predicted, e fixed per model, uniform in "
+        "[-X, X] (seeded): a latency model that is off (default 0)",
+    )
     p = add("bench", cmd_bench, "plan a cluster with several policies and simulate each plan side by side")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), help="policies to compare (default: all)")
+    p.add_argument(
+        "--policies", nargs="+", help="policies to compare (default: all; inss where a trained policy exists)"
+    )
     p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds per policy (default 60)")
     p.add_argument("-o", "--output", help="output folder (default: bench/ beside the cluster file)")
+    p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
+    p = add("train", cmd_train, "train the inss policy (SAC-Discrete, InSS Algorithm 2) for a cluster")
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
+    p.add_argument("--episodes", type=int, help="episodes in all, resumed ones included (default 400)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the agent and the workload (default 0)")
+    p.add_argument("--resume", action="store_true", help="go on from the run folder's last checkpoint")
+    p.add_argument("-o", "--output", help="run folder: log, learning curve, checkpoint (default: rl/runs/<cluster>)")
+    p.add_argument("--policy-file", help="where the trained policy goes (default: rl/policies/<cluster name>.pt)")
     p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")

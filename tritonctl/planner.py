@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from profiler.device import cpu_fingerprint
@@ -22,7 +23,8 @@ from tritonctl.plan import (
     Unserved,
     relative_to,
 )
-from tritonctl.policies import POLICIES, Choice, Demand, PlacementError, PolicyLimit
+from tritonctl.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
+from tritonctl.policies.inss import default_policy_file, load_trained
 from tritonctl.spec import Cluster
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
@@ -176,14 +178,13 @@ def unservable(demand: Demand, devices: list[Device], lm: LatencyModel | None) -
 
 
 def place(
-    policy: str, demands: list[Demand], devices: list[Device], lm: LatencyModel | None
+    policy: str, fn: Policy, demands: list[Demand], devices: list[Device], lm: LatencyModel | None
 ) -> tuple[dict[str, list[Choice]], dict[str, str]]:
-    """Run the policy; while it finds no plan, shed the models it names (else the one with the most work,
+    """Run the policy `fn`; while it finds no plan, shed the models it names (else the one with the most work,
     rate x latency) and retry.
 
     Returns the placements and, for every shed model, why it is not served.
     """
-    fn = POLICIES[policy].fn
     unserved: dict[str, str] = {}
     remaining = list(demands)
     while remaining:
@@ -217,12 +218,14 @@ def make_plan(
     lm: LatencyModel | None = None,
     log: Callable[[str], None] = print,
     strict: bool = False,
+    policy_file: Path | None = None,
 ) -> Plan:
     """Run `policy` on the cluster and return the plan to be saved at `plan_path`.
 
     Models that cannot be served are left out of the plan and listed in its `unserved`
     with the reason; placements predicted to miss their SLO (partial service) say so in
-    their prediction and in a warning. With `strict`, either is an error instead.
+    their prediction and in a warning. With `strict`, either is an error instead. A policy
+    that needs training (inss) reads `policy_file`, by default rl/policies/<cluster name>.pt.
     """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -238,9 +241,13 @@ def make_plan(
         Demand(m.name, m.slo_ms, m.rate, footprint_mb(cluster, m.name, artifacts[m.name], lm))
         for m in cluster.spec.models
     ]
+    fn = POLICIES[policy].fn
+    if POLICIES[policy].trained:
+        path = policy_file or default_policy_file(cluster.spec.name)
+        fn = partial(fn, trained=load_trained(path, cluster.spec.name, [d.name for d in demands], devices))
     unserved = {d.name: why for d in demands if (why := unservable(d, devices, lm))}
     try:
-        choices, shed = place(policy, [d for d in demands if d.name not in unserved], devices, lm)
+        choices, shed = place(policy, fn, [d for d in demands if d.name not in unserved], devices, lm)
     except PolicyLimit as exc:
         raise TritonctlError(str(exc), file=cluster.path, field="models") from None
     unserved.update(shed)

@@ -14,6 +14,12 @@ but neither served nor dropped, so an overloaded plan shows its real throughput.
 Arrivals are Poisson at each model's rate, or replayed from a trace (CSV `model,time_s`);
 a model's requests go to its replicas at random in proportion to their weights.
 
+`latency_error` X stands for a latency model that is off: every batch of model i runs (1 + e_i) times
+as long as predicted, e_i drawn once per model uniformly in [-X, X] from the seed (a stream of its own,
+so the arrivals are those of the same seed without errors). A fixed error per model, not noise per
+batch, is what a mis-fitted profile does: the model is systematically slower (or faster) than every
+plan expects, and a policy that sized its share to the prediction's edge misses its SLO throughout.
+
 The simulation advances batch by batch, not request by request: arrivals are numpy arrays,
 a queue is a pair of indices into them, and the latencies of a batch's requests are one
 vector operation. Starts are processed in time order across instances, so the busy
@@ -89,6 +95,7 @@ class SimResult:
     devices_used: int
     requests: int
     wall_s: float
+    latency_errors: dict[str, float] = field(default_factory=dict)  # e_i per model (empty without errors)
 
     @property
     def throughput(self) -> float:
@@ -167,10 +174,18 @@ def simulate(
     drop: bool = False,
     rate_scale: float = 1.0,
     trace: dict[str, np.ndarray] | None = None,
+    latency_error: float = 0.0,
 ) -> SimResult:
-    """Poisson traffic at each model's rate (or the `trace`) for `duration_s`."""
+    """Poisson traffic at each model's rate (or the `trace`) for `duration_s`; batches off the latency
+    model by a fixed factor per model within +-`latency_error`."""
+    if not 0 <= latency_error < 1:
+        raise TritonctlError(f"latency error {latency_error} must be in [0, 1)", field="--latency-error")
     started = time.perf_counter()
     arrivals = _arrivals(plan, duration_s, rate_scale, trace, seed)
+    errors = {}
+    if latency_error:
+        draws = np.random.default_rng([seed, 1]).uniform(-latency_error, latency_error, len(plan.models))
+        errors = {m.name: float(e) for m, e in zip(plan.models, draws, strict=True)}
     shared = {d.id: _Executor() for d in plan.devices}
     instances: list[_Instance] = []
     for model in plan.models:
@@ -219,7 +234,7 @@ def simulate(
         key = (inst.model, take, inst.share, busy)
         exec_ms = exec_cache.get(key)
         if exec_ms is None:
-            exec_ms = exec_cache[key] = lm.t_inf(inst.model, take, inst.share, busy)
+            exec_ms = exec_cache[key] = lm.t_inf(inst.model, take, inst.share, busy) * (1 + errors.get(inst.model, 0.0))
         inst.head += take
         first = head
         if drop:  # the oldest requests are the late ones: what is dropped is a prefix of the batch
@@ -259,6 +274,7 @@ def simulate(
         devices_used=len(by_device),
         requests=sum(r.arrived for r in results),
         wall_s=time.perf_counter() - started,
+        latency_errors=errors,
     )
 
 
@@ -269,6 +285,10 @@ def format_sim(result: SimResult) -> str:
         lines.append(
             f"{m.model:18} {m.arrived:8d} {m.served:8d} {100 * m.good / max(m.arrived, 1):6.1f}% "
             f"{m.dropped:8d} {m.p50_ms:8.1f} {m.p99_ms:8.1f}"
+        )
+    if result.latency_errors:
+        lines.append(
+            "latency model errors: " + ", ".join(f"{m} {100 * e:+.1f}%" for m, e in result.latency_errors.items())
         )
     lines.append(
         f"throughput {result.throughput:.1f}/s, goodput {result.goodput:.1f}/s on {result.devices_used} "

@@ -13,6 +13,7 @@ from tritonctl.policies.bda import bda_policy
 from tritonctl.policies.gpulet import gpulet
 from tritonctl.policies.gslice import gslice
 from tritonctl.policies.igniter import igniter
+from tritonctl.policies.inss import inss
 from tritonctl.policies.optimal import optimal
 from tritonctl.policies.search import search
 from tritonctl.policies.spread import spread
@@ -23,6 +24,11 @@ POLICIES: dict[str, PolicyInfo] = {
     "bda": PolicyInfo(bda_policy, "spread's placement and shares, batch sizes by InSS's BDA (Algorithm 1)"),
     "search": PolicyInfo(
         search, "stand-in for the InSS scheduler: local search over placements and shares, BDA batches"
+    ),
+    "inss": PolicyInfo(
+        inss,
+        "InSS two-layer scheduler: BDA on the current placement, else a trained SAC-Discrete actor (tritonctl train)",
+        trained=True,
     ),
     "gpulet": PolicyInfo(gpulet, "Gpulet: elastic partitioning into two gpulets per device, GPU scaling"),
     "gslice": PolicyInfo(gslice, "GSLICE: knee shares, self-tuned by average latency and throughput"),

@@ -53,3 +53,4 @@ class PolicyInfo:
     fn: Policy
     help: str
     sharing: str = "spatial"  # "temporal": every instance gets its whole device, instances take turns
+    trained: bool = False  # needs a trained policy file: the planner loads it and passes it as `trained=`

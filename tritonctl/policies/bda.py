@@ -101,6 +101,22 @@ def throughput(placement: dict[str, Choice], batches: dict[str, int], lm: Latenc
     )
 
 
+def shortfall(
+    name: str, placement: dict[str, Choice], batches: dict[str, int], demands: dict[str, Demand], lm: LatencyModel
+) -> tuple[float, int]:
+    """How far a model without a feasible batch is from one, and the batch that comes closest: over batches
+    1, 2, 4 ... 32, the least of the larger of load (rate x t_inf / b) and p99 / SLO."""
+    demand, choice = demands[name], placement[name]
+    others = corunners(name, placement, batches)
+    best = (float("inf"), 1)
+    for b in (2**k for k in range(MAX_BATCH.bit_length())):
+        t = lm.t_inf(name, b, choice.share, others)
+        task = task_latency(demand.rate, b, t)
+        load = demand.rate * t / (1000 * b)
+        best = min(best, (max(load, task.p99_ms / demand.slo_ms) if task.stable else load, b))
+    return best
+
+
 def with_batches(
     placement: dict[str, Choice], batches: dict[str, int], demands: list[Demand], lm: LatencyModel
 ) -> dict[str, list[Choice]]:

@@ -1,0 +1,202 @@
+"""Training TS offline (InSS Algorithm 2): SAC-Discrete on the provisioning environment of one cluster.
+
+Top to bottom: per episode, reset the environment (rates drawn anew), then per step act with the current
+policy under the action mask, store the transition, and update the agent once the buffer holds
+`learning_starts` transitions. Each episode appends a row to `train.csv`: mean reward, normalised
+throughput and SLO-violation share over its steps, and the reward of the greedy decision where
+`tritonctl plan` asks for one (every model at the cluster's rate, spread's placement current). Every
+`checkpoint_every` episodes and at the end the run folder gets a checkpoint (the whole agent, its replay
+buffer and random state: `resume` goes on from it exactly) and the learning curve; at the end the
+deployable actor goes to `policy_file`.
+
+Reproducible: episode e resets the environment with seed (seed, e), the agent draws from its own seeded
+Generator, and torch runs on one thread.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from rl.env import EnvConfig, InssEnv
+from rl.sac import SACConfig, SACDiscrete
+from tritonctl.errors import TritonctlError
+from tritonctl.latency.model import LatencyModel
+from tritonctl.planner import devices_of
+from tritonctl.policies import Demand, PlacementError
+from tritonctl.policies.spread import spread
+from tritonctl.spec import Cluster
+
+COLUMNS = ("episode", "reward", "throughput", "violation", "goodput_rps", "alpha", "planning_reward", "wall_s")
+
+
+def training_sac() -> SACConfig:
+    """Table 1 but for two fields. gamma 0: a decision's reward depends only on that decision and the rates, and
+    the rates move regardless of it, so the best policy is myopic and a discounted return adds only variance.
+    Learning rates 1e-3 (Table 1: 1e-4): with gamma 0 the critic regresses the bounded reward itself, and the
+    ten times larger step reaches the same policy in the 30 minutes of 2 cores."""
+    return SACConfig(gamma=0.0, actor_lr=1e-3, critic_lr=1e-3)
+
+
+@dataclass
+class TrainConfig:
+    """A training run: how long, which seed, and the environment and agent settings."""
+
+    episodes: int = 400
+    seed: int = 0
+    checkpoint_every: int = 50
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sac: SACConfig = field(default_factory=training_sac)
+
+
+def demands_of(cluster: Cluster, lm: LatencyModel) -> list[Demand]:
+    """The cluster's models as the planner sees them (memory: the spec's, else the profiled footprint at batch 1)."""
+    missing = [m.name for m in cluster.spec.models if m.name not in lm.models]
+    if missing:
+        raise TritonctlError(f"models {missing} are not in the latency model: profile and fit them", file=cluster.path)
+    return [
+        Demand(m.name, m.slo_ms, m.rate, m.memory_mb or math.ceil(lm.footprint_mb(m.name, 1)))
+        for m in cluster.spec.models
+    ]
+
+
+def make_env(cluster: Cluster, lm: LatencyModel, config: EnvConfig) -> InssEnv:
+    demands, devices = demands_of(cluster, lm), devices_of(cluster)
+    try:  # episodes start from spread's placement: it must fit
+        spread(demands, devices, lm)
+    except PlacementError as exc:
+        raise TritonctlError(f"cannot train for this cluster: {exc}", file=cluster.path, field="models") from None
+    return InssEnv(cluster.spec.name, demands, devices, lm, config)
+
+
+def _save_checkpoint(folder: Path, agent: SACDiscrete, episode: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    agent.save(folder / "agent.pt")
+    buf = agent.buffer
+    np.savez(folder / "buffer.npz", **{name: getattr(buf, name) for name in buf.FIELDS}, size=buf.size, pos=buf.pos)
+    state = {"episode": episode, "rng": agent.rng.bit_generator.state}
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+def _load_checkpoint(folder: Path) -> tuple[SACDiscrete, int]:
+    agent = SACDiscrete.load(folder / "agent.pt")
+    with np.load(folder / "buffer.npz") as saved:
+        for name in agent.buffer.FIELDS:
+            getattr(agent.buffer, name)[:] = saved[name]
+        agent.buffer.size, agent.buffer.pos = int(saved["size"]), int(saved["pos"])
+    state = json.loads((folder / "state.json").read_text())
+    agent.rng.bit_generator.state = state["rng"]
+    return agent, state["episode"]
+
+
+def _read_log(path: Path, episodes: int) -> list[dict[str, float]]:
+    with open(path, newline="") as f:
+        return [{k: int(v) if k == "episode" else float(v) for k, v in row.items()} for row in csv.DictReader(f)][
+            :episodes
+        ]
+
+
+def plot_curve(rows: list[dict[str, float]], path: Path, title: str) -> None:
+    """Reward, normalised throughput and SLO violations against episodes (as InSS Figs. 13 and 14)."""
+    episodes = [r["episode"] for r in rows]
+    fig = Figure(figsize=(7, 7))
+    axes = fig.subplots(3, 1, sharex=True)
+    panels = (("reward", "reward (eq. 3)"), ("throughput", "throughput, sum h/H"), ("violation", "SLO violations %"))
+    window = max(1, len(rows) // 25)
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        values = np.array([r[key] for r in rows]) * (100 if key == "violation" else 1)
+        ax.plot(episodes, values, color="tab:blue", alpha=0.3, linewidth=0.8)
+        if len(values) >= window:
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(episodes[window - 1 :], smooth, color="tab:blue", label=f"mean of {window}")
+            ax.legend(loc="best", fontsize=8)
+        if key == "reward":
+            ax.plot(episodes, [r["planning_reward"] for r in rows], color="tab:orange", label="greedy, at planning")
+            ax.legend(loc="best", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("episode")
+    axes[0].set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def train(
+    cluster: Cluster,
+    lm: LatencyModel,
+    out_dir: Path,
+    policy_file: Path,
+    config: TrainConfig,
+    resume: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, float]]:
+    """Train (or, with `resume`, go on training) a policy for `cluster`; returns the per-episode log."""
+    if config.episodes < 1:
+        raise TritonctlError(f"--episodes must be at least 1, not {config.episodes}")
+    torch.set_num_threads(1)
+    env = make_env(cluster, lm, config.env)
+    csv_path, checkpoint = out_dir / "train.csv", out_dir / "checkpoint"
+    start, rows = 0, []
+    if resume:
+        if not (checkpoint / "state.json").is_file():
+            raise TritonctlError("no checkpoint to resume from: train without --resume first", file=checkpoint)
+        agent, start = _load_checkpoint(checkpoint)
+        if start > config.episodes:
+            raise TritonctlError(
+                f"the checkpoint is at episode {start}, past --episodes {config.episodes}", file=checkpoint
+            )
+        rows = _read_log(csv_path, start)
+        if agent.metadata != env.layout.metadata():
+            raise TritonctlError("the checkpoint was trained for another cluster layout", file=checkpoint)
+        log(f"resuming {cluster.spec.name} from episode {start}")
+    else:
+        config.sac.seed = config.seed
+        agent = SACDiscrete(env.layout.obs_dim, env.layout.heads, config.sac)
+        agent.metadata = env.layout.metadata()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "w", newline="") as f:  # rewritten up to the checkpoint's episode, then appended
+        csv.DictWriter(f, COLUMNS).writeheader()
+        csv.DictWriter(f, COLUMNS).writerows(rows)
+    cfg, started = agent.config, time.perf_counter() - (rows[-1]["wall_s"] if rows else 0.0)
+    bar = tqdm(range(start, config.episodes), initial=start, total=config.episodes, disable=not progress, unit="ep")
+    for episode in bar:
+        obs, info = env.reset(seed=config.seed * 1_000_003 + episode)
+        totals = dict.fromkeys(("reward", "throughput", "violation", "goodput_rps", "alpha"), 0.0)
+        done = False
+        while not done:
+            mask = info["action_mask"]
+            action = agent.act(obs, mask)
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            agent.buffer.add(obs, action, reward, next_obs, terminated, mask, info["action_mask"])
+            if len(agent.buffer) >= cfg.learning_starts:
+                totals["alpha"] += agent.update(agent.buffer.sample(cfg.batch_size, agent.rng))["alpha"]
+            obs, done = next_obs, terminated or truncated
+            totals["reward"] += reward
+            for key in ("throughput", "violation", "goodput_rps"):
+                totals[key] += info[key]
+        row = {k: v / env.config.steps for k, v in totals.items()}
+        greedy = env.planning_reward(lambda o, m: agent.act(o, m, deterministic=True))
+        row.update(episode=episode + 1, planning_reward=greedy, wall_s=round(time.perf_counter() - started, 1))
+        rows.append(row)
+        with open(csv_path, "a", newline="") as f:
+            csv.DictWriter(f, COLUMNS).writerow({k: round(v, 4) for k, v in row.items()})
+        bar.set_postfix(reward=f"{row['reward']:.2f}", violations=f"{100 * row['violation']:.1f}%")
+        if (episode + 1) % config.checkpoint_every == 0 or episode + 1 == config.episodes:
+            _save_checkpoint(checkpoint, agent, episode + 1)
+            plot_curve(rows, out_dir / "learning-curve.png", f"TS training on {cluster.spec.name}")
+    policy_file.parent.mkdir(parents=True, exist_ok=True)
+    trained = {"episodes": config.episodes, "seed": config.seed, "env": asdict(config.env)}
+    agent.save_actor(policy_file, {**env.layout.metadata(), "training": trained})
+    log(f"policy written to {policy_file}; log, curve and checkpoint in {out_dir}")
+    return rows

@@ -1,0 +1,211 @@
+"""The InSS scheduler: the provisioning environment, training, and the two-layer `inss` policy (SYNTHETIC model)."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+from conftest import make_mlp, mlp_model, write_cluster
+from rl.env import EnvConfig, InssEnv
+from rl.sac import SACConfig, SACDiscrete
+from rl.train import TrainConfig, train
+from synthetic import synthetic_dataset
+from tritonctl.cli import main
+from tritonctl.errors import TritonctlError
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.plan import Device, load_plan
+from tritonctl.policies import POLICIES, Demand
+from tritonctl.policies.base import Choice
+from tritonctl.policies.bda import bda, shortfall
+from tritonctl.policies.inss import Layout, decode, inss, load_trained, outcome, peak_rps
+from tritonctl.spec import load_cluster
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
+
+
+def cpus(*memory: int) -> list[Device]:
+    return [Device(id=f"cpu{i}", kind="cpu", index=i, memory_mb=m, units=100, cores=2.0) for i, m in enumerate(memory)]
+
+
+DEMANDS = [Demand("alpha", 150, 120, 100), Demand("beta", 400, 40, 100)]
+
+
+def test_env_passes_the_gymnasium_checker(lm):
+    env = InssEnv("test", DEMANDS, cpus(4096, 4096), lm)
+    check_env(env, skip_render_check=True)
+    assert env.observation_space.shape == (2 + 2 * 2,)
+    assert list(env.action_space.nvec) == [2, 10, 2, 10]
+
+
+def test_a_placement_that_overflows_memory_is_a_full_violation(lm):
+    env = InssEnv("test", DEMANDS, cpus(150, 150), lm, EnvConfig(absent=0.0))  # one fits a device, two do not
+    env.reset(seed=0)
+    obs, reward, _, _, info = env.step([1, 9, 1, 9])  # both on cpu1: 200 MB > 150 MB
+    assert reward == pytest.approx(-env.config.penalty)  # h = 0, v = 1 for both: (0 - 100 - 100) / 2
+    assert info["violation"] == 1.0 and info["goodput_rps"] == 0.0
+    assert obs[:2].tolist() == [0.0, 1.0]  # memory used after the decision: cpu1 over full
+    assert obs[-2:].tolist() == [1.0, 1.0]  # undeployed: fully queued
+    _, reward, _, _, info = env.step([0, 9, 1, 9])  # one per device: both served
+    assert reward > 0 and info["violation"] == 0.0
+
+
+def test_episodes_without_some_models_observe_them_idle_and_place_the_rest(lm):
+    env = InssEnv("test", DEMANDS, cpus(4096, 4096), lm, EnvConfig(absent=1.0))
+    obs, _ = env.reset(seed=1)
+    (gone,) = [i for i, here in enumerate(env.present) if not here]  # one of two models left out
+    assert obs[2 + gone] == 0.0 and obs[4 + gone] == 0.0  # rate and queue
+    env.step([0, 9, 0, 9])
+    assert set(env.placement) == {DEMANDS[1 - gone].name}
+    assert env.placement[DEMANDS[1 - gone].name].share == 100  # alone on cpu0: no split with the absent one
+
+
+def test_masks_forbid_devices_too_small_and_shares_below_the_profile(lm):
+    demands = [Demand("alpha", 150, 120, 300), Demand("beta", 400, 40, 100)]
+    env = InssEnv("test", demands, cpus(200, 4096), lm)  # alpha does not fit cpu0
+    _, info = env.reset(seed=0)
+    mask = env.action_masks()
+    assert (mask == info["action_mask"]).all()
+    alpha_devices, alpha_levels, beta_devices = mask[:2], mask[2:12], mask[12:14]
+    assert alpha_devices.tolist() == [False, True] and beta_devices.tolist() == [True, True]
+    assert alpha_levels.tolist() == [False, False] + [True] * 8  # profiled from 25 units: 10% and 20% masked
+    agent = SACDiscrete(env.layout.obs_dim, env.layout.heads, SACConfig(hidden_sizes=(16,)))
+    obs = np.tile(env.observation_space.sample(), (200, 1))
+    actions = agent.act(obs, mask)
+    assert (actions[:, 0] == 1).all() and (actions[:, 1] >= 2).all()
+
+
+def test_oversubscribed_devices_split_in_proportion():
+    layout = Layout.of("test", DEMANDS, cpus(4096, 4096))
+    placement = decode([0, 9, 0, 4], layout, DEMANDS)  # 100 + 50 units asked of one device
+    assert placement == {"alpha": Choice("cpu0", 66), "beta": Choice("cpu0", 33)}
+
+
+def forced_policy(path, layout: Layout, action: list[int]) -> None:
+    """A saved actor that always picks `action` (head biases), for the cluster `layout` describes."""
+    agent = SACDiscrete(layout.obs_dim, layout.heads, SACConfig(hidden_sizes=(8,)))
+    with torch.no_grad():
+        for head, choice in zip(agent.actor.heads, action, strict=True):
+            head.weight.zero_()
+            head.bias.zero_()
+            head.bias[choice] = 10.0
+    agent.save_actor(path, layout.metadata())
+
+
+def test_inss_takes_bda_first_then_the_actor_then_bda(lm, tmp_path):
+    devices = cpus(4096)
+    demands = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 10, 100)]  # 50/50 fails alpha; 75/25 serves
+    layout = Layout.of("test", demands, devices, levels=4)
+    forced_policy(tmp_path / "p.pt", layout, [0, 2, 0, 0])
+    trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
+    out = inss(demands, devices, lm, trained)
+    assert {n: (c[0].device, c[0].share) for n, c in out.items()} == {"alpha": ("cpu0", 75), "beta": ("cpu0", 25)}
+    expected = bda({n: Choice("cpu0", s) for n, s in (("alpha", 75), ("beta", 25))}, demands, devices, lm)
+    assert expected.ok and {n: c[0].batch for n, c in out.items()} == expected.batches
+    light = [Demand("alpha", 150, 50, 100), Demand("beta", 400, 10, 100)]  # spread's 50/50 serves: no actor
+    out = inss(light, devices, lm, trained)
+    assert {c[0].share for c in out.values()} == {50}
+    halves = {n: Choice("cpu0", 50) for n in out}
+    assert {n: c[0].batch for n, c in out.items()} == bda(halves, light, devices, lm).batches
+
+
+def test_when_no_placement_serves_every_model_inss_deploys_the_better_one_by_eq_3(lm, tmp_path):
+    devices = cpus(4096)
+    demands = [Demand("alpha", 150, 600, 100), Demand("beta", 400, 10, 100)]  # alpha overloads any share
+    layout = Layout.of("test", demands, devices, levels=4)
+    forced_policy(tmp_path / "p.pt", layout, [0, 0, 0, 3])  # alpha 25 units, beta 75: worse than 50/50
+    trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
+    out = inss(demands, devices, lm, trained)  # not refused: served as well as the better placement allows
+    halves = {n: Choice("cpu0", 50) for n in ("alpha", "beta")}
+    proposal = {"alpha": Choice("cpu0", 25), "beta": Choice("cpu0", 75)}
+    reward = [outcome(p, demands, devices, lm, peak_rps(demands, devices, lm), 100).reward for p in (halves, proposal)]
+    assert reward[0] > reward[1]
+    assert {n: c[0].share for n, c in out.items()} == {"alpha": 50, "beta": 50}
+    decision = bda(halves, demands, devices, lm)
+    assert set(decision.infeasible) == {"alpha"}
+    closest = shortfall("alpha", halves, decision.batches, {d.name: d for d in demands}, lm)[1]
+    assert out["alpha"][0].batch == closest > 1 and out["beta"][0].batch == decision.batches["beta"]
+
+
+def test_inss_refuses_a_policy_for_another_cluster(tmp_path, lm):
+    forced_policy(tmp_path / "p.pt", Layout.of("lab-a", DEMANDS, cpus(4096, 4096)), [0, 9, 1, 9])
+    with pytest.raises(TritonctlError, match="trained for cluster 'lab-a'.*devices cpu0 .*cpu1 .*the cluster has cpu0"):
+        load_trained(tmp_path / "p.pt", "lab-b", ["alpha", "beta"], cpus(4096))
+    with pytest.raises(TritonctlError, match=r"models \['alpha', 'beta'\], the cluster has \['beta', 'alpha'\]"):
+        load_trained(tmp_path / "p.pt", "lab-a", ["beta", "alpha"], cpus(4096, 4096))
+    with pytest.raises(TritonctlError, match="no trained inss policy.*tritonctl train") as missing:
+        load_trained(tmp_path / "none.pt", "lab-a", ["alpha", "beta"], cpus(4096, 4096))
+    assert missing.value.file == str(tmp_path / "none.pt")
+    (tmp_path / "junk.pt").write_text("not torch")
+    with pytest.raises(TritonctlError, match="cannot load a trained policy"):
+        load_trained(tmp_path / "junk.pt", "lab-a", ["alpha", "beta"], cpus(4096, 4096))
+    assert POLICIES["inss"].trained
+
+
+def tiny(episodes: int, seed: int = 0) -> TrainConfig:
+    sac = SACConfig(hidden_sizes=(16,), batch_size=8, buffer_size=100, learning_starts=8)
+    return TrainConfig(episodes=episodes, seed=seed, checkpoint_every=2, env=EnvConfig(steps=6), sac=sac)
+
+
+def log_rows(path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if k != "wall_s"} for row in csv.DictReader(f)]
+
+
+def test_training_is_seeded_and_resume_goes_on_from_the_checkpoint(tmp_path, lm):
+    synthetic_dataset(tmp_path / "profile")
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = load_cluster(write_cluster(tmp_path, [mlp_model("alpha", rate=120, slo_ms=150), mlp_model("beta")]))
+    straight, again, resumed = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    train(cluster, lm, straight, straight / "p.pt", tiny(3), progress=False, log=lambda _: None)
+    train(cluster, lm, again, again / "p.pt", tiny(3), progress=False, log=lambda _: None)
+    assert log_rows(straight / "train.csv") == log_rows(again / "train.csv")  # same seed, same run
+    assert len(log_rows(straight / "train.csv")) == 3
+
+    train(cluster, lm, resumed, resumed / "p.pt", tiny(2), progress=False, log=lambda _: None)
+    messages = []
+    train(cluster, lm, resumed, resumed / "p.pt", tiny(3), resume=True, progress=False, log=messages.append)
+    assert messages[0] == "resuming test from episode 2"
+    assert log_rows(resumed / "train.csv") == log_rows(straight / "train.csv")  # episode 3 as if never stopped
+    assert [r["episode"] for r in log_rows(resumed / "train.csv")] == ["1", "2", "3"]
+    assert (resumed / "learning-curve.png").stat().st_size > 5_000
+    other = tmp_path / "d"
+    train(cluster, lm, other, other / "p.pt", tiny(3, seed=1), progress=False, log=lambda _: None)
+    assert log_rows(other / "train.csv") != log_rows(straight / "train.csv")
+    trained = load_trained(straight / "p.pt", "test", ["alpha", "beta"], cpus(4096))
+    assert trained.layout.models == ("alpha", "beta")
+    with pytest.raises(TritonctlError, match="no checkpoint"):
+        train(cluster, lm, tmp_path / "e", tmp_path / "e.pt", tiny(3), resume=True, progress=False)
+    with pytest.raises(TritonctlError, match="checkpoint is at episode 3, past --episodes 2"):
+        train(cluster, lm, resumed, resumed / "p.pt", tiny(2), resume=True, progress=False)
+    huge = load_cluster(write_cluster(tmp_path, [mlp_model("alpha", memory_mb=9000)]))
+    with pytest.raises(TritonctlError, match="cannot train for this cluster.*fits on no device"):
+        train(huge, lm, tmp_path / "f", tmp_path / "f.pt", tiny(1), progress=False)
+
+
+def test_plan_cli_uses_a_matching_policy_file_and_refuses_another(tmp_path, capsys, lm):
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    make_mlp(tmp_path / "mlp.onnx")
+    models = [mlp_model("alpha", rate=300, slo_ms=150), mlp_model("beta", rate=10, slo_ms=400)]
+    cluster = write_cluster(tmp_path, models)
+    demands = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 10, 100)]
+    forced_policy(tmp_path / "ok.pt", Layout.of("test", demands, cpus(4096)), [0, 7, 0, 2])
+    forced_policy(tmp_path / "other.pt", Layout.of("other", demands, cpus(4096, 4096)), [0, 7, 0, 2])
+    lm_file = str(tmp_path / "profile" / "latency-model.json")
+    args = ["plan", str(cluster), "--policy", "inss", "--latency-model", lm_file]
+    capsys.readouterr()
+    assert main([*args, "--policy-file", str(tmp_path / "other.pt")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "other.pt") in err and "trained for cluster 'other' and does not fit 'test'" in err
+    assert main([*args, "--policy-file", str(tmp_path / "ok.pt"), "-o", str(tmp_path / "plan.yaml")]) == 0
+    plan = load_plan(tmp_path / "plan.yaml").plan
+    assert plan.policy == "inss" and not plan.unserved and {m.name for m in plan.models} == {"alpha", "beta"}
