@@ -51,7 +51,7 @@ def test_search_serves_an_overloaded_model_in_part_and_says_so(lm):
     """More load than the device carries: the search keeps both models (the planner used to shed the heavier
     one) and the partial one's placement says how much of it is predicted within the SLO."""
     demands = [Demand("alpha", 150, 2000, 100), Demand("beta", 400, 40, 100)]
-    choices, shed = place("search", demands, cpus(1), lm)
+    choices, shed = place("search", POLICIES["search"].fn, demands, cpus(1), lm)
     assert shed == {} and set(choices) == {"alpha", "beta"}
     (alpha,) = choices["alpha"]
     t = lm.t_inf("alpha", alpha.batch, alpha.share, (("beta", choices["beta"][0].share, choices["beta"][0].batch),))
@@ -60,7 +60,7 @@ def test_search_serves_an_overloaded_model_in_part_and_says_so(lm):
 
 def test_bda_policy_still_sheds_what_algorithm_1_cannot_serve(lm):
     demands = [Demand("alpha", 150, 2000, 100), Demand("beta", 400, 40, 100)]
-    choices, shed = place("bda", demands, cpus(1), lm)
+    choices, shed = place("bda", POLICIES["bda"].fn, demands, cpus(1), lm)
     assert set(shed) == {"alpha"} and set(choices) == {"beta"}
 
 
@@ -98,7 +98,7 @@ def test_inss_six_models_search_ahead_of_every_baseline_within_one_percent():
     offered = sum(d.rate for d in demands)
     result = {}
     for policy in ("search", "spread", "time-sharing"):
-        choices, shed = place(policy, demands, devices, slm)
+        choices, shed = place(policy, POLICIES[policy].fn, demands, devices, slm)
         assert shed == {}
         tensor = [Tensor(name="x", dtype="float32", shape=[1])]
         turns = sorted({c.device for cs in choices.values() for c in cs if c.turns})
