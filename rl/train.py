@@ -41,11 +41,13 @@ COLUMNS = ("episode", "reward", "throughput", "violation", "goodput_rps", "alpha
 
 
 def training_sac() -> SACConfig:
-    """Table 1 but for two fields. gamma 0: a decision's reward depends only on that decision and the rates, and
-    the rates move regardless of it, so the best policy is myopic and a discounted return adds only variance.
-    Learning rates 1e-3 (Table 1: 1e-4): with gamma 0 the critic regresses the bounded reward itself, and the
-    ten times larger step reaches the same policy in the 30 minutes of 2 cores."""
-    return SACConfig(gamma=0.0, actor_lr=1e-3, critic_lr=1e-3)
+    """Table 1 but for three fields. gamma 0: a decision's reward depends only on that decision and the rates,
+    and the rates move regardless of it, so the best policy is myopic and a discounted return adds only
+    variance. Learning rates 1e-3 (Table 1: 1e-4): with gamma 0 the critic regresses the bounded reward
+    itself, and the larger step fits the 30 minutes of 2 cores. Target entropy 0.3 of each head's maximum
+    (sac.py's default 0.6): sharper heads let the factorised critic see the others' choices more nearly as
+    they will be made; on the six-model setup it ended 500 episodes at 4.0% violations instead of 6.7%."""
+    return SACConfig(gamma=0.0, actor_lr=1e-3, critic_lr=1e-3, target_entropy_scale=0.3)
 
 
 @dataclass
