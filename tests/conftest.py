@@ -11,6 +11,11 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from tritonctl.apply import down
+from tritonctl.errors import TritonctlError
+from tritonctl.runtime.local import LocalRuntime
+from tritonctl.state import load_state
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -50,6 +55,19 @@ def make_unloadable(path: Path) -> Path:
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_instances(tmp_path: Path):
+    """After every test, stop what a local deployment in its folder still runs (a failed test included)."""
+    yield
+    for state_file in tmp_path.rglob("state.json"):
+        state_dir = state_file.parent
+        try:
+            if load_state(state_dir).runtime == "local":
+                down(state_dir, LocalRuntime(None, state_dir), log=lambda _: None)
+        except TritonctlError:
+            pass  # a test that broke its own state file on purpose
 
 
 def free_base_port(span: int = 8) -> int:
