@@ -118,102 +118,112 @@ def _steps(
 Save = Callable[[State], None]
 
 
-def _discard(runtime: Runtime, state: State, save: Save, records: list[InstanceRecord]) -> None:
-    """Stop instances this apply started and forget them."""
-    for record in records:
-        runtime.stop(record)
-        state.instances.pop(record.uid, None)
-    save(state)
+@dataclass
+class _Run:
+    """One apply in progress: the plan, its rendering, the runtime and the state it changes."""
 
+    loaded: LoadedPlan
+    runtime: Runtime
+    state: State
+    rendered: dict[str, tuple[Path, Launch]]
+    log: Callable[[str], None]
+    save: Save
 
-def _start_all(
-    loaded: LoadedPlan,
-    runtime: Runtime,
-    state: State,
-    rendered: dict,
-    steps: list[Step],
-    log: Callable[[str], None],
-    save: Save,
-) -> list[InstanceRecord]:
-    """Start every new instance and wait until it is loaded and warmed; on failure stop them all and raise.
+    def discard(self, records: list[InstanceRecord]) -> None:
+        """Stop instances this apply started and forget them."""
+        for record in records:
+            self.runtime.stop(record)
+            self.state.instances.pop(record.uid, None)
+        self.save(self.state)
 
-    Each record is saved the moment its process exists, so a crash mid-start leaves nothing
-    unrecorded: a later apply finds it and keeps or stops it.
-    """
-    plan, state_dir = loaded.plan, loaded.state_dir
-    started: list[InstanceRecord] = []
+    def start_all(self, steps: list[Step]) -> list[InstanceRecord]:
+        """Start every new instance and wait until it is loaded and warmed; on failure stop them all and raise.
 
-    def persist(record: InstanceRecord) -> None:
-        started.append(record)
-        state.instances[record.uid] = record
-        save(state)
+        Each record is saved the moment its process exists, so a crash mid-start leaves nothing
+        unrecorded: a later apply finds it and keeps or stops it.
+        """
+        runtime_settings, state_dir = self.loaded.plan.runtime, self.loaded.state_dir
+        started: list[InstanceRecord] = []
 
-    try:
-        for step in steps:
-            if step.action not in ("start", "swap"):
-                continue
-            folder, launch = rendered[step.instance]
-            began = time.monotonic()
-            old = f" (shadow of {state.instances[step.uid].uid})" if step.action == "swap" else ""
-            log(f"  starting {step.instance}{old} on {launch.device}, share {launch.share}/{launch.units} ...")
-            record = runtime.start(
-                launch, folder, plan.runtime.host, state_dir / "logs", plan.runtime.startup_timeout_s, persist
-            )
-            log(
-                f"  ready    {step.instance}: loaded and warmed in {time.monotonic() - began:.1f} s, "
-                f"pid {record.pid}, {record.share_mechanism}"
-            )
-    except BaseException as exc:
-        _discard(runtime, state, save, started)
-        if isinstance(exc, StartError):
-            raise TritonctlError(
-                f"apply failed and was rolled back (the running instances keep serving): {exc}", file=loaded.path
-            ) from None
-        raise
-    return started
+        def persist(record: InstanceRecord) -> None:
+            started.append(record)
+            self.state.instances[record.uid] = record
+            self.save(self.state)
 
-
-def _reload_all(
-    loaded: LoadedPlan,
-    runtime: Runtime,
-    state: State,
-    rendered: dict,
-    steps: list[Step],
-    log: Callable[[str], None],
-    save: Save,
-) -> None:
-    """Reload in place the models whose batch or queue delay changed; Triton serves the old config meanwhile."""
-    placements = {p.instance: p for _, p in loaded.plan.instances()}
-    for step in steps:
-        if step.action != "reload":
-            continue
-        record, placement = state.instances[step.uid], placements[step.instance]
-        began = time.monotonic()
-        log(f"  reload   {step.instance} in place: batch {placement.batch}, queue delay {placement.queue_delay_us} us")
         try:
-            runtime.reconfigure(record, loaded.plan.runtime.startup_timeout_s)
-        except StartError as exc:
-            raise TritonctlError(
-                f"apply failed and was rolled back: {exc}; it keeps serving its previous configuration "
-                "(reloads before it stay, the new instances were stopped)",
-                file=loaded.path,
-                field="models",
-            ) from None
-        record.config_hash = rendered[step.instance][1].config_hash
-        save(state)
-        log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
+            for step in steps:
+                if step.action not in ("start", "swap"):
+                    continue
+                folder, launch = self.rendered[step.instance]
+                began = time.monotonic()
+                old = f" (shadow of {self.state.instances[step.uid].uid})" if step.action == "swap" else ""
+                self.log(f"  starting {step.instance}{old} on {launch.device}, share {launch.share}/{launch.units} ...")
+                record = self.runtime.start(
+                    launch,
+                    folder,
+                    runtime_settings.host,
+                    state_dir / "logs",
+                    runtime_settings.startup_timeout_s,
+                    persist,
+                )
+                self.log(
+                    f"  ready    {step.instance}: loaded and warmed in {time.monotonic() - began:.1f} s, "
+                    f"pid {record.pid}, {record.share_mechanism}"
+                )
+        except BaseException as exc:
+            self.discard(started)
+            if isinstance(exc, StartError):
+                raise TritonctlError(
+                    f"apply failed and was rolled back (the running instances keep serving): {exc}",
+                    file=self.loaded.path,
+                ) from None
+            raise
+        return started
 
+    def reload_all(self, steps: list[Step]) -> None:
+        """Reload in place the models whose batch or queue delay changed; Triton serves the old config meanwhile."""
+        placements = {p.instance: p for _, p in self.loaded.plan.instances()}
+        for step in steps:
+            if step.action != "reload":
+                continue
+            record, placement = self.state.instances[step.uid], placements[step.instance]
+            began = time.monotonic()
+            delay = placement.queue_delay_us
+            self.log(f"  reload   {step.instance} in place: batch {placement.batch}, queue delay {delay} us")
+            try:
+                self.runtime.reconfigure(record, self.loaded.plan.runtime.startup_timeout_s)
+            except StartError as exc:
+                raise TritonctlError(
+                    f"apply failed and was rolled back: {exc}; it keeps serving its previous configuration "
+                    "(reloads before it stay, the new instances were stopped)",
+                    file=self.loaded.path,
+                    field="models",
+                ) from None
+            record.config_hash = self.rendered[step.instance][1].config_hash
+            self.save(self.state)
+            self.log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
 
-def _route(loaded: LoadedPlan, runtime: Runtime, state: State, steps: list[Step], log: Callable[[str], None]) -> None:
-    """Point every model address at the instances the plan keeps; connections to the others drain."""
-    leaving = {step.uid for step in steps if step.action == "stop"}
-    ports: dict[int, list[InstanceRecord]] = {model.port: [] for model in loaded.plan.models}
-    for uid, record in state.instances.items():
-        ports.setdefault(record.grpc_port, [])
-        if uid not in leaving:
-            ports[record.grpc_port].append(record)
-    for port, records in ports.items():
-        log(f"  switch   {runtime.route(loaded.plan.runtime.host, port, records)}")
+    def route(self, steps: list[Step], log: Callable[[str], None]) -> None:
+        """Point every model address at the instances the plan keeps; connections to the others drain."""
+        leaving = {step.uid for step in steps if step.action == "stop"}
+        ports: dict[int, list[InstanceRecord]] = {model.port: [] for model in self.loaded.plan.models}
+        for uid, record in self.state.instances.items():
+            ports.setdefault(record.grpc_port, [])
+            if uid not in leaving:
+                ports[record.grpc_port].append(record)
+        for port, records in ports.items():
+            log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, records)}")
+
+    def stop_all(self, steps: list[Step]) -> None:
+        for step in steps:
+            if step.action == "stop":
+                record = self.state.instances[step.uid]
+                began = time.monotonic()
+                self.log(f"  stopping {record.uid}: {step.reason} ...")
+                self.runtime.stop(record)
+                del self.state.instances[step.uid]
+                self.save(self.state)
+                self.log(f"  stopped  {record.uid} in {time.monotonic() - began:.1f} s")
 
 
 def apply_plan(
@@ -222,10 +232,11 @@ def apply_plan(
     """Apply the plan; returns the steps taken. Raises TritonctlError after rolling back.
 
     Order: start every new instance (shadows included) and wait until each is warm; then
-    reload in place; then stop what the plan no longer has, replaced instances last to
-    drain. A failed start stops the instances this apply started and touches nothing else.
-    The model repositories on disk always hold the latest applied plan; a running instance
-    keeps what it loaded until it is reloaded or replaced.
+    reload in place; then point the model addresses at the instances to keep (the router
+    drains the others' connections); then stop what the plan no longer has. A failed start
+    or reload stops the instances this apply started and touches nothing else. The model
+    repositories on disk always hold the latest applied plan; a running instance keeps what
+    it loaded until it is reloaded or replaced.
 
     A dry run takes no lock and writes nothing: it reads the state and prints the steps, and,
     with a runtime that rehearses (Compose in dry-run mode), walks through them with it, so
@@ -237,33 +248,24 @@ def apply_plan(
     state_dir = loaded.state_dir
     with nullcontext() if dry_run else apply_lock(state_dir):
         loaded = runtime.prepare(loaded, write=not dry_run)
-        plan = loaded.plan
         state = load_state(state_dir)
         save: Save = (lambda _: None) if dry_run else partial(save_state, state_dir)
-        rendered = render(loaded, write=not dry_run)
-        steps = _steps(loaded, runtime, state, rendered, log)
+        run = _Run(loaded, runtime, state, render(loaded, write=not dry_run), log, save)
+        steps = _steps(loaded, runtime, state, run.rendered, log)
         if all(step.action == "keep" for step in steps):
-            _route(loaded, runtime, state, steps, log=lambda _: None)  # heals a router that died
+            run.route(steps, log=lambda _: None)  # heals a router that died
             return steps
         if not dry_run:
-            _check_ports(loaded, steps, {name: launch for name, (_, launch) in rendered.items()}, state)
-        state.cluster, state.plan, state.runtime = plan.cluster, str(loaded.path), runtime.name
-        started = _start_all(loaded, runtime, state, rendered, steps, log, save)
+            _check_ports(loaded, steps, {name: launch for name, (_, launch) in run.rendered.items()}, state)
+        state.cluster, state.plan, state.runtime = loaded.plan.cluster, str(loaded.path), runtime.name
+        started = run.start_all(steps)
         try:
-            _reload_all(loaded, runtime, state, rendered, steps, log, save)
+            run.reload_all(steps)
         except BaseException:
-            _discard(runtime, state, save, started)
+            run.discard(started)
             raise
-        _route(loaded, runtime, state, steps, log)
-        for step in steps:
-            if step.action == "stop":
-                record = state.instances[step.uid]
-                began = time.monotonic()
-                log(f"  stopping {record.uid}: {step.reason} ...")
-                runtime.stop(record)
-                del state.instances[step.uid]
-                save(state)
-                log(f"  stopped  {record.uid} in {time.monotonic() - began:.1f} s")
+        run.route(steps, log)
+        run.stop_all(steps)
         return steps
 
 
