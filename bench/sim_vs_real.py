@@ -4,14 +4,17 @@
 
 Plans the CPU demo cluster with the committed latency model, applies it on the real local
 Triton, drives it with open-loop Poisson traffic from tritonclient.grpc at each rate scale,
-simulates the same plan at the same rates, and prints goodput and p99 side by side. The
-deployment is stopped at the end. Run it on a quiet machine: it measures latency.
+replays the requests it sent (their send times) through the simulator, and prints goodput
+and p99 side by side. The deployment is stopped at the end. Run it on a quiet machine: it
+measures latency.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+import numpy as np
 
 from tritonctl.cli import main as tritonctl
 from tritonctl.client import endpoints, run_load
@@ -38,7 +41,9 @@ def main() -> None:
     try:
         for scale in args.scales:
             real = {r.model: r for r in run_load(endpoints(plan), args.duration, scale)}
-            sim = {m.model: m for m in simulate(plan, lm, args.duration, seed=1, rate_scale=scale).models}
+            # the simulator replays the very requests the real run sent, so both judge the same arrivals
+            trace = {m: 1000.0 * np.array(sorted(r.sent_at_s)) for m, r in real.items()}
+            sim = {m.model: m for m in simulate(plan, lm, args.duration, trace=trace).models}
             for name in real:
                 r, s = real[name], sim[name]
                 rows.append(

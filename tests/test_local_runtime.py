@@ -222,6 +222,20 @@ def test_new_instance_that_crashes_while_warming_up_is_rolled_back(tmp_path, cap
     assert main(["down", str(plan)]) == 0
 
 
+def test_a_dead_router_shows_in_status_and_the_next_apply_restarts_it(tmp_path, capsys):
+    plan, url = one_model_deployment(tmp_path)
+    router = json.loads((tmp_path / "state" / "router.json").read_text())
+    os.kill(router["pid"], signal.SIGKILL)
+    time.sleep(0.2)
+    capsys.readouterr()
+    assert main(["status", str(plan)]) == 1
+    assert "router: NOT answering" in capsys.readouterr().out
+    assert main(["apply", str(plan)]) == 0  # nothing to change but the route: the router comes back
+    assert main(["status", str(plan)]) == 0
+    assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
+    assert main(["down", str(plan)]) == 0
+
+
 def test_port_in_use_is_refused_before_anything_starts(tmp_path, capsys):
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])

@@ -335,6 +335,9 @@ def cmd_status(args) -> int:
             f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
             f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health.label:9} {rec.share_mechanism}"
         )
+    if not runtime.router_ok():
+        unhealthy += 1
+        _say("router: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
     return 1 if unhealthy else 0
 
 

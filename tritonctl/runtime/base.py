@@ -119,6 +119,9 @@ class Runtime(Protocol):
     def stop(self, record: InstanceRecord) -> None:
         """Stop the instance, letting in-flight requests finish first."""
 
+    def router_ok(self) -> bool:
+        """Whether the router that serves the model addresses answers."""
+
     def shutdown(self) -> None:
         """Stop what the runtime runs beside the instances, once none is left (the local router)."""
 

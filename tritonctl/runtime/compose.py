@@ -270,6 +270,9 @@ class ComposeRuntime:
         late = f", {done['timed_out']} closed at the drain timeout" if done.get("timed_out") else ""
         return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
 
+    def router_ok(self) -> bool:
+        return self.runner.probe(f"{self.control_url}/routes")
+
     def shutdown(self) -> None:
         """Stop and remove the router service (after `down` closed every route)."""
         for args in (("stop",), ("rm", "--force")):

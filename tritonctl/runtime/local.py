@@ -291,6 +291,10 @@ class LocalRuntime:
         late = f", {done['timed_out']} closed at the drain timeout" if done["timed_out"] else ""
         return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
 
+    def router_ok(self) -> bool:
+        rec = self._router_record()
+        return rec is not None and http_ok(f"http://{rec['host']}:{rec['control_port']}/routes")
+
     def shutdown(self) -> None:
         """Stop the router (after `down` closed every route)."""
         rec = self._router_record()
