@@ -94,7 +94,7 @@ def _steps(
     loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, log: Callable[[str], None]
 ) -> list[Step]:
     """Check the state belongs to this plan's cluster and runtime; log and return the steps."""
-    if state.cluster and state.cluster != loaded.plan.cluster:
+    if state.instances and state.cluster != loaded.plan.cluster:
         raise TritonctlError(
             f"the state folder belongs to cluster {state.cluster!r}, not {loaded.plan.cluster!r}",
             file=loaded.path,
@@ -257,12 +257,18 @@ def apply_plan(
             return steps
         if not dry_run:
             _check_ports(loaded, steps, {name: launch for name, (_, launch) in run.rendered.items()}, state)
+        before = (state.cluster, state.plan, state.runtime)
         state.cluster, state.plan, state.runtime = loaded.plan.cluster, str(loaded.path), runtime.name
-        started = run.start_all(steps)
         try:
-            run.reload_all(steps)
-        except BaseException:
-            run.discard(started)
+            started = run.start_all(steps)
+            try:
+                run.reload_all(steps)
+            except BaseException:
+                run.discard(started)
+                raise
+        except BaseException:  # rolled back: the state says what runs, which is the previous plan
+            state.cluster, state.plan, state.runtime = before
+            save(state)
             raise
         run.route(steps, log)
         run.stop_all(steps)
@@ -279,7 +285,10 @@ def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print, 
         save: Save = (lambda _: None) if dry_run else partial(save_state, state_dir)
         count = len(state.instances)
         for host, port in sorted({(record.host, record.grpc_port) for record in state.instances.values()}):
-            log(f"  switch   {runtime.route(host, port, []) if act else f'port {port} -> closed'}")
+            try:
+                log(f"  switch   {runtime.route(host, port, []) if act else f'port {port} -> closed'}")
+            except TritonctlError as exc:  # the instances are stopped all the same
+                log(f"  warning: {exc}")
         for uid in list(state.instances):
             log(f"  stopping {uid}")
             record = state.instances.pop(uid)

@@ -30,7 +30,7 @@ from tritonctl.runtime import share
 from tritonctl.runtime.base import Runtime
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
-from tritonctl.runtime.local import LocalRuntime
+from tritonctl.runtime.local import LocalRuntime, port_is_free
 from tritonctl.simulate import format_sim, read_trace, simulate
 from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
@@ -279,6 +279,8 @@ def cmd_controller(args) -> int:
     if lm is None:
         _say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")
     cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
+    if not 0 <= args.port <= 65535 or (args.port and not port_is_free(args.host, args.port)):
+        raise TritonctlError(f"cannot serve the controller's state on {args.host}:{args.port}", field="--port")
     controller = Controller(loaded.path, runtime, lm, args.policy, cfg, log=_say)
     server = controller.serve(args.host, args.port)
     _say(

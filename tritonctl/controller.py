@@ -258,7 +258,7 @@ class ControllerState:
     planned_rates: dict[str, float] = field(default_factory=dict)
     estimated_rates: dict[str, float | None] = field(default_factory=dict)
     queue_ms: dict[str, float | None] = field(default_factory=dict)
-    pending: dict[str, int] = field(default_factory=dict)  # model -> ticks its change has lasted
+    pending: dict[str, int] = field(default_factory=dict)  # model -> ticks its change has lasted (- falling)
     applies: int = 0
     last_change: float = 0.0
     steps: list[str] = field(default_factory=list)  # the current (or last) apply's steps
@@ -316,6 +316,8 @@ class Controller:
         self.plans_dir = self.state_dir / "plans"
         self.estimator = RateEstimator(cfg.window_s)
         self.lock = threading.Lock()  # guards self.state between the loop and the HTTP thread
+        self.current: LoadedPlan | None = None  # the plan applied last, as loaded then
+        self.refused_digest = ""  # an operator plan that failed to apply, not retried until it changes
         source = str(loaded.path.resolve())
         previous = load_controller_state(self.state_dir)
         if previous is not None and previous.source == source and Path(previous.target or previous.plan).exists():
@@ -345,6 +347,7 @@ class Controller:
         try:
             loaded = load_plan(path)
             apply_plan(loaded, self.runtime, log=log)
+            self.current = loaded
             ok = True
         except TritonctlError as exc:
             decision.kind, decision.reason, ok = (
@@ -403,23 +406,30 @@ class Controller:
     def tick(self) -> Decision | None:
         estimated = self.observe()
         digest = _digest(Path(self.state.source))
-        if digest and digest != self.state.source_digest:
-            self.state.source_digest = digest
+        if digest and digest not in (self.state.source_digest, self.refused_digest):
             decision = Decision(time.time(), "operator", f"{self.state.source} changed: applying it")
             self.log(f"decision: {decision.reason}")
-            self._apply(Path(self.state.source), decision)
+            if self._apply(Path(self.state.source), decision):
+                self.state.source_digest = digest
+            elif decision.kind == "error":
+                self.refused_digest = digest  # not again until the file changes; "deferred" retries
             return decision
-        if self.lm is None:
+        if self.lm is None or self.current is None:
             return None
-        current = load_plan(self.state.plan)
+        current = self.current
         planned = {m.name: m.rate for m in current.plan.models}
         changed = changed_rates(planned, estimated, self.cfg)
         with self.lock:
-            self.state.pending = {m: self.state.pending.get(m, 0) + 1 for m in changed}
+            # consecutive ticks a change has lasted, signed by its direction: a flip starts again
+            signs = {m: 1 if r > planned[m] else -1 for m, r in changed.items()}
+            self.state.pending = {
+                m: self.state.pending.get(m, 0) + sign if self.state.pending.get(m, 0) * sign > 0 else sign
+                for m, sign in signs.items()
+            }
             ready = {
                 m: r
                 for m, r in changed.items()
-                if self.state.pending[m] >= (self.cfg.confirm if r > planned[m] else self.cfg.confirm_down)
+                if abs(self.state.pending[m]) >= (self.cfg.confirm if signs[m] > 0 else self.cfg.confirm_down)
             }
             cooling = time.time() - self.state.last_change < self.cfg.cooldown_s
             save_controller_state(self.state_dir, self.state)
@@ -479,5 +489,13 @@ class Controller:
         return server
 
     def run(self, stop: threading.Event) -> None:
+        """Tick until `stop`; a failing tick is recorded as an error decision, and the loop goes on."""
         while not stop.wait(self.cfg.interval_s):
-            self.tick()
+            try:
+                self.tick()
+            except (TritonctlError, OSError) as exc:
+                self.log(f"error: {exc}")
+                with self.lock:
+                    self.state.target = ""
+                    self.state.record(Decision(time.time(), "error", f"tick failed: {exc}"))
+                    save_controller_state(self.state_dir, self.state)

@@ -30,13 +30,14 @@ import itertools
 import json
 import signal
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER = struct.Struct(">I B I")  # length (24 bits) and type packed in the first 4 bytes, flags, stream id
-DATA, HEADERS, RST_STREAM, GOAWAY = 0x0, 0x1, 0x3, 0x7
-END_STREAM = 0x1
+DATA, HEADERS, RST_STREAM, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x0, 0x1, 0x3, 0x7, 0x8, 0x9
+END_STREAM, END_HEADERS = 0x1, 0x4
 DRAIN_TIMEOUT_S = 30.0
 
 
@@ -44,6 +45,11 @@ def parse_header(raw: bytes) -> tuple[int, int, int, int]:
     """(payload length, type, flags, stream id) of a 9-byte HTTP/2 frame header."""
     length_type, flags, stream = HEADER.unpack(raw)
     return length_type >> 8, length_type & 0xFF, flags, stream & 0x7FFFFFFF
+
+
+def window_update_frame(increment: int) -> bytes:
+    """A connection-level WINDOW_UPDATE giving back `increment` bytes of flow-control window."""
+    return HEADER.pack((4 << 8) | WINDOW_UPDATE, 0, 0) + struct.pack(">I", increment)
 
 
 def goaway_frame(last_stream: int) -> bytes:
@@ -87,7 +93,12 @@ async def _client_to_backend(conn: Connection, reader: asyncio.StreamReader) -> 
     conn.backend_w.write(await reader.readexactly(len(PREFACE)))
     async for frame, ftype, _, stream in _frames(reader):
         if conn.last_stream is not None and stream > conn.last_stream:
-            continue  # opened after our GOAWAY: refused, the client retries it elsewhere
+            # Opened after our GOAWAY: refused, the client retries it elsewhere. Its DATA still
+            # counted against the connection's flow-control window: give that back.
+            if ftype == DATA and len(frame) > 9:
+                async with conn.to_client:
+                    conn.client_w.write(window_update_frame(len(frame) - 9))
+            continue
         if ftype == HEADERS and stream not in conn.open_streams and stream > conn.max_stream:
             conn.open_streams.add(stream)
             conn.max_stream = stream
@@ -99,14 +110,31 @@ async def _client_to_backend(conn: Connection, reader: asyncio.StreamReader) -> 
 
 
 async def _backend_to_client(conn: Connection, reader: asyncio.StreamReader) -> None:
-    async for frame, ftype, flags, stream in _frames(reader):
-        async with conn.to_client:
+    """Forward whole frames; a header block (HEADERS and its CONTINUATIONs) goes out without a
+    GOAWAY between its frames, and ends its stream only once complete."""
+    ending: int | None = None  # the stream a header block in progress ends, if it does
+    held = False  # the client side's lock: held from a frame's start to its end, across a header block
+    try:
+        async for frame, ftype, flags, stream in _frames(reader):
+            if not held:
+                await conn.to_client.acquire()
+                held = True
+            in_block = ftype in (HEADERS, CONTINUATION) and not flags & END_HEADERS
             conn.client_w.write(frame)
             await conn.client_w.drain()
-        conn.server_started.set()
-        if (ftype in (DATA, HEADERS) and flags & END_STREAM) or ftype == RST_STREAM:
-            conn.open_streams.discard(stream)
-            conn.settle()
+            if not in_block:
+                conn.to_client.release()
+                held = False
+            conn.server_started.set()
+            if (ftype in (DATA, HEADERS) and flags & END_STREAM) or ftype == RST_STREAM:
+                ending = stream
+            if ending is not None and not in_block:
+                conn.open_streams.discard(ending)
+                ending = None
+                conn.settle()
+    finally:
+        if held:
+            conn.to_client.release()
 
 
 async def drain(conn: Connection, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
@@ -151,26 +179,42 @@ class Router:
         self.routes: dict[int, Route] = {}
 
     async def restore(self) -> None:
+        """Serve the saved routes again; a port that cannot be bound is reported and left out."""
         if self.routes_file.exists():
             for port, backends in json.loads(self.routes_file.read_text()).items():
-                await self.set_backends(int(port), backends)
+                try:
+                    await self.set_backends(int(port), backends)
+                except OSError as exc:
+                    print(f"router: cannot listen on port {port} again: {exc}", file=sys.stderr, flush=True)
 
     def _save(self) -> None:
         tmp = self.routes_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({str(p): r.backends for p, r in sorted(self.routes.items())}, indent=2))
         tmp.replace(self.routes_file)
 
+    async def _connect(self, route: Route) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to one of the route's backends that is still one once connected (a switch may
+        happen while connecting), None when there is none."""
+        for _ in range(3):
+            backend = route.pick()
+            if backend is None:
+                return None
+            host, port = backend.rsplit(":", 1)
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                continue
+            if backend in route.backends:
+                return backend, reader, writer
+            writer.close()
+        return None
+
     async def _serve(self, route: Route, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        backend = route.pick()
-        if backend is None:
+        connected = await self._connect(route)
+        if connected is None:
             client_w.close()
             return
-        host, port = backend.rsplit(":", 1)
-        try:
-            backend_r, backend_w = await asyncio.open_connection(host, int(port))
-        except OSError:
-            client_w.close()
-            return
+        backend, backend_r, backend_w = connected
         conn = Connection(backend, client_w, backend_w)
         route.connections.add(conn)
         pumps = [
@@ -193,10 +237,13 @@ class Router:
         """Route `port` to `backends` (none: close the listener); drain connections to removed ones."""
         route = self.routes.get(port)
         if route is None:
-            route = self.routes[port] = Route(port, [])
-            route.server = await asyncio.start_server(
+            if not backends:
+                return {"port": port, "backends": [], "drained": 0, "timed_out": 0}
+            route = Route(port, [])
+            route.server = await asyncio.start_server(  # raises OSError when the port is taken: no route kept
                 lambda r, w: self._serve(route, r, w), self.host, port, reuse_address=True
             )
+            self.routes[port] = route
         removed = set(route.backends) - set(backends)
         route.backends = list(backends)
         leaving = [c for c in route.connections if c.backend in removed]
@@ -226,10 +273,13 @@ class Router:
             if method == "GET" and path == "/routes":
                 status, answer = 200, self.describe()
             elif method == "PUT" and path.startswith("/routes/"):
-                status, answer = 200, await self.set_backends(int(path.split("/")[2]), json.loads(body)["backends"])
+                backends = json.loads(body)["backends"]
+                if not isinstance(backends, list) or not all(isinstance(b, str) and ":" in b for b in backends):
+                    raise ValueError('"backends" must be a list of "host:port"')
+                status, answer = 200, await self.set_backends(int(path.split("/")[2]), backends)
             else:
                 status, answer = 404, {"error": f"no such endpoint: {method} {path}"}
-        except (ValueError, KeyError, IndexError, OSError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, OSError) as exc:
             status, answer = 400, {"error": str(exc)}
         payload = json.dumps(answer).encode()
         writer.write(

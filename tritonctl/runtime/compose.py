@@ -261,6 +261,7 @@ class ComposeRuntime:
         backends = [f"{r.host}:{r.backend_port}" for r in records]
         answer = self.runner.put(f"{self.control_url}/routes/{port}", {"backends": backends}, DRAIN_TIMEOUT_S + 10)
         if not answer.ok:
+            self._router_up = False  # probe and start it again next time: it may have died
             raise TritonctlError(f"the router did not take the route for port {port}: {answer.error.strip()}")
         try:
             done = json.loads(answer.output)

@@ -8,6 +8,7 @@ its own gRPC, HTTP (health, model control) and metrics ports.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -40,8 +41,10 @@ def free_port(host: str) -> int:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    """True when nothing listens on the port (bound without SO_REUSEPORT, as a stranger would)."""
+    """True when nothing listens on the port. SO_REUSEADDR, as the router binds: connections the router
+    closed linger in TIME_WAIT on the port, and they must not count as "in use"."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -237,7 +240,8 @@ class LocalRuntime:
             while process_alive(record.pid, record.start_ticks) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if process_alive(record.pid, record.start_ticks):
-                os.killpg(record.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(record.pid, signal.SIGKILL)
         for pid in share.members(cgroup) if cgroup else ():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -299,7 +303,8 @@ class LocalRuntime:
         """Stop the router (after `down` closed every route)."""
         rec = self._router_record()
         if rec is not None:
-            os.kill(rec["pid"], signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rec["pid"], signal.SIGTERM)
             deadline = time.monotonic() + 5
             while process_alive(rec["pid"], rec["start_ticks"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
