@@ -171,6 +171,7 @@ def train(
         csv.DictWriter(f, COLUMNS).writeheader()
         csv.DictWriter(f, COLUMNS).writerows(rows)
     cfg, started = agent.config, time.perf_counter() - (rows[-1]["wall_s"] if rows else 0.0)
+    steps = start * env.config.steps  # environment steps so far (every episode has the same number)
     bar = tqdm(range(start, config.episodes), initial=start, total=config.episodes, disable=not progress, unit="ep")
     for episode in bar:
         obs, info = env.reset(seed=config.seed * 1_000_003 + episode)
@@ -181,7 +182,8 @@ def train(
             action = agent.act(obs, mask)
             next_obs, reward, terminated, truncated, info = env.step(action)
             agent.buffer.add(obs, action, reward, next_obs, terminated, mask, info["action_mask"])
-            if len(agent.buffer) >= cfg.learning_starts:
+            steps += 1
+            if len(agent.buffer) >= cfg.learning_starts and steps % cfg.update_frequency == 0:
                 totals["alpha"] += agent.update(agent.buffer.sample(cfg.batch_size, agent.rng))["alpha"]
             obs, done = next_obs, terminated or truncated
             totals["reward"] += reward

@@ -58,10 +58,11 @@ def make_unloadable(path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _no_stray_instances(tmp_path: Path):
-    """After every test, stop what a local deployment in its folder still runs (a failed test included)."""
+def _no_stray_instances(request):
+    """After every test with a tmp_path, stop what a local deployment there still runs (a failed test included)."""
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
-    for state_file in tmp_path.rglob("state.json"):
+    for state_file in folder.rglob("state.json") if folder else ():
         state_dir = state_file.parent
         try:
             if load_state(state_dir).runtime == "local":

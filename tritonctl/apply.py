@@ -74,13 +74,13 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
     return starts + reloads + keeps + stops
 
 
-def _check_ports(loaded: LoadedPlan, steps: list[Step], launches: dict[str, Launch], state: State) -> None:
+def _check_ports(loaded: LoadedPlan, steps: list[Step], rendered: dict[str, tuple[Path, Launch]], state: State) -> None:
     """A model port must be free or already the model's address (held by the runtime's router)."""
     host = loaded.plan.runtime.host
     for step in steps:
         if step.action not in ("start", "swap"):
             continue
-        launch = launches[step.instance]
+        launch = rendered[step.instance][1]
         ours = any(rec.grpc_port == launch.grpc_port and rec.model == launch.model for rec in state.instances.values())
         if not ours and not port_is_free(host, launch.grpc_port):
             raise TritonctlError(
@@ -256,7 +256,7 @@ def apply_plan(
             run.route(steps, log=lambda _: None)  # heals a router that died
             return steps
         if not dry_run:
-            _check_ports(loaded, steps, {name: launch for name, (_, launch) in run.rendered.items()}, state)
+            _check_ports(loaded, steps, run.rendered, state)
         before = (state.cluster, state.plan, state.runtime)
         state.cluster, state.plan, state.runtime = loaded.plan.cluster, str(loaded.path), runtime.name
         try:

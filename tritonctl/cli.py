@@ -33,7 +33,7 @@ from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
 from tritonctl.runtime.local import LocalRuntime, port_is_free
 from tritonctl.simulate import format_sim, read_trace, simulate
 from tritonctl.spec import load_cluster
-from tritonctl.state import load_state
+from tritonctl.state import State, load_state
 
 DEMO_CLUSTER = Path(__file__).resolve().parent.parent / "examples" / "cpu-demo" / "cluster.yaml"
 
@@ -227,7 +227,7 @@ def _runtime(
     """The runtime `name` for the plan; `starts`: it will start instances (the local one needs tritonserver)."""
     if name == "compose":
         folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
-        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=_say), host_gpu_count())
+        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=_say), host_gpu_count() if starts else None)
     if not starts:
         return LocalRuntime(None, loaded.state_dir)
     if loaded.plan.target == "gpu":
@@ -240,11 +240,9 @@ def _runtime(
     return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
 
 
-def _applied_runtime(args) -> tuple[LoadedPlan, Runtime]:
-    """The plan and the runtime its state says applied it (to look at or stop what runs)."""
-    loaded = load_plan(args.plan)
-    name = load_state(loaded.state_dir).runtime
-    return loaded, _runtime(loaded, name, args.compose_dir, getattr(args, "dry_run", False), starts=False)
+def _applied_runtime(args, loaded: LoadedPlan, state: State) -> Runtime:
+    """The runtime the state says applied the plan (to look at or stop what runs)."""
+    return _runtime(loaded, state.runtime, args.compose_dir, getattr(args, "dry_run", False), starts=False)
 
 
 def _apply(plan_path: Path, dry_run: bool = False, runtime_name: str = "local", compose_dir: str | None = None) -> None:
@@ -323,7 +321,7 @@ def cmd_status(args) -> int:
     if not state.instances:
         _say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
-    _, runtime = _applied_runtime(args)
+    runtime = _applied_runtime(args, loaded, state)
     _say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
     _say(
         f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
@@ -353,7 +351,8 @@ def cmd_endpoints(args) -> int:
 
 
 def cmd_down(args) -> int:
-    loaded, runtime = _applied_runtime(args)
+    loaded = load_plan(args.plan)
+    runtime = _applied_runtime(args, loaded, load_state(loaded.state_dir))
     count = down(loaded.state_dir, runtime, log=_say, dry_run=args.dry_run)
     _say(f"{'would stop' if args.dry_run else 'stopped'} {count} instance(s)")
     return 0

@@ -58,12 +58,15 @@ class LoadResult:
     model: str
     slo_ms: float
     duration_s: float
-    sent: int = 0
     sent_at_s: list[float] = field(default_factory=list)  # when each request went out, since the start
     latencies_ms: list[float] = field(default_factory=list)
     answered_at_s: list[float] = field(default_factory=list)  # when each answer came, since the start
     errors: list[str] = field(default_factory=list)
     failed_at_s: list[float] = field(default_factory=list)  # when each error came, since the start
+
+    @property
+    def sent(self) -> int:
+        return len(self.sent_at_s)
 
     @property
     def ok(self) -> int:
@@ -122,7 +125,6 @@ def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: L
                 callback=functools.partial(done, sent_at),
                 client_timeout=max(10.0, 20 * endpoint.slo_ms / 1000),
             )
-            out.sent += 1
             out.sent_at_s.append(sent_at - origin)
             next_at += rng.exponential(1 / rate)
         for _ in range(out.sent):

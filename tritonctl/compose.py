@@ -112,7 +112,6 @@ class Previous:
 
 @dataclass(frozen=True)
 class ComposeProject:
-    folder: Path
     name: str
     services: dict[str, TritonService]  # by instance name
     loaded: LoadedPlan  # the plan with its repository_dir in this folder, as the services mount it
@@ -474,9 +473,11 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-def write_compose(loaded: LoadedPlan, folder: Path, gpus: int | None, write: bool = True) -> ComposeProject:
-    """Check the plan, then write compose.yaml, .env and the model repositories into `folder` (only
-    compute the project if not `write`).
+def write_compose(
+    loaded: LoadedPlan, folder: Path, gpus: int | None, write: bool = True, repositories: bool = True
+) -> ComposeProject:
+    """Check the plan, then write compose.yaml, .env and (with `repositories`) the model repositories
+    into `folder` (only compute the project if not `write`).
 
     Every check runs before the first write: a refused plan leaves the folder as it was.
     """
@@ -504,7 +505,8 @@ def write_compose(loaded: LoadedPlan, folder: Path, gpus: int | None, write: boo
     }
     project = compose_project(plan, list(services.values()), values)
     if write:
-        render(local)
+        if repositories:
+            render(local)
         header = (
             f"# Rendered by tritonctl from {loaded.path} (cluster {plan.cluster}): do not edit, re-render.\n"
             "# Start: docker compose up -d, then tritonctl apply PLAN --runtime compose (or the sidecar does)\n"
@@ -512,4 +514,4 @@ def write_compose(loaded: LoadedPlan, folder: Path, gpus: int | None, write: boo
         )
         (folder / COMPOSE_FILE).write_text(header + yaml.dump(project, Dumper=_Dumper, sort_keys=False, width=120))
         (folder / ENV_FILE).write_text(env_text(values))
-    return ComposeProject(folder, project["name"], services, local, control_url(values))
+    return ComposeProject(project["name"], services, local, control_url(values))

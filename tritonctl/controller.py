@@ -20,7 +20,6 @@ that match are kept (adopted), a half-done swap is finished, nothing is duplicat
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -37,6 +36,7 @@ from pathlib import Path
 from tritonctl.apply import apply_plan
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
+from tritonctl.files import sha256_file, write_json_atomic
 from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import LoadedPlan, Plan, load_plan, relative_to, save_plan
 from tritonctl.planner import make_plan, predict
@@ -191,18 +191,10 @@ def rebatch(plan: Plan, lm: LatencyModel) -> tuple[Plan | None, str]:
     decision = bda(placement, demands, plan.devices, lm)
     if not decision.ok:
         return None, explain(decision)
-    choices = with_batches(placement, decision.batches, demands, lm)
+    chosen = {name: choices[0] for name, choices in with_batches(placement, decision.batches, demands, lm).items()}
+    sized = {name: {"batch": c.batch, "queue_delay_us": c.queue_delay_us} for name, c in chosen.items()}
     models = [
-        m.model_copy(
-            update={
-                "placements": [
-                    m.placements[0].model_copy(
-                        update={"batch": choices[m.name][0].batch, "queue_delay_us": choices[m.name][0].queue_delay_us}
-                    )
-                ]
-            }
-        )
-        for m in plan.models
+        m.model_copy(update={"placements": [m.placements[0].model_copy(update=sized[m.name])]}) for m in plan.models
     ]
     return plan.model_copy(update={"models": predict(models, lm, log=lambda _: None, sharing=plan.sharing)}), ""
 
@@ -231,7 +223,7 @@ def rebase(plan: Plan, old_dir: Path, new_dir: Path) -> Plan:
 def _digest(path: Path) -> str:
     """The file's content hash, "" while it cannot be read (an editor replacing it)."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError:
         return ""
 
@@ -269,10 +261,7 @@ class ControllerState:
 
 
 def save_controller_state(state_dir: Path, state: ControllerState) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / f".{CONTROLLER_FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
-    tmp.replace(state_dir / CONTROLLER_FILE)
+    write_json_atomic(state_dir / CONTROLLER_FILE, asdict(state))
 
 
 def load_controller_state(state_dir: Path) -> ControllerState | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import onnx
 
 from tritonctl.errors import TritonctlError
+from tritonctl.files import sha256_file
 from tritonctl.spec import DTYPES, Cluster, ModelSpec
 
 OPSET = 17
@@ -48,14 +49,6 @@ class Artifact:
     inputs: tuple[TensorSig, ...]
     outputs: tuple[TensorSig, ...]
     weights_mb: float
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _sig(value: onnx.ValueInfoProto) -> tuple[TensorSig, bool]:
@@ -90,7 +83,7 @@ def inspect_onnx(path: Path) -> Artifact:
     if not inputs or not outputs:
         raise TritonctlError("the graph has no inputs or no outputs", file=path)
     weights = sum(len(init.raw_data) or 4 * len(init.float_data) for init in graph.initializer)
-    return Artifact(path, _sha256(path), tuple(inputs), tuple(outputs), weights / 2**20)
+    return Artifact(path, sha256_file(path), tuple(inputs), tuple(outputs), weights / 2**20)
 
 
 def export_key(model: ModelSpec, torch_version: str, torchvision_version: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 from typing import TypeVar
 
@@ -54,3 +56,20 @@ def read_json(path: Path):
         raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
     except ValueError as exc:
         raise TritonctlError(f"not valid JSON: {exc}", file=path) from None
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Write `data` as JSON through a temporary file, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file's content, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -2,7 +2,7 @@
 
 Why it exists: on SIGTERM Triton unloads its models first and closes its gRPC endpoint
 last, so requests on a client's open connection to an instance being stopped fail with
-"unknown model" (measured: about 20 per swap at the demo rates with `--reuse-grpc-port`).
+"unknown model" (measured with `--reuse-grpc-port`: README, "Live changes").
 A gRPC client only moves to another server when its connection ends, and Triton offers no
 way to end connections without unloading. The router ends them the HTTP/2 way instead.
 
@@ -33,6 +33,8 @@ import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tritonctl.files import write_json_atomic
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER = struct.Struct(">I B I")  # length (24 bits) and type packed in the first 4 bytes, flags, stream id
@@ -188,9 +190,7 @@ class Router:
                     print(f"router: cannot listen on port {port} again: {exc}", file=sys.stderr, flush=True)
 
     def _save(self) -> None:
-        tmp = self.routes_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({str(p): r.backends for p, r in sorted(self.routes.items())}, indent=2))
-        tmp.replace(self.routes_file)
+        write_json_atomic(self.routes_file, {str(p): r.backends for p, r in self.routes.items()})
 
     async def _connect(self, route: Route) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter] | None:
         """A connection to one of the route's backends that is still one once connected (a switch may

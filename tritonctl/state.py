@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
+from tritonctl.files import write_json_atomic
 from tritonctl.runtime.base import InstanceRecord
 
 STATE_FILE = "state.json"
@@ -39,10 +40,7 @@ def load_state(state_dir: Path) -> State:
 
 def save_state(state_dir: Path, state: State) -> None:
     """Write atomically, so a crash never leaves half a state file."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(asdict(state), indent=2, sort_keys=True) + "\n")
-    tmp.replace(state_dir / STATE_FILE)
+    write_json_atomic(state_dir / STATE_FILE, asdict(state))
 
 
 @contextmanager

@@ -29,6 +29,12 @@ class BatchDecision:
     infeasible: dict[str, str]  # model -> which constraint failed, for the ones without a batch
 
 
+def memory_at(demand: Demand, batch: int, lm: LatencyModel) -> float:
+    """A model's memory at `batch`: the demand's footprint at batch 1 (the spec's override or the
+    profile's) plus what the profile says each larger batch adds."""
+    return demand.memory_mb + lm.footprint_mb(demand.name, batch) - lm.footprint_mb(demand.name, 1)
+
+
 def broken_constraint(
     name: str,
     batch: int,
@@ -42,10 +48,7 @@ def broken_constraint(
     trial = {**batches, name: batch}
     choice = placement[name]
     here = [m for m in placement if placement[m].device == choice.device]
-    # The demand's memory is the footprint at batch 1 (the spec's override or the profile's); the
-    # profile says how much more each larger batch takes.
-    growth = {m: lm.footprint_mb(m, trial[m]) - lm.footprint_mb(m, 1) for m in here}
-    if sum(demands[m].memory_mb + growth[m] for m in here) > devices[choice.device].memory_mb:
+    if sum(memory_at(demands[m], trial[m], lm) for m in here) > devices[choice.device].memory_mb:
         return "memory"
     corunners = tuple((m, placement[m].share, trial[m]) for m in here if m != name)
     exec_ms = lm.t_inf(name, batch, choice.share, corunners)

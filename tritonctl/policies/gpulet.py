@@ -100,7 +100,7 @@ def _find_best_fit(
         if gpulet.size < p_ideal or memory[gpulet.device.id] < demand.memory_mb:
             continue
         size = p_ideal if not split[gpulet.device.id] else gpulet.size
-        partner = tuple((g.model, g.size, g.batch) for g in used if g.device.id == gpulet.device.id)
+        partner = _partner(gpulet, used)
         batch = _max_batch(lm, demand, size, partner)
         if batch is None:
             continue

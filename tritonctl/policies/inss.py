@@ -43,7 +43,7 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import task_latency
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import BatchDecision, bda, corunners, explain, shortfall, with_batches
+from tritonctl.policies.bda import BatchDecision, bda, corunners, explain, memory_at, shortfall, with_batches
 from tritonctl.policies.spread import spread
 
 SHARE_LEVELS = 10
@@ -174,9 +174,7 @@ def observe(
     by_name = {d.name: d for d in demands}
     memory = dict.fromkeys((s.id for s in layout.devices), 0.0)
     for name, choice in placement.items():
-        memory[choice.device] += (
-            by_name[name].memory_mb + lm.footprint_mb(name, batches[name]) - lm.footprint_mb(name, 1)
-        )
+        memory[choice.device] += memory_at(by_name[name], batches[name], lm)
     used = [min(1.0, memory[s.id] / s.memory_mb) for s in layout.devices]
     rates, queues = [], []
     for name, scale in zip(layout.models, layout.rate_scale, strict=True):

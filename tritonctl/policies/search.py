@@ -35,7 +35,7 @@ from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import bda, broken_constraint, corunners, throughput, with_batches
+from tritonctl.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
 from tritonctl.policies.spread import spread
 from tritonctl.policies.timesharing import schedule, time_sharing
 
@@ -227,8 +227,7 @@ def _partial(
 
 
 def _memory_fits(names: list[str], demands: dict[str, Demand], device: Device, batches: dict[str, int], lm) -> bool:
-    grown = sum(demands[n].memory_mb + lm.footprint_mb(n, batches[n]) - lm.footprint_mb(n, 1) for n in names)
-    return grown <= device.memory_mb
+    return sum(memory_at(demands[n], batches[n], lm) for n in names) <= device.memory_mb
 
 
 def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:

@@ -84,6 +84,30 @@ def load_model(url: str, model: str, timeout_s: float) -> str | None:
         return f"no answer from {url}: {exc}"
 
 
+def put_json(url: str, body: dict, timeout_s: float) -> tuple[bool, str]:
+    """PUT `body` as JSON: whether it was answered with success, and the answer's body (or the error)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return True, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return False, exc.read().decode(errors="replace") or str(exc)
+    except (urllib.error.URLError, OSError) as exc:
+        return False, str(exc)
+
+
+def backends_of(records: list[InstanceRecord]) -> list[str]:
+    """The router's backends for these instances: their own gRPC addresses."""
+    return [f"{r.host}:{r.backend_port}" for r in records]
+
+
+def route_summary(port: int, backends: list[str], done: dict) -> str:
+    """One line on a route the router took, from its answer (`done`: drained and timed-out connections)."""
+    moved = f", drained {done['drained']} connection(s)" if done.get("drained") else ""
+    late = f", {done['timed_out']} closed at the drain timeout" if done.get("timed_out") else ""
+    return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
+
+
 class Runtime(Protocol):
     name: str
     rehearses: bool

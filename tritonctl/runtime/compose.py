@@ -18,8 +18,6 @@ import secrets
 import shlex
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +37,16 @@ from tritonctl.errors import TritonctlError
 from tritonctl.plan import LoadedPlan
 from tritonctl.render import Launch
 from tritonctl.router import DRAIN_TIMEOUT_S
-from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok, load_model
+from tritonctl.runtime.base import (
+    Health,
+    InstanceRecord,
+    StartError,
+    backends_of,
+    http_ok,
+    load_model,
+    put_json,
+    route_summary,
+)
 from tritonctl.runtime.local import EXIT_TIMEOUT_S
 
 ROUTER_START_S = 30  # seconds for the router's control endpoint to answer once `up` returned
@@ -113,14 +120,8 @@ class CommandRunner:
         data = json.dumps(body)
         if (dry := self._dry(["put", url, data], f"PUT {url} {data}")) is not None:
             return dry
-        request = urllib.request.Request(url, data=data.encode(), method="PUT")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                return Outcome(True, response.read().decode())
-        except urllib.error.HTTPError as exc:
-            return Outcome(False, error=exc.read().decode(errors="replace") or str(exc))
-        except (urllib.error.URLError, OSError) as exc:
-            return Outcome(False, error=str(exc))
+        ok, answer = put_json(url, body, timeout_s)
+        return Outcome(True, answer) if ok else Outcome(False, error=answer)
 
 
 class ComposeRuntime:
@@ -171,7 +172,8 @@ class ComposeRuntime:
 
     def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
         """Re-render the project for the plan (running services keep their names and ports, .env its values)."""
-        project = write_compose(loaded, self.folder, self.gpus, write)
+        # the repositories are apply's to render, from the plan this returns
+        project = write_compose(loaded, self.folder, self.gpus, write, repositories=False)
         self.project, self.control_url = project.name, project.control_url
         self.services = {service.name: service for service in project.services.values()}
         return project.loaded
@@ -258,7 +260,7 @@ class ComposeRuntime:
 
     def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
         self._start_router()
-        backends = [f"{r.host}:{r.backend_port}" for r in records]
+        backends = backends_of(records)
         answer = self.runner.put(f"{self.control_url}/routes/{port}", {"backends": backends}, DRAIN_TIMEOUT_S + 10)
         if not answer.ok:
             self._router_up = False  # probe and start it again next time: it may have died
@@ -267,19 +269,20 @@ class ComposeRuntime:
             done = json.loads(answer.output)
         except ValueError:  # a dry run's answer
             done = {}
-        moved = f", drained {done['drained']} connection(s)" if done.get("drained") else ""
-        late = f", {done['timed_out']} closed at the drain timeout" if done.get("timed_out") else ""
-        return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
+        return route_summary(port, backends, done)
 
     def router_ok(self) -> bool:
         return self.runner.probe(f"{self.control_url}/routes")
 
+    def _stop_and_remove(self, service: str, *stop_args: str) -> None:
+        for args in (("stop", *stop_args), ("rm", "--force")):
+            done = self.runner.run(self._compose(*args, service))
+            if not done.ok:
+                self.runner.log(f"warning: docker compose {args[0]} {service} failed: {done.error.strip()}")
+
     def shutdown(self) -> None:
         """Stop and remove the router service (after `down` closed every route)."""
-        for args in (("stop",), ("rm", "--force")):
-            done = self.runner.run(self._compose(*args, ROUTER))
-            if not done.ok:
-                self.runner.log(f"warning: docker compose {args[0]} {ROUTER} failed: {done.error.strip()}")
+        self._stop_and_remove(ROUTER)
         self._router_up = False
 
     def stop(self, record: InstanceRecord) -> None:
@@ -287,10 +290,7 @@ class ComposeRuntime:
         service = _service(record)
         if self._latest.get(service, record.uid) != record.uid:
             return  # a restart reused this service: its container is the new instance now
-        for args in (("stop", "--timeout", str(EXIT_TIMEOUT_S + 5)), ("rm", "--force")):
-            done = self.runner.run(self._compose(*args, service))
-            if not done.ok:
-                self.runner.log(f"warning: docker compose {args[0]} {service} failed: {done.error.strip()}")
+        self._stop_and_remove(service, "--timeout", str(EXIT_TIMEOUT_S + 5))
         self._latest.pop(service, None)
 
 

@@ -17,17 +17,25 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
+from tritonctl.files import write_json_atomic
 from tritonctl.plan import LoadedPlan
 from tritonctl.render import Launch
 from tritonctl.router import DRAIN_TIMEOUT_S
 from tritonctl.runtime import share
-from tritonctl.runtime.base import Health, InstanceRecord, StartError, http_ok, load_model
+from tritonctl.runtime.base import (
+    Health,
+    InstanceRecord,
+    StartError,
+    backends_of,
+    http_ok,
+    load_model,
+    put_json,
+    route_summary,
+)
 from tritonctl.runtime.binary import TritonBinary
 
 EXIT_TIMEOUT_S = 10
@@ -273,7 +281,7 @@ class LocalRuntime:
                 )  # fmt: skip
             stat = _proc_stat(proc.pid)
             rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "control_port": port}
-            (self.state_dir / ROUTER_FILE).write_text(json.dumps(rec) + "\n")
+            write_json_atomic(self.state_dir / ROUTER_FILE, rec)
             deadline = time.monotonic() + 10
             while not http_ok(f"http://{host}:{port}/routes"):
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -282,18 +290,11 @@ class LocalRuntime:
         return f"http://{rec['host']}:{rec['control_port']}"
 
     def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
-        backends = [f"{r.host}:{r.backend_port}" for r in records]
-        request = urllib.request.Request(
-            f"{self._router_url(host)}/routes/{port}", data=json.dumps({"backends": backends}).encode(), method="PUT"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=DRAIN_TIMEOUT_S + 10) as response:
-                done = json.loads(response.read())
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise TritonctlError(f"the router did not take the route for port {port}: {exc}") from None
-        moved = f", drained {done['drained']} connection(s)" if done["drained"] else ""
-        late = f", {done['timed_out']} closed at the drain timeout" if done["timed_out"] else ""
-        return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
+        backends = backends_of(records)
+        ok, answer = put_json(f"{self._router_url(host)}/routes/{port}", {"backends": backends}, DRAIN_TIMEOUT_S + 10)
+        if not ok:
+            raise TritonctlError(f"the router did not take the route for port {port}: {answer.strip()}")
+        return route_summary(port, backends, json.loads(answer))
 
     def router_ok(self) -> bool:
         rec = self._router_record()
