@@ -13,7 +13,15 @@ CPU's predicted ResNet50 latency at 30% share and batch 1 over InSS Table 2's 8.
 are a stated load: each model gets an equal part of `load` x the devices' capacity for it
 (its best throughput on a whole device with batch latency under SLO / 2).
 
-    python bench/inss_scaled.py            # writes profiles/inss-scaled/ and examples/inss-scaled/
+The eight-model "heavy workload" is one workload for both its 4- and 5-device setups, as in InSS
+section 6.3. The paper gives no rates, only that InSS serves it on 4 GPUs with under 1% SLO
+violations while Gpulet and GSLICE need 5 to 6; its load here, 3.2 device capacities, is the
+highest of bench/load_sweep.py's scales at which a tritonctl policy serves it on 4 devices with
+under 1% violations (the sweep's scale 0.8 of the 4.0 first chosen: at 4.0 no policy here stays
+under 7%).
+
+    python bench/inss_scaled.py                  # writes profiles/inss-scaled/ and examples/inss-scaled/
+    python bench/inss_scaled.py --clusters-only  # only the cluster files, from the committed latency model
 """
 
 from __future__ import annotations
@@ -58,8 +66,8 @@ BASE = {  # the profiled model each borrows its fitted model from
 RESNET50_30PCT_B1_MS = 8.69  # InSS Table 2, observed
 SETUPS = {  # name: (models, devices, load)
     "six-4": (["alexnet", "resnet50", "vgg16", "mnasnet", "mobilenet", "efficientnet"], 4, 0.7),
-    "eight-4": (list(SLO_MS), 4, 1.0),
-    "eight-5": (list(SLO_MS), 5, 0.8),
+    "eight-4": (list(SLO_MS), 4, 0.8),
+    "eight-5": (list(SLO_MS), 5, 0.64),  # the same rates as eight-4
 }
 
 
@@ -164,16 +172,22 @@ def write_clusters(lm: LatencyModel, out_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per model and batch (default 5)")
+    parser.add_argument(
+        "--clusters-only", action="store_true", help="write the cluster files from the committed latency model"
+    )
     args = parser.parse_args()
+    model_dir = REPO / "profiles/inss-scaled"
+    clusters = REPO / "examples/inss-scaled"
+    if args.clusters_only:
+        write_clusters(load_latency_model(model_dir / "latency-model.json"), clusters)
+        return
     base = load_latency_model(REPO / "profiles/cpu-demo/latency-model.json")
     artifacts = materialize(load_cluster(REPO / "examples/inss-gpu/cluster.yaml"), log=lambda _: None)
     base_artifacts = materialize(load_cluster(REPO / "examples/cpu-demo/cluster.yaml"), log=lambda _: None)
-    model_dir = REPO / "profiles/inss-scaled"
     model_dir.mkdir(parents=True, exist_ok=True)
     print("scaling the CPU profile to the InSS models:")
     lm = scaled_model(base, artifacts, base_artifacts, model_dir, args.repeats)
     lm.save(model_dir / "latency-model.json")
-    clusters = REPO / "examples/inss-scaled"
     clusters.mkdir(parents=True, exist_ok=True)
     write_clusters(lm, clusters)
 

@@ -64,11 +64,11 @@ def test_dynamic_batcher_waits_at_most_the_queue_delay(lm):
 
 
 def test_overload_serves_at_capacity_and_drop_keeps_served_requests_in_slo(lm):
-    t = lm.t_inf("alpha", 4, 50, (("beta", 50, 4),))
     plan = plan_of(("alpha", 5000, 200, 50, 4, 0), ("beta", 1, 1e6, 50, 4, 0))
-    capacity = 4 * 1000 / t
+    slowest = 4 * 1000 / lm.t_inf("alpha", 4, 50, (("beta", 50, 4),))  # beta busy all the time
+    fastest = 4 * 1000 / lm.t_inf("alpha", 4, 50)  # alone
     held = simulate(plan, lm, duration_s=20)
-    assert held.models[0].served / 20 == pytest.approx(capacity, rel=0.1)
+    assert 0.95 * slowest <= held.models[0].served / 20.2 <= 1.05 * fastest  # batches start until one SLO after
     assert held.models[0].good < held.models[0].served  # the queue grows without bound: late answers
     dropped = simulate(plan, lm, duration_s=20, drop=True)
     alpha = dropped.models[0]

@@ -67,16 +67,39 @@ def bench(
     duration_s: float,
     drop: bool = True,
     policy_file: Path | None = None,
+    margin: float = 0.0,
 ) -> list[BenchRow]:
+    """`run_policies`, and its table and plot written to `out_dir` (bench.md, bench.png)."""
+    rows = run_policies(cluster, artifacts, lm, policies, out_dir, duration_s, drop, policy_file, margin)
+    _write(rows, upper_bound_rps(cluster, lm), cluster, duration_s, out_dir, margin)
+    return rows
+
+
+def run_policies(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    lm: LatencyModel,
+    policies: list[str],
+    out_dir: Path,
+    duration_s: float,
+    drop: bool = True,
+    policy_file: Path | None = None,
+    margin: float = 0.0,
+) -> list[BenchRow]:
+    """Plan with every policy (against `lm` with a latency margin, when one is given; plans saved in
+    `out_dir`) and simulate each plan on `lm` itself at the cluster's rates."""
     out_dir.mkdir(parents=True, exist_ok=True)
     bound = upper_bound_rps(cluster, lm)
+    planning_lm = lm.with_margin(margin)
     rows = []
     for policy in policies:
         plan_path = out_dir / f"plan-{policy}.yaml"
         try:
-            make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None, policy_file=policy_file)
+            make_plan(cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file)
             started = time.perf_counter()
-            plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=lambda _: None, policy_file=policy_file)
+            plan = make_plan(
+                cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file
+            )
         except TritonctlError as exc:
             rows.append(BenchRow(policy, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message.splitlines()[0]))
             continue
@@ -102,7 +125,6 @@ def bench(
                 predicted_misses=sum(not p.predicted.meets_slo for _, p in plan.instances()),
             )
         )
-    _write(rows, bound, cluster, duration_s, out_dir)
     return rows
 
 
@@ -144,9 +166,16 @@ def margins(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
-def _write(rows: list[BenchRow], bound: float, cluster: Cluster, duration_s: float, out_dir: Path) -> None:
+def _write(
+    rows: list[BenchRow], bound: float, cluster: Cluster, duration_s: float, out_dir: Path, margin: float
+) -> None:
+    planned = (
+        f"Planned with a latency margin of {100 * margin:g}% (batches {1 + margin:g} x as long as predicted); "
+        if margin
+        else ""
+    )
     text = (
-        f"# Policies on {cluster.spec.name}\n\nSimulated {duration_s:g} s at the cluster's rates; upper bound "
+        f"# Policies on {cluster.spec.name}\n\n{planned}Simulated {duration_s:g} s at the cluster's rates; upper bound "
         f"{bound:.1f} req/s.\n\n{format_rows(rows)}\n\n{margins(rows)}\n\n![bench](bench.png)\n"
     )
     (out_dir / "bench.md").write_text(text)

@@ -57,6 +57,7 @@ def _plan(
     latency_model: str | None = None,
     strict: bool = False,
     policy_file: str | None = None,
+    margin: float = 0.0,
 ) -> Path:
     cluster = load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
@@ -66,6 +67,9 @@ def _plan(
     if latency_model:
         lm = load_latency_model(latency_model)
         check_latency_model(cluster, artifacts, lm, Path(latency_model), _say)
+        lm = lm.with_margin(margin)
+    elif margin:
+        raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     trained = Path(policy_file) if policy_file else None
     plan = make_plan(cluster, artifacts, policy, out, lm, log=_say, strict=strict, policy_file=trained)
     save_plan(plan, out)
@@ -96,7 +100,9 @@ def cmd_profile(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    _plan(args.cluster, args.policy, args.output, args.latency_model, args.strict, args.policy_file)
+    _plan(
+        args.cluster, args.policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin
+    )
     return 0
 
 
@@ -168,7 +174,9 @@ def cmd_bench(args) -> int:
         policies = [p for p in POLICIES if not POLICIES[p].trained or policy_file.is_file()]
         if len(policies) < len(POLICIES):
             _say(f"note: inss left out: no trained policy {policy_file} (tritonctl train)")
-    rows = bench(cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file)
+    rows = bench(
+        cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin
+    )
     _say(format_rows(rows))
     _say(margins(rows))
     _say(f"table, plans and plot written to {out}")
@@ -273,7 +281,7 @@ def cmd_controller(args) -> int:
     if args.policy not in POLICIES:
         raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
     runtime = _runtime(loaded, args.runtime, args.compose_dir)
-    lm = load_latency_model(args.latency_model) if args.latency_model else None
+    lm = load_latency_model(args.latency_model).with_margin(args.latency_margin) if args.latency_model else None
     if lm is None:
         _say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")
     cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
@@ -401,6 +409,27 @@ def cmd_demo(args) -> int:
     return rc
 
 
+def _margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (0.1 is 10%), not {text}")
+    return value
+
+
+def add_margin(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--latency-margin",
+        type=_margin,
+        default=0.0,
+        metavar="M",
+        help="plan as if every batch ran (1 + M) times as long as the latency model predicts: headroom for a "
+        "model that is off by up to M (default 0; 0.1 for 10%%)",
+    )
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -456,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict", action="store_true", help="fail if any model cannot be served (default: plan the others, list it)"
     )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
+    add_margin(p)
     p = add("fit", cmd_fit, "fit the interference-aware latency model (InSS section 4) to a profile")
     p.add_argument("profile", help="profile folder (tritonctl profile)")
     p.add_argument("-o", "--output", help="model file (default: latency-model.json in the profile folder)")
@@ -496,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")
     p.add_argument("--threshold", type=_positive, default=0.25, help="relative rate change that acts (default 0.25)")
     p.add_argument("--cooldown", type=float, default=10.0, help="seconds between two changes (default 10)")
+    add_margin(p)
     add_runtime(p)
     p = add("status", cmd_status, "show the running instances, their shares, ports and health")
     p.add_argument("plan", help="plan.yaml")
@@ -530,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds per policy (default 60)")
     p.add_argument("-o", "--output", help="output folder (default: bench/ beside the cluster file)")
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
+    add_margin(p)
     p = add("train", cmd_train, "train the inss policy (SAC-Discrete, InSS Algorithm 2) for a cluster")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")

@@ -8,7 +8,9 @@ whichever co-runners on the device are busy when it starts; under temporal shari
 whole plan, or the devices it lists under `turns`) the instances of a device share one
 executor, take turns and run alone with the whole device.
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
-instead of served. Requests still queued when the simulated time ends count as arrived
+instead of served. Requests arrive for `duration_s`; batches go on starting for one SLO
+after that, so that the last requests are judged like the others (a batched instance holds
+its last requests for up to its queue delay). What is still queued then counts as arrived
 but neither served nor dropped, so an overloaded plan shows its real throughput.
 
 Arrivals are Poisson at each model's rate, or replayed from a trace (CSV `model,time_s`);
@@ -212,9 +214,9 @@ def simulate(
     horizon_ms = 1000.0 * duration_s
     while heap:
         start, i = heapq.heappop(heap)
-        if start >= horizon_ms:  # what is still queued at the end stays unserved
-            continue
         inst = instances[i]
+        if start >= horizon_ms + inst.slo_ms:  # what is still queued now could only be late: it stays unserved
+            continue
         if inst.executor.free_at > start:  # a turn-mate took the shared executor first: wait for it
             heapq.heappush(heap, (_next_start(inst), i))
             continue

@@ -26,6 +26,7 @@ Execution latency of a batch of model i at share rho next to co-runners J (InSS 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -100,6 +101,16 @@ class LatencyModel:
         self._lwr = {name: self._make_lwr(p) for name, p in models.items()}
         self._table = {name: self._build_table(name) for name in models}
         self._contention: dict[tuple[int, tuple[int, ...]], float] = {}  # (share, co-runners' shares) -> contention
+        self.margin = 0.0  # see `with_margin`
+
+    def with_margin(self, margin: float) -> LatencyModel:
+        """This model predicting every batch (1 + margin) times as long: planning against it leaves
+        headroom for a latency model that is off by up to that much. Shares the fitted tables."""
+        if not 0 <= margin < 1:
+            raise TritonctlError(f"a latency margin must be in [0, 1), not {margin}")
+        pessimist = copy.copy(self)
+        pessimist.margin = margin
+        return pessimist
 
     # ---- construction -------------------------------------------------------------------
     @staticmethod
@@ -153,7 +164,7 @@ class LatencyModel:
             pressure = sum(self.cache_pressure(m, s) for m, s, _ in corunners)
             run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
-        return self.io_ms(model, batch) + run
+        return (self.io_ms(model, batch) + run) * (1 + self.margin)
 
     def contention(self, share: int, corunners: tuple[tuple[str, int, int], ...]) -> float:
         """CPU only: the share of time this instance's threads wait for a core beyond their quota's slack.
@@ -199,7 +210,7 @@ class LatencyModel:
         factor = 1.0  # pairwise factors, their excess over 1 added up for groups larger than a pair
         for other, share_j, _ in corunners:
             factor += gpulet_factor(self.device.gpulet, self.gpulet_features(model, share, other, share_j)) - 1.0
-        return solo * max(factor, 0.1)
+        return solo * max(factor, 0.1) * (1 + self.margin)
 
     def gpulet_features(self, model: str, share: int, other: str, share_j: int) -> list[float]:
         """Gpulet's (L2_i, L2_j, mem_i, mem_j): here cache pressure and the share in cores."""
