@@ -22,8 +22,8 @@ from pathlib import Path
 
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan
-from tritonctl.planner import devices_of
-from tritonctl.policies import POLICIES, Demand, PlacementError, PolicyLimit
+from tritonctl.planner import demands_of, devices_of
+from tritonctl.policies import POLICIES, PlacementError, PolicyLimit
 from tritonctl.policies.bda import bda
 from tritonctl.policies.inss import action_mask, decode, default_policy_file, load_trained, observe
 from tritonctl.policies.spread import spread
@@ -46,7 +46,7 @@ def main() -> None:
     lm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
     cluster = load_cluster(REPO / "examples/inss-scaled/eight-4.yaml")
     devices = devices_of(cluster)
-    demands = [Demand(m.name, m.slo_ms, m.rate, round(lm.footprint_mb(m.name, 1))) for m in cluster.spec.models]
+    demands = demands_of(cluster, {}, lm)
     placement = {n: c[0] for n, c in spread(demands, devices, lm).items()}
     first = timed(lambda: bda(placement, demands, devices, lm))
     print(f"queueing tables and first BDA (once per process): {first:.0f} ms")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,8 +31,8 @@ from rl.env import EnvConfig, InssEnv
 from rl.sac import SACConfig, SACDiscrete
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
-from tritonctl.planner import devices_of
-from tritonctl.policies import Demand, PlacementError
+from tritonctl.planner import demands_of, devices_of
+from tritonctl.policies import PlacementError
 from tritonctl.policies.spread import spread
 from tritonctl.spec import Cluster
 
@@ -61,19 +60,11 @@ class TrainConfig:
     sac: SACConfig = field(default_factory=training_sac)
 
 
-def demands_of(cluster: Cluster, lm: LatencyModel) -> list[Demand]:
-    """The cluster's models as the planner sees them (memory: the spec's, else the profiled footprint at batch 1)."""
+def make_env(cluster: Cluster, lm: LatencyModel, config: EnvConfig) -> InssEnv:
     missing = [m.name for m in cluster.spec.models if m.name not in lm.models]
     if missing:
         raise TritonctlError(f"models {missing} are not in the latency model: profile and fit them", file=cluster.path)
-    return [
-        Demand(m.name, m.slo_ms, m.rate, m.memory_mb or math.ceil(lm.footprint_mb(m.name, 1)))
-        for m in cluster.spec.models
-    ]
-
-
-def make_env(cluster: Cluster, lm: LatencyModel, config: EnvConfig) -> InssEnv:
-    demands, devices = demands_of(cluster, lm), devices_of(cluster)
+    demands, devices = demands_of(cluster, {}, lm), devices_of(cluster)
     try:  # episodes start from spread's placement: it must fit
         spread(demands, devices, lm)
     except PlacementError as exc:

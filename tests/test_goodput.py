@@ -3,6 +3,7 @@ devices taken in turns inside the search, and the InSS six-model setup against i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,11 @@ from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import goodput, in_slo, sample_latencies
 from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
-from tritonctl.planner import devices_of, place
-from tritonctl.policies import POLICIES, Demand
-from tritonctl.policies.search import search
+from tritonctl.planner import demands_of, devices_of, place
+from tritonctl.policies import POLICIES, Choice, Demand
+from tritonctl.policies.bda import bda
+from tritonctl.policies.search import STEP, search
+from tritonctl.policies.timesharing import time_sharing
 from tritonctl.simulate import simulate
 from tritonctl.spec import load_cluster
 
@@ -65,19 +68,17 @@ def test_bda_policy_still_sheds_what_algorithm_1_cannot_serve(lm):
 
 
 def test_search_finds_time_sharings_plan_when_only_turns_serve(lm):
-    """Every plan time-sharing finds (one replica per model) is a start of the search, so on a cluster where
-    its plan is the best the search knows, the search is not worse by its own judgement."""
-    demands = [Demand("alpha", 150, 120, 100), Demand("beta", 400, 40, 100), Demand("gamma", 300, 30, 100)]
-    lm.models["gamma"] = lm.models["beta"]  # a third model like beta
-    lm._lwr["gamma"], lm._table["gamma"] = lm._lwr["beta"], lm._table["beta"]
-    try:
-        out = search(demands, cpus(2), lm)
-    finally:
-        for table in (lm.models, lm._lwr, lm._table):
-            del table["gamma"]
-    assert set(out) == {"alpha", "beta", "gamma"}
-    turns = [c for cs in out.values() for c in cs if c.turns]
-    assert all(c.share == 100 for c in turns)  # a device taken in turns gives every model all of it
+    """On one 2-core CPU no split of shares lets BDA serve both models (a quota buys one thread up to 1.4 cores),
+    while taking turns with the whole device does: the search returns time-sharing's plan, taken in turns."""
+    demands = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 80, 100)]
+    devices = cpus(1)
+    for share in range(STEP, 100, STEP):
+        split = {"alpha": Choice("cpu0", share), "beta": Choice("cpu0", 100 - share)}
+        assert bda(split, demands, devices, lm).infeasible  # some model misses its rate or SLO
+    shared = time_sharing(demands, devices, lm)
+    out = search(demands, devices, lm)
+    assert {n for n, cs in out.items() if any(c.turns for c in cs)} == {"alpha", "beta"}
+    assert out == {n: [replace(c, turns=True) for c in cs] for n, cs in shared.items()}
 
 
 def test_simulated_arrivals_do_not_depend_on_the_order_of_models(lm):
@@ -94,7 +95,7 @@ def test_inss_six_models_search_ahead_of_every_baseline_within_one_percent():
     slm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
     cluster = load_cluster(REPO / "examples/inss-scaled/six-4.yaml")
     devices = devices_of(cluster)
-    demands = [Demand(m.name, m.slo_ms, m.rate, round(slm.footprint_mb(m.name, 1))) for m in cluster.spec.models]
+    demands = demands_of(cluster, {}, slm)
     offered = sum(d.rate for d in demands)
     result = {}
     for policy in ("search", "spread", "time-sharing"):

@@ -25,7 +25,7 @@ from tritonctl.plan import (
 )
 from tritonctl.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
 from tritonctl.policies.inss import default_policy_file, load_trained
-from tritonctl.spec import Cluster
+from tritonctl.spec import Cluster, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
 RUNTIME_OVERHEAD_MB = 64
@@ -49,14 +49,18 @@ def devices_of(cluster: Cluster) -> list[Device]:
     return devices
 
 
-def footprint_mb(cluster: Cluster, name: str, artifact: Artifact, lm: LatencyModel | None) -> int:
-    """The spec's memory_mb, else the profiled footprint at batch 1, else an estimate from the weights."""
-    model = next(m for m in cluster.spec.models if m.name == name)
+def demands_of(cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel | None) -> list[Demand]:
+    """The cluster's models as the policies see them. Memory: the spec's memory_mb, else the profiled footprint
+    at batch 1, else an estimate from the artifact's weights (only then are `artifacts` read: with `lm`, {} does)."""
+    return [Demand(m.name, m.slo_ms, m.rate, _footprint_mb(m, artifacts, lm)) for m in cluster.spec.models]
+
+
+def _footprint_mb(model: ModelSpec, artifacts: dict[str, Artifact], lm: LatencyModel | None) -> int:
     if model.memory_mb:
         return model.memory_mb
     if lm is not None:
-        return math.ceil(lm.footprint_mb(name, 1))
-    return math.ceil(2 * artifact.weights_mb + RUNTIME_OVERHEAD_MB)
+        return math.ceil(lm.footprint_mb(model.name, 1))
+    return math.ceil(2 * artifacts[model.name].weights_mb + RUNTIME_OVERHEAD_MB)
 
 
 def _describe(kind: str, units: int, cores: float | None) -> str:
@@ -237,10 +241,7 @@ def make_plan(
             field="runtime.base_port",
         )
     devices = devices_of(cluster)
-    demands = [
-        Demand(m.name, m.slo_ms, m.rate, footprint_mb(cluster, m.name, artifacts[m.name], lm))
-        for m in cluster.spec.models
-    ]
+    demands = demands_of(cluster, artifacts, lm)
     fn = POLICIES[policy].fn
     if POLICIES[policy].trained:
         path = policy_file or default_policy_file(cluster.spec.name)

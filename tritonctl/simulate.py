@@ -88,6 +88,7 @@ class ModelResult:
     mean_ms: float
     p50_ms: float
     p99_ms: float
+    replicas: tuple[tuple[int, int], ...]  # (arrived, served) per placement, in the plan's order
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ def simulate(
                 mean_ms=float(lat.mean()) if len(lat) else float("nan"),
                 p50_ms=float(np.percentile(lat, 50)) if len(lat) else float("nan"),
                 p99_ms=float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+                replicas=tuple((len(inst.arrivals), sum(c for _, c, _ in inst.batches)) for inst in mine),
             )
         )
     return SimResult(
