@@ -1,9 +1,11 @@
 """Robustness to a latency model that is off: SLO violations of the plans when every model runs up to 10%
 slower or faster than predicted (`simulate --latency-error`), for the InSS setups.
 
-    python bench/latency_error.py [--error 0.10] [--seeds 5] [--policies inss igniter search]
+    python bench/latency_error.py [--error 0.10] [--seeds 5] [--policies inss igniter search] [--margins 0 0.1]
 
-Each policy plans each setup once with the exact (SCALED) latency model; each plan is then simulated
+Each policy plans each setup once with the exact (SCALED) latency model, and once more per latency
+margin (`tritonctl plan --latency-margin`: batches planned as if they ran 1 + margin times as long as
+predicted); each plan is then simulated
 60 s with drops, once per seed, every seed drawing a new fixed error per model uniformly in [-X, X].
 Reported per setup and policy: SLO violations (late, dropped and never-served requests, those of
 unserved models included, as `tritonctl bench` counts them) without errors, and their mean and worst
@@ -27,11 +29,12 @@ SETUPS = ("six-4", "eight-4", "eight-5")
 DURATION_S = 60.0
 
 
-def violations(plan, cluster, lm, seed: int, error: float) -> float:
+def violations(plan, cluster, lm, seed: int, error: float) -> tuple[float, float]:
+    """Simulated goodput and the share of requests not served within their SLO."""
     sim = simulate(plan, lm, DURATION_S, seed=seed, drop=True, latency_error=error)
     unserved = {u.name for u in plan.unserved}
     lost = sum(round(m.rate * DURATION_S) for m in cluster.spec.models if m.name in unserved)
-    return 1 - sum(m.good for m in sim.models) / (sum(m.arrived for m in sim.models) + lost)
+    return sim.goodput, 1 - sum(m.good for m in sim.models) / (sum(m.arrived for m in sim.models) + lost)
 
 
 def main() -> None:
@@ -39,21 +42,28 @@ def main() -> None:
     parser.add_argument("--error", type=float, default=0.10, help="largest error per model (default 0.10)")
     parser.add_argument("--seeds", type=int, default=5, help="error draws per plan (default 5)")
     parser.add_argument("--policies", nargs="+", default=["inss", "igniter", "search"])
+    parser.add_argument("--margins", nargs="+", type=float, default=[0.0], help="latency margins to plan with")
     args = parser.parse_args()
     lm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
-    print(f"| setup | policy | violations, exact | with +-{100 * args.error:g}%: mean | worst |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| setup | policy | margin | goodput, exact | violations, exact | with +-{100 * args.error:g}%: mean | worst |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for setup in SETUPS:
         cluster = load_cluster(REPO / f"examples/inss-scaled/{setup}.yaml")
         artifacts = materialize(cluster, log=lambda _: None)
         for policy in args.policies:
-            plan = make_plan(cluster, artifacts, policy, Path("plan.yaml"), lm, log=lambda _: None)
-            exact = violations(plan, cluster, lm, 0, 0.0)
-            off = [violations(plan, cluster, lm, seed, args.error) for seed in range(args.seeds)]
-            print(
-                f"| {setup} | {policy} | {100 * exact:.2f}% | {100 * statistics.mean(off):.2f}% | "
-                f"{100 * max(off):.2f}% |"
-            )
+            for margin in args.margins:
+                plan = make_plan(
+                    cluster, artifacts, policy, Path("plan.yaml"), lm.with_margin(margin), log=lambda _: None
+                )
+                goodput, exact = violations(plan, cluster, lm, 0, 0.0)
+                off = [violations(plan, cluster, lm, seed, args.error)[1] for seed in range(args.seeds)]
+                print(
+                    f"| {setup} | {policy} | {100 * margin:g}% | {goodput:.1f} | {100 * exact:.2f}% | "
+                    f"{100 * statistics.mean(off):.2f}% | {100 * max(off):.2f}% |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
 """Simulator against the real local Triton: the same plan, the same Poisson rates.
 
-    python bench/sim_vs_real.py [--duration 60] [--scales 1 2 3]
+    python bench/sim_vs_real.py [--duration 60] [--scales 1 2 3]    # real run, then the comparison
+    python bench/sim_vs_real.py --offline                           # the comparison from the saved run
 
 Plans the CPU demo cluster with the committed latency model, applies it on the real local
 Triton, drives it with open-loop Poisson traffic from tritonclient.grpc at each rate scale,
 replays the requests it sent (their send times) through the simulator, and prints goodput
 and p99 side by side. The deployment is stopped at the end. Run it on a quiet machine: it
-measures latency.
+measures latency. What the real run measured is kept in bench/results/sim-vs-real/ (per scale
+the trace of sent requests and every answered request's latency), so `--offline` compares a
+changed simulator or latency model with the same real run.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,51 +25,76 @@ from tritonctl.cli import main as tritonctl
 from tritonctl.client import endpoints, run_load
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan
-from tritonctl.simulate import simulate
+from tritonctl.simulate import read_trace, simulate
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
 MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
+RESULTS = REPO / "bench" / "results" / "sim-vs-real"
+
+
+def measure(plan_path: Path, duration_s: float, scales: list[float]) -> None:
+    """Apply the plan, load it at every scale and save the sent requests and the answers' latencies."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    assert tritonctl(["apply", str(plan_path)]) == 0
+    plan = load_plan(plan_path).plan
+    try:
+        for scale in scales:
+            real = run_load(endpoints(plan), duration_s, scale)
+            with open(RESULTS / f"trace-x{scale:g}.csv", "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(["model", "time_s"])
+                writer.writerows((r.model, f"{t:.6f}") for r in real for t in sorted(r.sent_at_s))
+            with open(RESULTS / f"latency-x{scale:g}.csv", "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(["model", "latency_ms"])
+                writer.writerows((r.model, f"{x:.3f}") for r in real for x in r.latencies_ms)
+            print(f"x{scale:g}: {sum(r.sent for r in real)} sent, {sum(len(r.errors) for r in real)} failed")
+    finally:
+        tritonctl(["down", str(plan_path)])
+    (RESULTS / "run.json").write_text(json.dumps({"duration_s": duration_s, "scales": scales}) + "\n")
+
+
+def compare(plan_path: Path) -> str:
+    """The saved real run against the simulator replaying its requests, as a table."""
+    run = json.loads((RESULTS / "run.json").read_text())
+    duration = run["duration_s"]
+    plan = load_plan(plan_path).plan
+    lm = load_latency_model(MODEL)
+    slo = {m.name: m.slo_ms for m in plan.models}
+    head = f"{'scale':>5} {'model':14} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11} {'sim':>8}"
+    head += f" {'gap':>7}"
+    lines = [head]
+    for scale in run["scales"]:
+        trace = read_trace(RESULTS / f"trace-x{scale:g}.csv")
+        latencies: dict[str, list[float]] = {}
+        with open(RESULTS / f"latency-x{scale:g}.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                latencies.setdefault(row["model"], []).append(float(row["latency_ms"]))
+        sim = {m.model: m for m in simulate(plan, lm, duration, trace=trace).models}
+        for name, lat in latencies.items():
+            g_real = sum(x <= slo[name] for x in lat) / duration
+            g_sim, p_real, p_sim = sim[name].good / duration, float(np.percentile(lat, 99)), sim[name].p99_ms
+            lines.append(
+                f"{scale:5.1f} {name:14} {g_real:12.2f} {g_sim:8.2f} {100 * (g_sim / g_real - 1):+6.1f}% "
+                f"{p_real:11.1f} {p_sim:8.1f} {100 * (p_sim / p_real - 1):+6.1f}%"
+            )
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic per rate scale")
     parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0, 3.0], help="rate multipliers")
+    parser.add_argument("--offline", action="store_true", help="compare with the saved real run, start nothing")
     args = parser.parse_args()
     plan_path = CLUSTER.parent / "plan.yaml"
     assert tritonctl(["plan", str(CLUSTER), "--latency-model", str(MODEL)]) == 0
-    assert tritonctl(["apply", str(plan_path)]) == 0
-    plan = load_plan(plan_path).plan
-    lm = load_latency_model(MODEL)
-    rows = []
-    try:
-        for scale in args.scales:
-            real = {r.model: r for r in run_load(endpoints(plan), args.duration, scale)}
-            # the simulator replays the very requests the real run sent, so both judge the same arrivals
-            trace = {m: 1000.0 * np.array(sorted(r.sent_at_s)) for m, r in real.items()}
-            sim = {m.model: m for m in simulate(plan, lm, args.duration, trace=trace).models}
-            for name in real:
-                r, s = real[name], sim[name]
-                rows.append(
-                    (
-                        scale,
-                        name,
-                        r.within_slo * r.sent / args.duration,
-                        s.good / args.duration,
-                        r.percentile(99),
-                        s.p99_ms,
-                    )
-                )
-    finally:
-        tritonctl(["down", str(plan_path)])
-    head = f"{'scale':>5} {'model':14} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11} {'sim':>8}"
-    print(f"\n{head} {'gap':>7}")
-    for scale, name, g_real, g_sim, p_real, p_sim in rows:
-        print(
-            f"{scale:5.1f} {name:14} {g_real:12.2f} {g_sim:8.2f} {100 * (g_sim / g_real - 1):+6.1f}% "
-            f"{p_real:11.1f} {p_sim:8.1f} {100 * (p_sim / p_real - 1):+6.1f}%"
-        )
+    if not args.offline:
+        measure(plan_path, args.duration, args.scales)
+    table = compare(plan_path)
+    (RESULTS / "table.txt").write_text(table + "\n")
+    print("\n" + table)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from synthetic import synthetic_dataset
+from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError, PolicyLimit
@@ -98,3 +99,19 @@ def test_optimal_is_at_least_as_good_as_every_candidate_it_knows(lm):
         optimal([Demand(f"m{i}", 100, 1, 10) for i in range(8)], cpu() * 4, lm)
     with pytest.raises(PlacementError, match="needs a fitted latency model"):
         optimal(demands, devices, None)
+
+
+def test_a_latency_margin_leaves_headroom_for_slower_batches(lm):
+    slow = lm.with_margin(0.2)  # what the batches really take, in this test
+    assert slow.t_inf("alpha", 4, 50, (("beta", 50, 4),)) == pytest.approx(
+        1.2 * lm.t_inf("alpha", 4, 50, (("beta", 50, 4),))
+    )
+    demands = [Demand("alpha", 150, 200, 100), Demand("beta", 400, 60, 100)]
+    by_name, devices = {d.name: d for d in demands}, {d.id: d for d in cpu()}
+    exact = bda(PLACEMENT, demands, cpu(), lm).batches
+    planned = bda(PLACEMENT, demands, cpu(), lm.with_margin(0.2)).batches
+    assert broken_constraint("alpha", exact["alpha"], PLACEMENT, by_name, exact, devices, slow) == "slo"
+    assert broken_constraint("alpha", planned["alpha"], PLACEMENT, by_name, planned, devices, slow) is None
+    assert lm.t_inf("alpha", 4, 50) == pytest.approx(slow.t_inf("alpha", 4, 50) / 1.2)  # the original is untouched
+    with pytest.raises(TritonctlError, match="margin"):
+        lm.with_margin(1.5)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import math
+
 import pytest
 
 from synthetic import synthetic_dataset
@@ -147,3 +150,24 @@ def test_latency_errors_are_fixed_per_model_seeded_and_leave_arrivals_alone(lm):
         assert (m.p50_ms > base.p50_ms) == (e > 0)  # light load: latency moves with the error's sign
     with pytest.raises(TritonctlError, match="latency error"):
         simulate(plan, lm, duration_s=5, latency_error=1.5)
+
+
+def test_the_last_requests_are_judged_like_the_others(lm):
+    # Batches of 8 at 4 requests per second leave when their oldest has waited 1 s: requests arriving in the
+    # last second are served after the arrivals end, within their SLO.
+    delay_ms = 1000
+    result = simulate(plan_of(("alpha", 4, 2 * delay_ms, 100, 8, 1000 * delay_ms)), lm, duration_s=30)
+    (alpha,) = result.models
+    assert alpha.arrived > 100 and alpha.good == alpha.served == alpha.arrived
+
+
+def test_batches_spread_around_the_prediction_as_profiled(lm):
+    spread = copy.deepcopy(lm)
+    spread.models["alpha"].spread = (0.2, 0.0)  # log-normal sigma 0.2 at every batch
+    plan = plan_of(("alpha", 1, 1e6, 100, 1, 0))  # 1 request/s: no queueing, latency = one batch
+    t = lm.t_inf("alpha", 1, 100)
+    exact = simulate(plan, lm, duration_s=2000).models[0]
+    drawn = simulate(plan, spread, duration_s=2000).models[0]
+    assert exact.p50_ms == pytest.approx(t) and exact.p99_ms == pytest.approx(t)
+    assert drawn.p50_ms == pytest.approx(t, rel=0.03)  # the prediction is the median
+    assert drawn.p99_ms == pytest.approx(t * math.exp(2.326 * 0.2), rel=0.06)

@@ -4,7 +4,8 @@ Every instance sits behind Triton's dynamic batcher: a batch starts as soon as i
 is free and either `batch` requests wait or the oldest has waited the queue delay; it then
 takes what is queued, up to `batch`. Under spatial sharing each instance has its own
 executor and a batch's execution time comes from the fitted latency model next to
-whichever co-runners on the device are busy when it starts; under temporal sharing (the
+whichever co-runners on the device are busy when it starts (drawn around that prediction,
+a median, with the spread the profile measured: `LatencyModel.sigma`); under temporal sharing (the
 whole plan, or the devices it lists under `turns`) the instances of a device share one
 executor, take turns and run alone with the whole device.
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
@@ -33,6 +34,7 @@ from __future__ import annotations
 import bisect
 import csv
 import heapq
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -189,6 +191,7 @@ def simulate(
     if latency_error:
         draws = np.random.default_rng([seed, 1]).uniform(-latency_error, latency_error, len(plan.models))
         errors = {m.name: float(e) for m, e in zip(plan.models, draws, strict=True)}
+    spread = np.random.default_rng([seed, 2])  # each batch's draw around the predicted latency
     shared = {d.id: _Executor() for d in plan.devices}
     instances: list[_Instance] = []
     for model in plan.models:
@@ -238,6 +241,9 @@ def simulate(
         exec_ms = exec_cache.get(key)
         if exec_ms is None:
             exec_ms = exec_cache[key] = lm.t_inf(inst.model, take, inst.share, busy) * (1 + errors.get(inst.model, 0.0))
+        sigma = lm.sigma(inst.model, take)
+        if sigma:
+            exec_ms *= math.exp(sigma * spread.standard_normal())
         inst.head += take
         first = head
         if drop:  # the oldest requests are the late ones: what is dropped is a prefix of the batch

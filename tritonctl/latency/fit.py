@@ -116,9 +116,13 @@ def _fit_model(
     if not memory:
         raise TritonctlError(f"no memory measurements for model {feat.model!r}", file="memory.csv")
     mem0, mem1 = _lstsq(np.c_[np.ones(len(memory)), [m.batch for m in memory]], np.array([m.rss_mb for m in memory]))
+    # Spread of one batch's latency: log-normal, so ln(p95 / p50) = 1.645 sigma, linear in log2 batch.
+    log2b = np.array([math.log2(r.batch) for r in rows])
+    sigma = np.log(np.maximum(np.array([r.p95_ms for r in rows]) / p50, 1.0)) / 1.645
+    spread0, spread1 = _lstsq(np.c_[np.ones_like(log2b), log2b], sigma)
     log(
         f"  {feat.model}: LWR bandwidth {bandwidth}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
-        f"memory {mem0:.0f} + {mem1:.1f} x batch MB"
+        f"memory {mem0:.0f} + {mem1:.1f} x batch MB, spread sigma {spread0:.3f} {spread1:+.3f} x log2 batch"
     )
     return ModelParams(
         name=feat.model,
@@ -135,6 +139,7 @@ def _fit_model(
         memory_mb1=float(max(mem1, 0.0)),
         batch_range=(min(r.batch for r in rows), max(r.batch for r in rows)),
         share_range=(min(r.share for r in rows), max(r.share for r in rows)),
+        spread=(round(float(spread0), 5), round(float(spread1), 5)),
     )
 
 

@@ -62,6 +62,9 @@ class ModelParams:
     memory_mb1: float
     batch_range: tuple[int, int]
     share_range: tuple[int, int]  # device units
+    # How one batch's latency spreads around the prediction (a median): log-normal with sigma
+    # max(0, spread[0] + spread[1] * log2 batch). The simulator draws from it; plans use the median.
+    spread: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass
@@ -220,6 +223,11 @@ class LatencyModel:
             self.eff(share),
             self.eff(share_j),
         ]
+
+    def sigma(self, model: str, batch: int) -> float:
+        """The log-normal sigma of one batch's latency around `t_inf` (see `ModelParams.spread`)."""
+        s0, s1 = self.models[model].spread
+        return max(0.0, s0 + s1 * math.log2(batch))
 
     def footprint_mb(self, model: str, batch: int) -> float:
         p = self.models[model]
