@@ -151,6 +151,15 @@ def test_unknown_policy(capsys, mlp_cluster):
     assert rc == 2 and "unknown policy 'magic'" in err and "spread" in err
 
 
+def test_a_latency_margin_out_of_range_or_without_a_model(capsys, mlp_cluster):
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own refusal
+        main(["plan", str(mlp_cluster), "--latency-margin", "1.5"])
+    assert exit_info.value.code == 2 and "must be at least 0 and below 1" in capsys.readouterr().err
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--latency-margin", "0.1")
+    assert rc == 2 and "--latency-margin: a latency margin needs a latency model" in err
+    assert not (mlp_cluster.parent / "plan.yaml").exists()
+
+
 def test_hand_edited_plan_is_validated(capsys, mlp_cluster):
     assert main(["plan", str(mlp_cluster)]) == 0
     plan = mlp_cluster.parent / "plan.yaml"

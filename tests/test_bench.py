@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
+from tritonctl.bench import run_policies
 from tritonctl.cli import main
+from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
 from tritonctl.policies import POLICIES
+from tritonctl.spec import load_cluster
 
 
 def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsys):
@@ -49,3 +55,17 @@ def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsy
     for policy in rows:
         assert (out / f"plan-{policy}.yaml").is_file()
     assert (out / "bench.md").read_text().count("|") > 20 and (out / "bench.png").stat().st_size > 5_000
+
+
+def test_a_latency_margin_plans_for_slower_batches_and_the_simulator_runs_the_exact_model(tmp_path):
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = load_cluster(write_cluster(tmp_path, [mlp_model("alpha", rate=150, slo_ms=150), mlp_model("beta")]))
+    lm = load_latency_model(tmp_path / "profile" / "latency-model.json")
+    artifacts = materialize(cluster, log=lambda _: None)
+    exact, wary = (
+        run_policies(cluster, artifacts, lm, ["spread"], tmp_path / f"m{m}", 20, margin=m)[0] for m in (0.0, 0.3)
+    )
+    assert wary.capacity_rps == pytest.approx(exact.capacity_rps / 1.3, rel=1e-3)  # same plan, predicted slower
+    assert wary.goodput_rps == pytest.approx(exact.goodput_rps)  # simulated on the exact model either way
