@@ -1,12 +1,14 @@
 """The best plan against the naive one on the real local Triton: goodput at the same Poisson rates.
 
-    python bench/real_goodput.py [--duration 60] [--scales 1 3 4] [--policy search]
+    python bench/real_goodput.py [--duration 60] [--scales 1 3 4] [--policy search] [--reject-late]
 
 For each rate scale, the CPU demo cluster is planned twice at its rates times the scale:
 naively (`spread`: one instance per model, equal shares, batch 1, the skeleton's plan) and
 with `--policy` on the committed latency model. Each plan is applied on the real Triton
 in turn and driven by open-loop Poisson traffic from tritonclient.grpc; goodput is the
-requests answered within their SLO per second. Run it on a quiet machine.
+requests answered within their SLO per second. With `--reject-late`, both plans have Triton
+reject a request that can no longer meet its SLO (`runtime.reject_late`); rejected requests
+count as failed. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic per plan and scale")
     parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 3.0, 4.0], help="rate multipliers")
     parser.add_argument("--policy", default="search", help="the plan to compare with the naive one")
+    parser.add_argument("--reject-late", action="store_true", help="both plans reject requests that would be late")
     args = parser.parse_args()
     cluster = load_cluster(CLUSTER)
     artifacts = materialize(cluster, log=lambda _: None)
@@ -51,7 +54,8 @@ def main() -> None:
     rows = []
     for scale in args.scales:
         models = [m.model_copy(update={"rate": m.rate * scale}) for m in cluster.spec.models]
-        scaled = Cluster(cluster.spec.model_copy(update={"models": models}), cluster.path)
+        runtime = cluster.spec.runtime.model_copy(update={"reject_late": args.reject_late})
+        scaled = Cluster(cluster.spec.model_copy(update={"models": models, "runtime": runtime}), cluster.path)
         measured = {}
         for policy in ("spread", args.policy):
             path = PLANS / f"plan-{policy}-x{scale:g}.yaml"

@@ -323,3 +323,39 @@ def test_one_apply_at_a_time_and_a_corrupt_state_file(tmp_path, capsys):
     assert main(["status", str(plan)]) == 2
     err = capsys.readouterr().err
     assert "state.json: corrupt state file" in err
+
+
+def burst(url: str, model: str, n: int) -> list[str]:
+    """`n` requests sent at once; the error message of each (empty when answered)."""
+    done, outcomes = threading.Semaphore(0), []
+    x = np.ones((1, 16), np.float32)
+    with grpcclient.InferenceServerClient(url) as client:
+        for _ in range(n):
+            inp = grpcclient.InferInput("x", [1, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            client.async_infer(
+                model, [inp], callback=lambda result, error: (outcomes.append(str(error or "")), done.release())
+            )
+        for _ in range(n):
+            assert done.acquire(timeout=30)
+    return outcomes
+
+
+def test_reject_late_has_triton_reject_what_waited_past_its_slo(tmp_path):
+    """A burst of 200 requests to a model with a 3 ms SLO: with reject_late, Triton rejects those that have
+    waited in its queue past the SLO; without it, every request is answered (late)."""
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    outcomes = {}
+    for reject_late in (False, True):
+        cluster = write_cluster(tmp_path, [mlp_model("alpha", slo_ms=3)])
+        spec = yaml.safe_load(cluster.read_text())
+        spec["runtime"]["reject_late"] = reject_late
+        cluster.write_text(yaml.safe_dump(spec))
+        assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
+        (record,) = state_of(plan).instances.values()
+        outcomes[reject_late] = burst(f"127.0.0.1:{record.grpc_port}", "alpha", 200)
+        assert main(["down", str(plan)]) == 0
+    assert outcomes[False] == [""] * 200
+    rejected = [e for e in outcomes[True] if e]
+    assert rejected and all("timeout" in e.lower() for e in rejected) and len(rejected) < 200

@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from conftest import REPO
 from tritonctl.export import materialize
-from tritonctl.plan import Device, Prediction, load_plan, save_plan
+from tritonctl.plan import Device, LoadedPlan, Prediction, load_plan, save_plan
 from tritonctl.planner import make_plan
 from tritonctl.policies import Demand, PlacementError
 from tritonctl.policies.spread import spread
@@ -112,6 +112,38 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
     settings = json.loads((folder / "launch.json").read_text())
     assert settings["cpu_quota_us"] == 10_000 and settings["cpu_period_us"] == 10_000
     assert launch.share == 50 and launch.env == {}
+
+
+def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluster):
+    from tritonctl.cli import main
+
+    assert main(["plan", str(mlp_cluster)]) == 0
+    loaded = load_plan(mlp_cluster.parent / "plan.yaml")
+    folder, _ = render(loaded)["alpha-0"]
+    assert not parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.HasField(
+        "default_queue_policy"
+    )  # off by default: a rejected request is an error to its client
+
+    data = yaml.safe_load(mlp_cluster.read_text())
+    data["runtime"]["reject_late"] = True
+    mlp_cluster.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(mlp_cluster)]) == 0
+    loaded = load_plan(mlp_cluster.parent / "plan.yaml")
+    alpha = loaded.plan.models[0]
+    folder, first = render(loaded)["alpha-0"]
+    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
+    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+    assert policy.default_timeout_microseconds == 1000 * alpha.slo_ms  # no prediction: the SLO itself
+
+    predicted = Prediction(exec_ms=40.0, latency_ms=60.0, throughput_rps=25.0, meets_slo=True, in_slo_rps=alpha.rate)
+    placement = alpha.placements[0].model_copy(update={"predicted": predicted})
+    changed = loaded.plan.model_copy(
+        update={"models": [alpha.model_copy(update={"placements": [placement]}), *loaded.plan.models[1:]]}
+    )
+    folder, second = render(LoadedPlan(changed, loaded.path))["alpha-0"]
+    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
+    assert policy.default_timeout_microseconds == 1000 * (alpha.slo_ms - 40)  # what is left after the batch
+    assert second.process_hash == first.process_hash and second.config_hash != first.config_hash  # a reload
 
 
 @pytest.fixture(scope="module")

@@ -111,6 +111,7 @@ class RuntimeSettings(_Strict):
     host: str
     tritonserver: str | None = None
     startup_timeout_s: float = 120.0
+    reject_late: bool = False  # Triton rejects a request that can no longer meet its SLO (render.queue_timeout_us)
 
 
 class Plan(_Strict):

@@ -334,5 +334,6 @@ def make_plan(
             host=runtime.host,
             tritonserver=str(cluster.resolve(runtime.tritonserver)) if runtime.tritonserver else None,
             startup_timeout_s=runtime.startup_timeout_s,
+            reject_late=runtime.reject_late,
         ),
     )

@@ -86,12 +86,24 @@ def threads_for(device: Device, share: int) -> int:
     return threads_for_cores(cpu_cores(device, share))
 
 
-def render_config(cluster: str, model: PlannedModel, placement: Placement, device: Device) -> str:
+def queue_timeout_us(model: PlannedModel, placement: Placement) -> int:
+    """With `runtime.reject_late`, how long a request may wait in Triton's queue before it is rejected: once it
+    has waited longer than the SLO less the predicted batch time it can only be late, and serving it would make
+    the requests behind it late too (the simulator's --drop). Without a prediction, the SLO itself; at least
+    1 ms."""
+    exec_ms = placement.predicted.exec_ms if placement.predicted else 0.0
+    return max(1000, round(1000 * (model.slo_ms - exec_ms)))
+
+
+def render_config(
+    cluster: str, model: PlannedModel, placement: Placement, device: Device, reject_late: bool = False
+) -> str:
     return _ENV.get_template("config.pbtxt.j2").render(
         cluster=cluster,
         instance=placement.instance,
         model=model,
         placement=placement,
+        queue_timeout_us=queue_timeout_us(model, placement) if reject_late else None,
         kind=device.kind,
         backend="onnxruntime" if device.kind == "gpu" else "python",
         triton_types=DTYPES,
@@ -104,7 +116,9 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str) -> Launch:
+def launch_for(
+    cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str, reject_late: bool = False
+) -> Launch:
     env: dict[str, str] = {}
     quota = period = None
     if device.kind == "gpu":
@@ -122,9 +136,15 @@ def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: 
                 f"{MIN_QUOTA_US / period:g} core",
                 field=f"models.{model.name}.placements",
             )
-    # What the process is started with. Batch size and queue delay are left out (the config
-    # rendered at batch 1 without delay): Triton reloads a model with them changed in place.
-    batchless = render_config(cluster, model, placement.model_copy(update={"batch": 1, "queue_delay_us": 0}), device)
+    # What the process is started with. Batch size, queue delay and queue timeout are left out (the
+    # config rendered at batch 1 without delay or prediction): Triton reloads a model with them changed in place.
+    batchless = render_config(
+        cluster,
+        model,
+        placement.model_copy(update={"batch": 1, "queue_delay_us": 0, "predicted": None}),
+        device,
+        reject_late,
+    )
     process = [batchless, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period]
     return Launch(
         instance=placement.instance,
@@ -166,10 +186,11 @@ def render_instance(
     device: Device,
     onnx_path: Path,
     write: bool = True,
+    reject_late: bool = False,
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
-    config = render_config(cluster, model, placement, device)
-    launch = launch_for(cluster, model, placement, device, config)
+    config = render_config(cluster, model, placement, device, reject_late)
+    launch = launch_for(cluster, model, placement, device, config, reject_late)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / "1"
@@ -196,7 +217,9 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
         folder = out_root / placement.instance
         try:
             device = plan.device(placement.device)
-            launch = render_instance(folder, plan.cluster, model, placement, device, onnx_path, write)
+            launch = render_instance(
+                folder, plan.cluster, model, placement, device, onnx_path, write, plan.runtime.reject_late
+            )
         except TritonctlError as exc:
             raise TritonctlError(exc.message, file=loaded.path, field=exc.field) from None
         rendered[placement.instance] = (folder, launch)

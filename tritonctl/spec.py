@@ -91,6 +91,9 @@ class RuntimeSpec(_Strict):
     base_port: Annotated[int, Field(ge=1024, le=65000)] = 8100
     tritonserver: str | None = None
     startup_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    # Reject a request in Triton's queue once it can no longer meet its SLO, rather than serve it late (and make
+    # the requests behind it late). Off by default: a rejected request is an error to its client.
+    reject_late: bool = False
 
 
 class ClusterSpec(_Strict):
