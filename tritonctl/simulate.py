@@ -4,10 +4,10 @@ Every instance sits behind Triton's dynamic batcher: a batch starts as soon as i
 is free and either `batch` requests wait or the oldest has waited the queue delay; it then
 takes what is queued, up to `batch`. Under spatial sharing each instance has its own
 executor and a batch's execution time comes from the fitted latency model next to
-whichever co-runners on the device are busy when it starts (drawn around that prediction,
-a median, with the spread the profile measured: `LatencyModel.sigma`); under temporal sharing (the
-whole plan, or the devices it lists under `turns`) the instances of a device share one
-executor, take turns and run alone with the whole device.
+whichever co-runners on the device are busy when it starts, drawn around that prediction
+(a median) with the spread the profile measured (`LatencyModel.sigma`); under temporal
+sharing (the whole plan, or the devices it lists under `turns`) the instances of a device
+share one executor, take turns and run alone with the whole device.
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served. Requests arrive for `duration_s`; batches go on starting for one SLO
 after that, so that the last requests are judged like the others (a batched instance holds
