@@ -39,7 +39,7 @@ def main() -> None:
         proposal = propose(trained.actor.act, trained.layout, current, decision, demands, lm)
         peak = peak_rps(demands, devices, lm)
         mine, theirs = (outcome(p, demands, devices, lm, peak, PENALTY) for p in (proposal, current))
-        chosen = "the actor's" if mine.decision.ok or mine.reward > theirs.reward else "spread's"
+        chosen = "the actor's" if mine.decision.ok or mine.reward >= theirs.reward else "spread's"  # as inss()
         print(
             f"{setup}: BDA fails on spread's placement ({', '.join(sorted(decision.infeasible))}); eq. 3: actor "
             f"{mine.reward:.2f} ({len(mine.decision.infeasible)} without a batch), spread {theirs.reward:.2f} "

@@ -16,10 +16,10 @@ are a stated load: each model gets an equal part of `load` x the devices' capaci
 
 The eight-model "heavy workload" is one workload for both its 4- and 5-device setups, as in InSS
 section 6.3. The paper gives no rates, only that InSS serves it on 4 GPUs with under 1% SLO
-violations while Gpulet and GSLICE need 5 to 6; its load here, 3.2 device capacities, is the
-highest of bench/load_sweep.py's scales at which a tritonctl policy serves it on 4 devices with
-under 1% violations (the sweep's scale 0.8 of the 4.0 first chosen: at 4.0 no policy here stays
-under 7%).
+violations while Gpulet and GSLICE need 5 to 6. It was first set to 4.0 device capacities, where
+no policy here stayed under 7% (session 3); it is now 3.2, the scale 0.8 of that at which
+bench/load_sweep.py (session 3 simulator) first found a tritonctl policy under 1% on 4 devices.
+bench/results/load-sweep/ shows every policy from 0.6 to 1.2 times this load.
 
     python bench/inss_scaled.py               # writes profiles/inss-scaled/ and examples/inss-scaled/
     python bench/inss_scaled.py --no-measure  # keeps the committed running times (no measuring): takes

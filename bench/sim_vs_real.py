@@ -7,9 +7,9 @@ Plans the CPU demo cluster with the committed latency model, applies it on the r
 Triton, drives it with open-loop Poisson traffic from tritonclient.grpc at each rate scale,
 replays the requests it sent (their send times) through the simulator, and prints goodput
 and p99 side by side. The deployment is stopped at the end. Run it on a quiet machine: it
-measures latency. What the real run measured is kept in bench/results/sim-vs-real/ (per scale
-the trace of sent requests and every answered request's latency), so `--offline` compares a
-changed simulator or latency model with the same real run.
+measures latency. What the real run measured is kept in bench/results/sim-vs-real/ (the plan
+it applied, and per scale the trace of sent requests and every answered request's latency), so
+`--offline` compares a changed simulator or latency model with the same real run and plan.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ RESULTS = REPO / "bench" / "results" / "sim-vs-real"
 def measure(plan_path: Path, duration_s: float, scales: list[float]) -> None:
     """Apply the plan, load it at every scale and save the sent requests and the answers' latencies."""
     RESULTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(plan_path, RESULTS / "plan.yaml")
     assert tritonctl(["apply", str(plan_path)]) == 0
     plan = load_plan(plan_path).plan
     try:
@@ -55,11 +57,11 @@ def measure(plan_path: Path, duration_s: float, scales: list[float]) -> None:
     (RESULTS / "run.json").write_text(json.dumps({"duration_s": duration_s, "scales": scales}) + "\n")
 
 
-def compare(plan_path: Path) -> str:
-    """The saved real run against the simulator replaying its requests, as a table."""
+def compare() -> str:
+    """The saved real run against the simulator replaying its requests on the saved plan, as a table."""
     run = json.loads((RESULTS / "run.json").read_text())
     duration = run["duration_s"]
-    plan = load_plan(plan_path).plan
+    plan = load_plan(RESULTS / "plan.yaml").plan
     lm = load_latency_model(MODEL)
     slo = {m.name: m.slo_ms for m in plan.models}
     head = f"{'scale':>5} {'model':14} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11} {'sim':>8}"
@@ -88,11 +90,11 @@ def main() -> None:
     parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0, 3.0], help="rate multipliers")
     parser.add_argument("--offline", action="store_true", help="compare with the saved real run, start nothing")
     args = parser.parse_args()
-    plan_path = CLUSTER.parent / "plan.yaml"
-    assert tritonctl(["plan", str(CLUSTER), "--latency-model", str(MODEL)]) == 0
     if not args.offline:
+        plan_path = CLUSTER.parent / "plan.yaml"
+        assert tritonctl(["plan", str(CLUSTER), "--latency-model", str(MODEL)]) == 0
         measure(plan_path, args.duration, args.scales)
-    table = compare(plan_path)
+    table = compare()
     (RESULTS / "table.txt").write_text(table + "\n")
     print("\n" + table)
 

@@ -119,7 +119,7 @@ def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluste
 
     assert main(["plan", str(mlp_cluster)]) == 0
     loaded = load_plan(mlp_cluster.parent / "plan.yaml")
-    folder, _ = render(loaded)["alpha-0"]
+    folder, plain = render(loaded)["alpha-0"]
     assert not parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.HasField(
         "default_queue_policy"
     )  # off by default: a rejected request is an error to its client
@@ -134,6 +134,7 @@ def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluste
     policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
     assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
     assert policy.default_timeout_microseconds == 1000 * alpha.slo_ms  # no prediction: the SLO itself
+    assert first.process_hash == plain.process_hash  # turning reject_late on is a reload, not a new process
 
     predicted = Prediction(exec_ms=40.0, latency_ms=60.0, throughput_rps=25.0, meets_slo=True, in_slo_rps=alpha.rate)
     placement = alpha.placements[0].model_copy(update={"predicted": predicted})
@@ -144,6 +145,12 @@ def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluste
     policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
     assert policy.default_timeout_microseconds == 1000 * (alpha.slo_ms - 40)  # what is left after the batch
     assert second.process_hash == first.process_hash and second.config_hash != first.config_hash  # a reload
+    beyond = Prediction(exec_ms=80.0, latency_ms=None, throughput_rps=12.5, meets_slo=False, in_slo_rps=0.0)
+    slow = alpha.placements[0].model_copy(update={"predicted": beyond})
+    slower = loaded.plan.model_copy(update={"models": [alpha.model_copy(update={"placements": [slow]})]})
+    folder, _ = render(LoadedPlan(slower, loaded.path))["alpha-0"]
+    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
+    assert policy.default_timeout_microseconds == 1000 * alpha.slo_ms  # a batch predicted past the SLO: no guess
 
 
 @pytest.fixture(scope="module")

@@ -281,6 +281,8 @@ def cmd_controller(args) -> int:
     if args.policy not in POLICIES:
         raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
     runtime = _runtime(loaded, args.runtime, args.compose_dir)
+    if args.latency_margin and not args.latency_model:
+        raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     lm = load_latency_model(args.latency_model).with_margin(args.latency_margin) if args.latency_model else None
     if lm is None:
         _say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")

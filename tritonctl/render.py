@@ -89,10 +89,12 @@ def threads_for(device: Device, share: int) -> int:
 def queue_timeout_us(model: PlannedModel, placement: Placement) -> int:
     """With `runtime.reject_late`, how long a request may wait in Triton's queue before it is rejected: once it
     has waited longer than the SLO less the predicted batch time it can only be late, and serving it would make
-    the requests behind it late too (the simulator's --drop). Without a prediction, the SLO itself; at least
-    1 ms."""
+    the requests behind it late too (the simulator's --drop). Never shorter than the queue delay (the batch may
+    still be filling); the SLO itself without a prediction or where the prediction exceeds it. A plan made with
+    a latency margin predicts longer batches, so its timeouts are shorter by as much."""
     exec_ms = placement.predicted.exec_ms if placement.predicted else 0.0
-    return max(1000, round(1000 * (model.slo_ms - exec_ms)))
+    wait_us = 1000 * (model.slo_ms - exec_ms) if exec_ms < model.slo_ms else 1000 * model.slo_ms
+    return max(1000, placement.queue_delay_us, round(wait_us))
 
 
 def render_config(
@@ -116,9 +118,7 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def launch_for(
-    cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str, reject_late: bool = False
-) -> Launch:
+def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str) -> Launch:
     env: dict[str, str] = {}
     quota = period = None
     if device.kind == "gpu":
@@ -136,15 +136,9 @@ def launch_for(
                 f"{MIN_QUOTA_US / period:g} core",
                 field=f"models.{model.name}.placements",
             )
-    # What the process is started with. Batch size, queue delay and queue timeout are left out (the
-    # config rendered at batch 1 without delay or prediction): Triton reloads a model with them changed in place.
-    batchless = render_config(
-        cluster,
-        model,
-        placement.model_copy(update={"batch": 1, "queue_delay_us": 0, "predicted": None}),
-        device,
-        reject_late,
-    )
+    # What the process is started with. Batch size, queue delay and queue policy are left out (the config
+    # rendered at batch 1 without delay or timeout): Triton reloads a model with them changed in place.
+    batchless = render_config(cluster, model, placement.model_copy(update={"batch": 1, "queue_delay_us": 0}), device)
     process = [batchless, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period]
     return Launch(
         instance=placement.instance,
@@ -190,7 +184,7 @@ def render_instance(
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device, reject_late)
-    launch = launch_for(cluster, model, placement, device, config, reject_late)
+    launch = launch_for(cluster, model, placement, device, config)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / "1"

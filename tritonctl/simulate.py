@@ -9,10 +9,12 @@ whichever co-runners on the device are busy when it starts, drawn around that pr
 sharing (the whole plan, or the devices it lists under `turns`) the instances of a device
 share one executor, take turns and run alone with the whole device.
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
-instead of served. Requests arrive for `duration_s`; batches go on starting for one SLO
-after that, so that the last requests are judged like the others (a batched instance holds
-its last requests for up to its queue delay). What is still queued then counts as arrived
-but neither served nor dropped, so an overloaded plan shows its real throughput.
+instead of served (knowing the batch's drawn latency: an oracle; Triton's queue timeout,
+`runtime.reject_late`, can only go by the prediction). Requests arrive for `duration_s`;
+batches go on starting for one SLO after that, so that the last requests are judged like
+the others (a batched instance holds its last requests for up to its queue delay). What is
+still queued then counts as arrived but neither served nor dropped, so an overloaded plan
+shows its real throughput.
 
 Arrivals are Poisson at each model's rate, or replayed from a trace (CSV `model,time_s`);
 a model's requests go to its replicas at random in proportion to their weights.

@@ -226,8 +226,9 @@ class LatencyModel:
 
     def sigma(self, model: str, batch: int) -> float:
         """The log-normal sigma of one batch's latency around `t_inf` (see `ModelParams.spread`)."""
-        s0, s1 = self.models[model].spread
-        return max(0.0, s0 + s1 * math.log2(batch))
+        p = self.models[model]
+        s0, s1 = p.spread
+        return max(0.0, s0 + s1 * math.log2(min(max(batch, p.batch_range[0]), p.batch_range[1])))
 
     def footprint_mb(self, model: str, batch: int) -> float:
         p = self.models[model]
