@@ -214,7 +214,7 @@ def simulate(
     by_device: dict[str, list[_Instance]] = {}
     for inst in instances:
         by_device.setdefault(inst.device, []).append(inst)
-    exec_cache: dict[tuple, float] = {}
+    exec_cache: dict[tuple, tuple[float, float]] = {}  # -> (predicted batch time, its spread's sigma)
     heap = [(t, i) for i, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
     heapq.heapify(heap)
     horizon_ms = 1000.0 * duration_s
@@ -240,10 +240,11 @@ def simulate(
             )
         )
         key = (inst.model, take, inst.share, busy)
-        exec_ms = exec_cache.get(key)
-        if exec_ms is None:
-            exec_ms = exec_cache[key] = lm.t_inf(inst.model, take, inst.share, busy) * (1 + errors.get(inst.model, 0.0))
-        sigma = lm.sigma(inst.model, take)
+        cached = exec_cache.get(key)
+        if cached is None:
+            predicted = lm.t_inf(inst.model, take, inst.share, busy) * (1 + errors.get(inst.model, 0.0))
+            cached = exec_cache[key] = (predicted, lm.sigma(inst.model, take))
+        exec_ms, sigma = cached
         if sigma:
             exec_ms *= math.exp(sigma * spread.standard_normal())
         inst.head += take
