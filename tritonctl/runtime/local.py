@@ -96,6 +96,13 @@ def _log_tail(log: Path, lines: int = 12) -> str:
     return "\n".join((errors or text)[-lines:])
 
 
+def _answers(record: InstanceRecord) -> Health:
+    """What the instance's HTTP endpoint says of the server and its model (its process taken as alive)."""
+    base = f"http://{record.host}:{record.http_port}/v2"
+    server = http_ok(f"{base}/health/ready")
+    return Health(True, server, server and http_ok(f"{base}/models/{record.model}/ready"))
+
+
 class LocalRuntime:
     name = "local"
     rehearses = False
@@ -203,12 +210,13 @@ class LocalRuntime:
     def _wait_ready(self, proc: subprocess.Popen, record: InstanceRecord, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            if proc.poll() is not None:  # before `health`, which would reap the exit status away from Popen
+            if proc.poll() is not None:
                 raise StartError(
                     f"tritonserver for {record.instance} exited with code {proc.returncode}; "
                     f"log {record.log}:\n{_log_tail(Path(record.log))}"
                 )
-            if self.health(record).model_ready:
+            # Over HTTP only: `health` reaps a dead child, and Popen would then report its exit code as 0.
+            if _answers(record).model_ready:
                 return
             if time.monotonic() > deadline:
                 raise StartError(
@@ -220,9 +228,7 @@ class LocalRuntime:
     def health(self, record: InstanceRecord) -> Health:
         if not process_alive(record.pid, record.start_ticks):
             return Health(False, False, False)
-        base = f"http://{record.host}:{record.http_port}/v2"
-        server = http_ok(f"{base}/health/ready")
-        return Health(True, server, server and http_ok(f"{base}/models/{record.model}/ready"))
+        return _answers(record)
 
     def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
         error = load_model(f"http://{record.host}:{record.http_port}", record.model, timeout_s)
