@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -22,7 +24,7 @@ from tritonctl.cli import main
 from tritonctl.client import endpoints, run_load
 from tritonctl.plan import load_plan
 from tritonctl.runtime import share
-from tritonctl.runtime.local import LocalRuntime, process_alive
+from tritonctl.runtime.local import LocalRuntime, proc_stat_fields, process_alive
 from tritonctl.state import apply_lock, load_state
 
 
@@ -359,3 +361,23 @@ def test_reject_late_has_triton_reject_what_waited_past_its_slo(tmp_path):
     assert outcomes[False] == [""] * 200
     rejected = [e for e in outcomes[True] if e]
     assert rejected and all("timeout" in e.lower() for e in rejected) and len(rejected) < 200
+
+
+def test_shutdown_kills_a_router_that_ignores_sigterm(tmp_path):
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert stubborn.stdout.readline().strip() == b"up"
+    ticks = int(proc_stat_fields(stubborn.pid)[19])
+    record = {"pid": stubborn.pid, "start_ticks": ticks, "host": "127.0.0.1", "control_port": 1}
+    (tmp_path / "router.json").write_text(json.dumps(record))
+    started = time.monotonic()
+    LocalRuntime(None, tmp_path).shutdown()
+    assert stubborn.wait(timeout=2) == -signal.SIGKILL and 5 <= time.monotonic() - started < 7
+    assert not (tmp_path / "router.json").exists()

@@ -307,7 +307,7 @@ class LocalRuntime:
         return rec is not None and http_ok(f"http://{rec['host']}:{rec['control_port']}/routes")
 
     def shutdown(self) -> None:
-        """Stop the router (after `down` closed every route)."""
+        """Stop the router (after `down` closed every route): SIGTERM, SIGKILL if it is still there after 5 s."""
         rec = self._router_record()
         if rec is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -315,5 +315,8 @@ class LocalRuntime:
             deadline = time.monotonic() + 5
             while process_alive(rec["pid"], rec["start_ticks"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if process_alive(rec["pid"], rec["start_ticks"]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rec["pid"], signal.SIGKILL)
         (self.state_dir / ROUTER_FILE).unlink(missing_ok=True)
         (self.state_dir / "routes.json").unlink(missing_ok=True)
