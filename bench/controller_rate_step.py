@@ -27,7 +27,7 @@ from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import save_plan
 from tritonctl.planner import make_plan
-from tritonctl.spec import Cluster, load_cluster
+from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -52,8 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     demo = load_cluster(CLUSTER)
     state_dir = WORK / "state"
-    runtime = demo.spec.runtime.model_copy(update={"base_port": args.base_port, "state_dir": str(state_dir)})
-    cluster = Cluster(demo.spec.model_copy(update={"runtime": runtime}), demo.path)
+    cluster = demo.with_runtime(base_port=args.base_port, state_dir=str(state_dir))
     plan_path = WORK / "plan.yaml"
     subprocess.run([sys.executable, "-m", "tritonctl", "down", str(plan_path)], capture_output=True, check=False)
     (state_dir / "controller.json").unlink(missing_ok=True)

@@ -3,8 +3,8 @@
     python bench/inss_choice.py
 
 At each setup's rates: BDA on spread's placement (the current one); where it fails, the
-trained actor's proposal, and eq. 3's reward of both (the larger is deployed). Per model,
-whether BDA finds a batch on the deployed placement. SYNTHETIC scaled latency model.
+trained actor's proposal, and eq. 3's reward of both (`inss.decide`, the larger is deployed).
+SYNTHETIC scaled latency model.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from pathlib import Path
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planner import demands_of, devices_of
-from tritonctl.policies.bda import bda
-from tritonctl.policies.inss import PENALTY, default_policy_file, load_trained, outcome, peak_rps, propose
-from tritonctl.policies.spread import spread
+from tritonctl.policies.inss import decide, default_policy_file, load_trained
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
+WHOSE = {"actor": "the actor's", "current": "spread's"}
 
 
 def main() -> None:
@@ -28,22 +27,19 @@ def main() -> None:
         cluster = load_cluster(REPO / f"examples/inss-scaled/{setup}.yaml")
         demands = demands_of(cluster, materialize(cluster, log=lambda _: None), lm)
         devices = devices_of(cluster)
-        current = {name: choices[0] for name, choices in spread(demands, devices, lm).items()}
-        decision = bda(current, demands, devices, lm)
-        if decision.ok:
-            print(f"{setup}: BDA serves spread's placement; the actor is not asked")
-            continue
         trained = load_trained(
             default_policy_file(cluster.spec.name), cluster.spec.name, [d.name for d in demands], devices
         )
-        proposal = propose(trained.actor.act, trained.layout, current, decision, demands, lm)
-        peak = peak_rps(demands, devices, lm)
-        mine, theirs = (outcome(p, demands, devices, lm, peak, PENALTY) for p in (proposal, current))
-        chosen = "the actor's" if mine.decision.ok or mine.reward >= theirs.reward else "spread's"  # as inss()
+        chosen = decide(demands, devices, lm, trained)
+        if not chosen.judged:
+            print(f"{setup}: BDA serves spread's placement; the actor is not asked")
+            continue
+        actor, current = chosen.judged["actor"], chosen.judged["current"]
         print(
-            f"{setup}: BDA fails on spread's placement ({', '.join(sorted(decision.infeasible))}); eq. 3: actor "
-            f"{mine.reward:.2f} ({len(mine.decision.infeasible)} without a batch), spread {theirs.reward:.2f} "
-            f"({len(theirs.decision.infeasible)} without a batch) -> {chosen} placement deployed"
+            f"{setup}: BDA fails on spread's placement ({', '.join(sorted(current.decision.infeasible))}); eq. 3: "
+            f"actor {actor.reward:.2f} ({len(actor.decision.infeasible)} without a batch), spread "
+            f"{current.reward:.2f} ({len(current.decision.infeasible)} without a batch) -> {WHOSE[chosen.source]} "
+            "placement deployed"
         )
 
 

@@ -18,6 +18,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from tritonctl.bench import arrived_requests
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planner import make_plan
@@ -32,9 +33,7 @@ DURATION_S = 60.0
 def violations(plan, cluster, lm, seed: int, error: float) -> tuple[float, float]:
     """Simulated goodput and the share of requests not served within their SLO."""
     sim = simulate(plan, lm, DURATION_S, seed=seed, drop=True, latency_error=error)
-    unserved = {u.name for u in plan.unserved}
-    lost = sum(round(m.rate * DURATION_S) for m in cluster.spec.models if m.name in unserved)
-    return sim.goodput, 1 - sum(m.good for m in sim.models) / (sum(m.arrived for m in sim.models) + lost)
+    return sim.goodput, 1 - sum(m.good for m in sim.models) / arrived_requests(sim, plan, cluster)
 
 
 def main() -> None:

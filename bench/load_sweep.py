@@ -26,15 +26,10 @@ from tritonctl.bench import OWN, BenchRow, run_policies
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planner import POLICIES
-from tritonctl.spec import Cluster, load_cluster
+from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 0.01  # violations under 1% (issues 4 and 5)
-
-
-def scaled(cluster: Cluster, k: float) -> Cluster:
-    models = [m.model_copy(update={"rate": round(m.rate * k, 3)}) for m in cluster.spec.models]
-    return Cluster(cluster.spec.model_copy(update={"models": models}), cluster.path)
 
 
 def carried(points: dict[float, BenchRow]) -> float | None:
@@ -88,7 +83,13 @@ def main() -> None:
                 print(f"{setup} margin {margin:g} scale {k:g} ...", file=sys.stderr, flush=True)
                 with tempfile.TemporaryDirectory() as plans:
                     rows = run_policies(
-                        scaled(cluster, k), artifacts, lm, args.policies, Path(plans), args.duration, margin=margin
+                        cluster.with_rates(lambda m, k=k: round(m.rate * k, 3)),
+                        artifacts,
+                        lm,
+                        args.policies,
+                        Path(plans),
+                        args.duration,
+                        margin=margin,
                     )
                 for row in rows:
                     results[row.policy][k] = row

@@ -22,7 +22,7 @@ from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan, save_plan
 from tritonctl.planner import make_plan
-from tritonctl.spec import Cluster, load_cluster
+from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -53,16 +53,14 @@ def main() -> None:
     lm = load_latency_model(MODEL)
     rows = []
     for scale in args.scales:
-        models = [m.model_copy(update={"rate": m.rate * scale}) for m in cluster.spec.models]
-        runtime = cluster.spec.runtime.model_copy(update={"reject_late": args.reject_late})
-        scaled = Cluster(cluster.spec.model_copy(update={"models": models, "runtime": runtime}), cluster.path)
+        scaled = cluster.with_rates(lambda m, k=scale: m.rate * k).with_runtime(reject_late=args.reject_late)
         measured = {}
         for policy in ("spread", args.policy):
             path = PLANS / f"plan-{policy}-x{scale:g}.yaml"
             plan = make_plan(scaled, artifacts, policy, path, lm, log=lambda _: None)
             save_plan(plan, path)
             measured[policy] = goodput(path, args.duration)
-        rows.append((scale, sum(m.rate for m in models), measured["spread"], measured[args.policy]))
+        rows.append((scale, sum(m.rate for m in scaled.spec.models), measured["spread"], measured[args.policy]))
         print(f"\n{'scale':>5} {'offered/s':>9} {'naive goodput':>13} {args.policy + ' goodput':>15} {'ratio':>6}")
         for scale_, offered, naive, best in rows:
             print(

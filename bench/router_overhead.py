@@ -20,7 +20,7 @@ from tritonctl.plan import load_plan, save_plan
 from tritonctl.planner import make_plan
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
-from tritonctl.spec import Cluster, load_cluster
+from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,8 +35,7 @@ def main() -> None:
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
     args = parser.parse_args()
     demo = load_cluster(CLUSTER)
-    runtime = demo.spec.runtime.model_copy(update={"base_port": args.base_port, "state_dir": str(WORK / "state")})
-    cluster = Cluster(demo.spec.model_copy(update={"runtime": runtime}), demo.path)
+    cluster = demo.with_runtime(base_port=args.base_port, state_dir=str(WORK / "state"))
     path = WORK / "plan.yaml"
     save_plan(make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", path, log=lambda _: None), path)
     loaded = load_plan(path)

@@ -34,7 +34,7 @@ from tritonctl.plan import load_plan, save_plan
 from tritonctl.planner import make_plan
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
-from tritonctl.spec import Cluster, load_cluster
+from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -60,8 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     demo = load_cluster(CLUSTER)
     # Own ports and state, so it can run beside a demo deployment.
-    runtime = demo.spec.runtime.model_copy(update={"base_port": args.base_port, "state_dir": str(WORK / "state")})
-    cluster = Cluster(demo.spec.model_copy(update={"runtime": runtime}), demo.path)
+    cluster = demo.with_runtime(base_port=args.base_port, state_dir=str(WORK / "state"))
     WORK.mkdir(parents=True, exist_ok=True)
     base = WORK / "plan-base.yaml"
     plan = make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", base, log=lambda _: None)

@@ -21,9 +21,9 @@ from matplotlib.figure import Figure
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.plan import save_plan
+from tritonctl.plan import Plan, save_plan
 from tritonctl.planner import devices_of, make_plan
-from tritonctl.simulate import simulate
+from tritonctl.simulate import SimResult, simulate
 from tritonctl.spec import Cluster
 
 
@@ -58,23 +58,6 @@ def upper_bound_rps(cluster: Cluster, lm: LatencyModel) -> float:
     return sum(d.units for d in devices_of(cluster)) * per_unit
 
 
-def bench(
-    cluster: Cluster,
-    artifacts: dict[str, Artifact],
-    lm: LatencyModel,
-    policies: list[str],
-    out_dir: Path,
-    duration_s: float,
-    drop: bool = True,
-    policy_file: Path | None = None,
-    margin: float = 0.0,
-) -> list[BenchRow]:
-    """`run_policies`, and its table and plot written to `out_dir` (bench.md, bench.png)."""
-    rows = run_policies(cluster, artifacts, lm, policies, out_dir, duration_s, drop, policy_file, margin)
-    _write(rows, upper_bound_rps(cluster, lm), cluster, duration_s, out_dir, margin)
-    return rows
-
-
 def run_policies(
     cluster: Cluster,
     artifacts: dict[str, Artifact],
@@ -107,9 +90,7 @@ def run_policies(
         save_plan(plan, plan_path)
         capacity = sum(p.predicted.throughput_rps for _, p in plan.instances())
         sim = simulate(plan, lm, duration_s, drop=drop)
-        arrived = max(1, sum(m.arrived for m in sim.models)) + sum(
-            round(m.rate * duration_s) for m in cluster.spec.models if m.name in {u.name for u in plan.unserved}
-        )  # requests of unserved models arrive too, and count as violations
+        arrived = arrived_requests(sim, plan, cluster)
         rows.append(
             BenchRow(
                 policy=policy,
@@ -126,6 +107,14 @@ def run_policies(
             )
         )
     return rows
+
+
+def arrived_requests(sim: SimResult, plan: Plan, cluster: Cluster) -> int:
+    """What arrived in the simulation, the requests of models the plan leaves unserved included (their
+    rate x the duration): these count as violations too. At least 1."""
+    unserved = {u.name for u in plan.unserved}
+    lost = sum(round(m.rate * sim.duration_s) for m in cluster.spec.models if m.name in unserved)
+    return max(1, sum(m.arrived for m in sim.models) + lost)
 
 
 def format_rows(rows: list[BenchRow]) -> str:
@@ -166,9 +155,10 @@ def margins(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
-def _write(
+def write_bench(
     rows: list[BenchRow], bound: float, cluster: Cluster, duration_s: float, out_dir: Path, margin: float
 ) -> None:
+    """The table and plot of `run_policies`'s rows in `out_dir` (bench.md, bench.png)."""
     planned = (
         f"Planned with a latency margin of {100 * margin:g}% (batches {1 + margin:g} x as long as predicted); "
         if margin

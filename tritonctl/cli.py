@@ -12,7 +12,7 @@ from pathlib import Path
 from profiler.dataset import load_dataset
 from profiler.run import profile
 from tritonctl.apply import apply_plan, down
-from tritonctl.bench import bench, format_rows, margins
+from tritonctl.bench import format_rows, margins, run_policies, upper_bound_rps, write_bench
 from tritonctl.client import endpoints, format_results, run_load
 from tritonctl.compose import host_gpu_count, write_compose
 from tritonctl.controller import Controller, ControllerConfig, load_controller_state
@@ -174,9 +174,10 @@ def cmd_bench(args) -> int:
         policies = [p for p in POLICIES if not POLICIES[p].trained or policy_file.is_file()]
         if len(policies) < len(POLICIES):
             _say(f"note: inss left out: no trained policy {policy_file} (tritonctl train)")
-    rows = bench(
+    rows = run_policies(
         cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin
     )
+    write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin)
     _say(format_rows(rows))
     _say(margins(rows))
     _say(f"table, plans and plot written to {out}")

@@ -43,7 +43,7 @@ from tritonctl.planner import make_plan, predict
 from tritonctl.policies import Choice, Demand
 from tritonctl.policies.bda import bda, explain, with_batches
 from tritonctl.runtime.base import InstanceRecord, Runtime
-from tritonctl.spec import Cluster, load_cluster
+from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
 
 CONTROLLER_FILE = "controller.json"
@@ -368,9 +368,7 @@ class Controller:
     def _replan(self, current: LoadedPlan, rates: dict[str, float]) -> Plan:
         """The second layer: the configured policy on the cluster at the new rates."""
         spec_path = current.resolve(current.plan.cluster_file)
-        cluster = load_cluster(spec_path)
-        models = [m.model_copy(update={"rate": round(rates.get(m.name, m.rate), 2)}) for m in cluster.spec.models]
-        scaled = Cluster(cluster.spec.model_copy(update={"models": models}), cluster.path)
+        scaled = load_cluster(spec_path).with_rates(lambda m: round(rates.get(m.name, m.rate), 2))
         artifacts = materialize(scaled, log=lambda _: None)
         return make_plan(scaled, artifacts, self.state.policy, current.path, self.lm, log=lambda _: None)
 

@@ -7,6 +7,7 @@ Docker Compose does, so a cluster file means the same thing from any working dir
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -119,6 +120,16 @@ class Cluster:
 
     def resolve(self, relative: str) -> Path:
         return (self.path.parent / relative).resolve()
+
+    def with_rates(self, rate: Callable[[ModelSpec], float]) -> Cluster:
+        """The same cluster (file and paths) with every model's rate replaced by `rate(model)`."""
+        models = [m.model_copy(update={"rate": rate(m)}) for m in self.spec.models]
+        return Cluster(self.spec.model_copy(update={"models": models}), self.path)
+
+    def with_runtime(self, **changes) -> Cluster:
+        """The same cluster with these runtime settings changed (own ports, state folder ...)."""
+        runtime = self.spec.runtime.model_copy(update=changes)
+        return Cluster(self.spec.model_copy(update={"runtime": runtime}), self.path)
 
     @property
     def kind(self) -> str:

@@ -292,25 +292,47 @@ def load_trained(path: Path, cluster: str, models: list[str], devices: list[Devi
     return Trained(actor, layout)
 
 
-def inss(
-    demands: list[Demand], devices: list[Device], lm: LatencyModel | None, trained: Trained | None = None
-) -> dict[str, list[Choice]]:
+@dataclass(frozen=True)
+class Decision:
+    """What the two layers decided: the placement, whose it is ('current': spread's, or 'actor'), its batches
+    (BDA's, and for a model without a feasible batch the one closest to one), and eq. 3's outcome of each
+    placement judged (none where BDA served the current one)."""
+
+    placement: dict[str, Choice]
+    source: str
+    batches: dict[str, int]
+    judged: dict[str, Outcome]
+
+
+def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, trained: Trained | None) -> Decision:
     """BDA on the current (spread) placement; when it fails, the actor's placement and shares, then BDA again;
     when that fails too, the better of the two by eq. 3 (see the module docstring)."""
-    if lm is None:
-        raise PlacementError("policy inss needs a fitted latency model: pass --latency-model")
     current = {name: choices[0] for name, choices in spread(demands, devices, lm).items()}
     decision = bda(current, demands, devices, lm)
     if decision.ok:
-        return with_batches(current, decision.batches, demands, lm)
+        return Decision(current, "current", decision.batches, {})
     if trained is None:
         raise PlacementError("BDA fails on the current placement and inss has no trained policy (tritonctl train)")
-    proposal = propose(trained.actor.act, trained.layout, current, decision, demands, lm)
+    placements = {
+        "actor": propose(trained.actor.act, trained.layout, current, decision, demands, lm),
+        "current": current,
+    }
     peak = peak_rps(demands, devices, lm)
-    judged = [(p, outcome(p, demands, devices, lm, peak, PENALTY)) for p in (proposal, current)]
-    placement, result = judged[0] if judged[0][1].decision.ok else max(judged, key=lambda j: j[1].reward)
+    judged = {k: outcome(p, demands, devices, lm, peak, PENALTY) for k, p in placements.items()}
+    source = "actor" if judged["actor"].decision.ok else max(judged, key=lambda k: judged[k].reward)
+    result, placement = judged[source], placements[source]
     if result.undeployed:
         raise PlacementError(explain(result.decision) + " on the current placement or the trained policy's")
     by_name, batches = {d.name: d for d in demands}, result.decision.batches
     closest = {n: shortfall(n, placement, batches, by_name, lm)[1] for n in result.decision.infeasible}
-    return with_batches(placement, {**batches, **closest}, demands, lm)
+    return Decision(placement, source, {**batches, **closest}, judged)
+
+
+def inss(
+    demands: list[Demand], devices: list[Device], lm: LatencyModel | None, trained: Trained | None = None
+) -> dict[str, list[Choice]]:
+    """The InSS scheduler's plan: `decide`'s placement and batches, with queue delays that fill them."""
+    if lm is None:
+        raise PlacementError("policy inss needs a fitted latency model: pass --latency-model")
+    chosen = decide(demands, devices, lm, trained)
+    return with_batches(chosen.placement, chosen.batches, demands, lm)
