@@ -3,6 +3,11 @@
 Used where Triton has no onnxruntime backend (the CPU build in the nvidia-pytriton wheel).
 Triton's dynamic batcher hands `execute` several requests at once; they are concatenated
 into one onnxruntime run and the output is split back per request.
+
+onnxruntime's intra-op threads do not spin while waiting for work: spinning threads of
+instances sharing a CPU burn what the others need (measured: half the stubs' CPU time at the
+CPU demo load, `python bench/ort_spinning.py`). TRITONCTL_ORT_SPINNING=1 in tritonserver's
+environment turns it back on, for that comparison.
 """
 
 import json
@@ -20,6 +25,8 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        spinning = os.environ.get("TRITONCTL_ORT_SPINNING", "0")
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.input_name = config["input"][0]["name"]

@@ -35,7 +35,8 @@ from tritonctl.simulate import format_sim, read_trace, simulate
 from tritonctl.spec import load_cluster
 from tritonctl.state import State, load_state
 
-DEMO_CLUSTER = Path(__file__).resolve().parent.parent / "examples" / "cpu-demo" / "cluster.yaml"
+REPO = Path(__file__).resolve().parent.parent
+DEMO_CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
 
 
 def _say(message: str) -> None:
@@ -392,8 +393,15 @@ def cmd_demo(args) -> int:
     """Export, plan, apply and load the CPU demo cluster, end to end."""
 
     cluster = Path(args.cluster)
-    _say("== 1/4 plan")
-    plan_path = _plan(str(cluster), "spread", None)
+    latency_model = args.latency_model or REPO / "profiles" / load_cluster(cluster).spec.name / "latency-model.json"
+    if not Path(latency_model).is_file():
+        raise TritonctlError(
+            "no fitted latency model: pass --latency-model, or profile and fit the cluster first "
+            "(tritonctl profile, tritonctl fit)",
+            file=latency_model,
+        )
+    _say(f"== 1/4 plan ({args.policy}, latency model {latency_model})")
+    plan_path = _plan(str(cluster), args.policy, None, latency_model=str(latency_model))
     _say("== 2/4 apply")
     _apply(plan_path)
     _say("== 3/4 endpoints")
@@ -579,6 +587,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
     p = add("demo", cmd_demo, "plan, apply and load the CPU demo cluster end to end")
     p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")
+    p.add_argument("--policy", default="search", help="placement policy (default search, tritonctl's best here)")
+    p.add_argument(
+        "--latency-model",
+        help="fitted latency model (default: the committed profiles/<cluster name>/latency-model.json)",
+    )
     p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
     p.add_argument("--teardown", action="store_true", help="stop the deployment at the end")
     return parser

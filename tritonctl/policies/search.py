@@ -17,8 +17,12 @@ switch a device between splitting and taking turns. Batches come from BDA on spl
 finds no feasible batch for keeps the batch that serves most of its requests within the
 SLO on that placement (partial service, stated in the plan as a predicted miss) instead of
 being dropped from the plan. A placement is judged by its predicted goodput first -
-requests per second within their SLOs, `queueing.goodput` per model - and by total
-throughput sum b / t_inf (problem (1)) where goodputs tie. Judging by goodput rather than by
+requests per second within their SLOs, `queueing.goodput` per model - then by the
+goodput if every request were served in its turn (no late request rejected), then by total
+throughput sum b / t_inf (problem (1)). The second key matters where a model is overloaded:
+`queueing.goodput` credits it with what its capacity would serve by rejecting late requests,
+the same for every share that keeps its capacity above its rate, and without the key the
+climb stalls on that plateau short of the share that serves it in time. Judging by goodput rather than by
 the number of models BDA can serve fully matters when the devices cannot carry every
 model: a plan that serves a heavy model at 90% beats one that leaves it out. A model that
 no placement serves at all is left to the planner to shed.
@@ -32,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import goodput
+from tritonctl.latency.queueing import goodput, in_slo
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
 from tritonctl.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
@@ -253,19 +257,15 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         choices = {d.name: Choice(*placement[d.name]) for d in split}
         decision = bda(choices, split, devices, lm)
         batches = _partial(choices, decision.batches, decision.infeasible, split, devices, lm, memo)
-        served = {  # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
-            d.name: d.rate
-            if d.name not in decision.infeasible
-            else 0.0
-            if decision.infeasible[d.name] == "memory"
-            else goodput(
-                d.rate,
-                batches[d.name],
-                lm.t_inf(d.name, batches[d.name], choices[d.name].share, corunners(d.name, choices, batches)),
-                d.slo_ms,
-            )
-            for d in split
-        }
+        # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
+        served = {d.name: d.rate for d in split if d.name not in decision.infeasible}
+        in_turn = dict(served)  # the same, with every request served in its turn (nothing rejected)
+        for name, reason in decision.infeasible.items():
+            d = by_name[name]
+            t = lm.t_inf(name, batches[name], choices[name].share, corunners(name, choices, batches))
+            fits = reason != "memory"
+            served[name] = goodput(d.rate, batches[name], t, d.slo_ms) if fits else 0.0
+            in_turn[name] = d.rate * in_slo(d.rate, batches[name], t, d.slo_ms) if fits else 0.0
         capacity = throughput(choices, batches, lm)
         cycles = {}
         for device in devices:
@@ -279,11 +279,11 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
             batches.update(group_batches)
             # a batch waits for at most one cycle and then runs: a batch server taking a cycle per batch,
             # whose queueing (eq. 2) the duty-cycle bound alone leaves out
-            served.update(
-                {d.name: goodput(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else 0.0 for d in group}
-            )
+            for d in group:
+                served[d.name] = goodput(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else 0.0
+                in_turn[d.name] = d.rate * in_slo(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else 0.0
             capacity += sum(1000 * group_batches[d.name] / cycle for d in group) if ok else 0.0
-        score = (-round(sum(served.values()) / quantum), -capacity)
+        score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), -capacity)
         judged[key] = (score, (batches, served, cycles))
         return judged[key]
 
