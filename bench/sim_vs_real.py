@@ -1,10 +1,11 @@
 """Simulator against the real local Triton: the same plan, the same Poisson rates.
 
-    python bench/sim_vs_real.py [--duration 60] [--scales 1 2 3]    # real run, then the comparison
-    python bench/sim_vs_real.py --offline                           # the comparison from the saved run
+    python bench/sim_vs_real.py [--duration 60] [--scales 0.5 0.75 1]  # real run, then the comparison
+    python bench/sim_vs_real.py --offline                              # the comparison from the saved run
 
-Plans the CPU demo cluster with the committed latency model, applies it on the real local
-Triton, drives it with open-loop Poisson traffic from tritonclient.grpc at each rate scale,
+Plans the CPU demo cluster with `search` (what `make demo` deploys) on the committed latency
+model, applies it on the real local Triton, drives it with open-loop Poisson traffic from
+tritonclient.grpc at each rate scale,
 replays the requests it sent (their send times) through the simulator, and prints goodput
 and p99 side by side. The deployment is stopped at the end. Run it on a quiet machine: it
 measures latency. What the real run measured is kept in bench/results/sim-vs-real/ (the plan
@@ -87,12 +88,12 @@ def compare() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic per rate scale")
-    parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0, 3.0], help="rate multipliers")
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.5, 0.75, 1.0], help="rate multipliers")
     parser.add_argument("--offline", action="store_true", help="compare with the saved real run, start nothing")
     args = parser.parse_args()
     if not args.offline:
         plan_path = CLUSTER.parent / "plan.yaml"
-        assert tritonctl(["plan", str(CLUSTER), "--latency-model", str(MODEL)]) == 0
+        assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
         measure(plan_path, args.duration, args.scales)
     table = compare()
     (RESULTS / "table.txt").write_text(table + "\n")

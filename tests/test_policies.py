@@ -123,9 +123,10 @@ def test_baselines_refuse_what_they_cannot_place(lm):
 
 
 def test_search_leaves_no_plateau_where_a_heavy_model_is_served_partly():
-    """Measured CPU demo model: with a heavy ResNet18 load, share plans where it is overloaded all tie on the goodput
-    that rejecting late requests would keep; search must still climb to a plan predicted to serve every model."""
-    lm = load_latency_model(Path(__file__).resolve().parent.parent / "profiles" / "cpu-demo" / "latency-model.json")
+    """Measured CPU demo model (session 4's profile, kept as test data): with a heavy ResNet18 load, the share
+    plans where it is overloaded all tie on the goodput that rejecting late requests would keep; search must
+    still climb to a plan predicted to serve every model."""
+    lm = load_latency_model(Path(__file__).resolve().parent / "data" / "cpu-demo-latency-model-session4.json")
     demands = [Demand("mobilenet_v2", 60, 8, 150), Demand("mnasnet", 60, 8, 150), Demand("resnet18", 120, 25, 150)]
     device = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0)
     out = {n: cs[0] for n, cs in search(demands, [device], lm).items()}
