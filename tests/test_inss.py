@@ -17,11 +17,12 @@ from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.queueing import task_latency
 from tritonctl.plan import Device, load_plan
 from tritonctl.policies import POLICIES, Demand
 from tritonctl.policies.base import Choice
 from tritonctl.policies.bda import bda, shortfall
-from tritonctl.policies.inss import Layout, decode, inss, load_trained, outcome, peak_rps
+from tritonctl.policies.inss import HEADROOM, Layout, decode, inss, load_trained, outcome, peak_rps
 from tritonctl.spec import load_cluster
 
 torch.set_num_threads(1)
@@ -108,13 +109,38 @@ def test_inss_takes_bda_first_then_the_actor_then_bda(lm, tmp_path):
     trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
     out = inss(demands, devices, lm, trained)
     assert {n: (c[0].device, c[0].share) for n, c in out.items()} == {"alpha": ("cpu0", 75), "beta": ("cpu0", 25)}
-    expected = bda({n: Choice("cpu0", s) for n, s in (("alpha", 75), ("beta", 25))}, demands, devices, lm)
+    chosen = {n: Choice("cpu0", s) for n, s in (("alpha", 75), ("beta", 25))}
+    expected = bda(chosen, demands, devices, lm.with_margin(HEADROOM))  # BDA's batches, with headroom
     assert expected.ok and {n: c[0].batch for n, c in out.items()} == expected.batches
     light = [Demand("alpha", 150, 50, 100), Demand("beta", 400, 10, 100)]  # spread's 50/50 serves: no actor
     out = inss(light, devices, lm, trained)
     assert {c[0].share for c in out.values()} == {50}
     halves = {n: Choice("cpu0", 50) for n in out}
-    assert {n: c[0].batch for n, c in out.items()} == bda(halves, light, devices, lm).batches
+    assert {n: c[0].batch for n, c in out.items()} == bda(halves, light, devices, lm.with_margin(HEADROOM)).batches
+
+
+def test_inss_batches_meet_the_slo_with_the_model_slower_than_predicted_where_they_can(lm, tmp_path):
+    devices = cpus(4096)
+    demands = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 10, 100)]
+    layout = Layout.of("test", demands, devices, levels=4)
+    forced_policy(tmp_path / "p.pt", layout, [0, 2, 0, 0])
+    out = {
+        n: c[0]
+        for n, c in inss(
+            demands, devices, lm, load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
+        ).items()
+    }
+    nominal = bda({n: Choice(c.device, c.share) for n, c in out.items()}, demands, devices, lm)
+    slower = lm.with_margin(HEADROOM)
+    for d in demands:
+        others = tuple((m, c.share, c.batch) for m, c in out.items() if m != d.name)
+        t = slower.t_inf(d.name, out[d.name].batch, out[d.name].share, others)
+        assert task_latency(d.rate, out[d.name].batch, t).p99_ms <= d.slo_ms
+    # BDA's own batch for alpha sits at the SLO's edge: 10% slower, it misses
+    assert out["alpha"].batch < nominal.batches["alpha"]
+    alpha = nominal.batches["alpha"]
+    others = (("beta", 25, nominal.batches["beta"]),)
+    assert task_latency(300, alpha, slower.t_inf("alpha", alpha, 75, others)).p99_ms > 150
 
 
 def test_when_no_placement_serves_every_model_inss_deploys_the_better_one_by_eq_3(lm, tmp_path):
