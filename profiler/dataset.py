@@ -7,6 +7,7 @@
                             latency, Triton's server-side compute and queue time, memory
     <dir>/models.csv        per model: operators, input/output/weight/activation bytes
     <dir>/memory.csv        per instance warm-up: resident memory after each batch size
+    <dir>/wake.csv          per model: median latency of single requests sent after an idle gap
 
 Rows are appended as they are measured, so an interrupted profile resumes where it stopped.
 Both CSVs read with the csv module or pandas.
@@ -73,6 +74,16 @@ class MemoryPoint:
 
 
 @dataclass(frozen=True)
+class WakePoint:
+    """Median latency of batch-1 requests to an instance with the whole device, each sent `gap_ms` after the
+    previous answer: an instance left idle answers its next request slower than one kept busy."""
+
+    model: str
+    gap_ms: float
+    p50_ms: float
+
+
+@dataclass(frozen=True)
 class ModelFeatures:
     model: str
     onnx_sha256: str
@@ -119,12 +130,14 @@ class Dataset:
         models: dict[str, ModelFeatures],
         rows: list[Measurement],
         memory: list[MemoryPoint],
+        wake: list[WakePoint] = (),
     ):
         self.folder = folder
         self.metadata = metadata
         self.models = models
         self.rows = rows
         self.memory = memory
+        self.wake = list(wake)
 
     @property
     def done(self) -> set[tuple[str, str]]:
@@ -140,7 +153,7 @@ class Dataset:
             writer = csv.DictWriter(fh, [f.name for f in fields(ModelFeatures)])
             writer.writeheader()
             writer.writerows(asdict(m) for m in models)
-        for name, cls in (("measurements.csv", Measurement), ("memory.csv", MemoryPoint)):
+        for name, cls in (("measurements.csv", Measurement), ("memory.csv", MemoryPoint), ("wake.csv", WakePoint)):
             with (folder / name).open("w", newline="") as fh:
                 csv.DictWriter(fh, [f.name for f in fields(cls)]).writeheader()
         return dataset
@@ -150,13 +163,18 @@ class Dataset:
         tmp.write_text(json.dumps(self.metadata, indent=2, sort_keys=True) + "\n")
         tmp.replace(self.folder / "metadata.json")
 
-    def append(self, rows: list[Measurement], memory: list[MemoryPoint] = ()) -> None:
+    def append(self, rows: list[Measurement], memory: list[MemoryPoint] = (), wake: list[WakePoint] = ()) -> None:
         for name, cls, items, target in (
             ("measurements.csv", Measurement, rows, self.rows),
             ("memory.csv", MemoryPoint, memory, self.memory),
+            ("wake.csv", WakePoint, wake, self.wake),
         ):
-            with (self.folder / name).open("a", newline="") as fh:
+            path = self.folder / name
+            new = not path.exists()  # wake.csv: profiles from before it was measured lack it
+            with path.open("a", newline="") as fh:
                 writer = csv.DictWriter(fh, [f.name for f in fields(cls)])
+                if new:
+                    writer.writeheader()
                 for item in items:
                     writer.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(item).items()})
             target.extend(items)
@@ -192,4 +210,5 @@ def load_dataset(folder: str | Path) -> Dataset:
         raise TritonctlError(
             f"measurements of models without features: {', '.join(unknown)}", file=folder / "measurements.csv"
         )
-    return Dataset(folder, metadata, models, rows, _read_csv(folder / "memory.csv", MemoryPoint))
+    wake = _read_csv(folder / "wake.csv", WakePoint) if (folder / "wake.csv").exists() else []
+    return Dataset(folder, metadata, models, rows, _read_csv(folder / "memory.csv", MemoryPoint), wake)

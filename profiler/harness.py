@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from profiler.dataset import MemoryPoint
+from profiler.dataset import MemoryPoint, WakePoint
 from profiler.grid import Member
 from tritonctl.client import concrete_shape
 from tritonctl.errors import TritonctlError
@@ -114,6 +114,23 @@ class Harness:
                 for _ in range(2):
                     client.infer(model, [request])
                 self.memory.append(MemoryPoint(model, threads, batch, round(self._rss_mb(record), 2)))
+
+    def wake(self, model: str, gaps_ms: tuple[float, ...], requests: int) -> list[WakePoint]:
+        """Median latency of single batch-1 requests with the whole device, each sent a gap after the previous
+        answer, per gap. The closed loops of `measure` keep an instance busy; open-loop traffic leaves it idle."""
+        record = self.instance(model, self.device.units)
+        request = self._request(model, 1)
+        points = []
+        with grpcclient.InferenceServerClient(self._url(record)) as client:
+            for gap in gaps_ms:
+                latencies = []
+                for _ in range(requests):
+                    time.sleep(gap / 1000)
+                    start = time.perf_counter()
+                    client.infer(model, [request])
+                    latencies.append((time.perf_counter() - start) * 1000)
+                points.append(WakePoint(model, gap, float(np.median(latencies))))
+        return points
 
     def _request(self, model: str, batch: int) -> grpcclient.InferInput:
         tensor = self.models[model][0].inputs[0]

@@ -15,6 +15,7 @@ import pytest
 from sklearn.utils.estimator_checks import check_estimator
 
 from conftest import make_mlp, mlp_model, write_cluster
+from profiler.dataset import WakePoint, load_dataset
 from synthetic import ALPHA_CACHE, synthetic_dataset, true_latency
 from tritonctl.cli import main
 from tritonctl.latency.fit import fit_latency_model
@@ -88,6 +89,18 @@ def test_fit_recovers_a_known_synthetic_model(tmp_path):
             assert got == pytest.approx(row.p50_ms, rel=0.08), row
     assert model.models["alpha"].alpha_cache == pytest.approx(ALPHA_CACHE["alpha"], rel=0.3)
     assert model.footprint_mb("beta", 8) == pytest.approx(140, rel=0.01)
+
+
+def test_wake_up_is_fitted_over_back_to_back_and_survives_a_round_trip(tmp_path):
+    dataset = synthetic_dataset(tmp_path / "profile")
+    dataset.append([], [], [WakePoint("alpha", g, p50) for g, p50 in ((0, 5.0), (20, 7.0), (200, 9.5))])
+    model = fit_latency_model(load_dataset(tmp_path / "profile"), log=lambda _: None)
+    assert model.models["alpha"].wake == ((0, 0.0), (20, 2.0), (200, 4.5))
+    assert model.models["beta"].wake == ()  # not measured: no wake-up
+    model.save(tmp_path / "lm.json")
+    loaded = load_latency_model(tmp_path / "lm.json")
+    assert [loaded.wake_ms("alpha", idle) for idle in (0, 10, 110, 1e9)] == pytest.approx([0, 1.0, 3.25, 4.5])
+    assert loaded.wake_ms("beta", 1e9) == 0.0
 
 
 def test_fit_report_and_saved_model_round_trip(tmp_path, capsys):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import make_mlp, mlp_model, write_cluster
+from profiler import run
 from profiler.dataset import load_dataset
 from profiler.grid import coloc_runs, solo_runs
 from tritonctl.cli import main
@@ -63,3 +64,17 @@ def test_profile_from_another_device_is_refused(tmp_path, capsys):
     assert main(["profile", str(cluster), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert "measured on another device (Some Other CPU" in err and "metadata.json" in err
+
+
+def test_profile_measures_the_wake_up_of_every_model(tmp_path, monkeypatch):
+    """Only the wake-up measurement (the grid narrowed to nothing), on real Triton instances."""
+    monkeypatch.setattr(run, "solo_runs", lambda names, units: [])
+    monkeypatch.setattr(run, "coloc_runs", lambda names, units: [])
+    monkeypatch.setattr(run, "WAKE_GAPS_MS", (0, 30))
+    monkeypatch.setattr(run, "WAKE_REQUESTS", 5)
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    assert main(["profile", str(cluster), "-o", str(tmp_path / "profile")]) == 0
+    dataset = load_dataset(tmp_path / "profile")
+    assert sorted((w.model, w.gap_ms) for w in dataset.wake) == [("alpha", 0), ("alpha", 30), ("beta", 0), ("beta", 30)]
+    assert all(0 < w.p50_ms < 1000 for w in dataset.wake) and dataset.metadata["complete"] is True

@@ -171,3 +171,15 @@ def test_batches_spread_around_the_prediction_as_profiled(lm):
     assert exact.p50_ms == pytest.approx(t) and exact.p99_ms == pytest.approx(t)
     assert drawn.p50_ms == pytest.approx(t, rel=0.03)  # the prediction is the median
     assert drawn.p99_ms == pytest.approx(t * math.exp(2.326 * 0.2), rel=0.06)
+
+
+def test_an_instance_idle_since_its_last_batch_wakes_up_slower(lm):
+    woken = copy.deepcopy(lm)
+    woken.models["alpha"].wake = ((0.0, 0.0), (50.0, 4.0))  # +4 ms after 50 ms idle or more
+    t = lm.t_inf("alpha", 1, 100)
+    sparse = plan_of(("alpha", 1, 1e6, 100, 1, 0))  # 1 request/s: every request finds it idle for ~1 s
+    assert simulate(sparse, woken, duration_s=500).models[0].p50_ms == pytest.approx(t + 4.0)
+    # requests every ~t/0.95: most batches start right after the previous one ends, with no wake-up
+    dense = plan_of(("alpha", 0.95 * 1000 / t, 1e6, 100, 1, 0))
+    plain, slower = (simulate(dense, m, duration_s=200).models[0] for m in (lm, woken))
+    assert slower.p50_ms < plain.p50_ms + 2.0

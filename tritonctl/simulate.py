@@ -5,7 +5,8 @@ is free and either `batch` requests wait or the oldest has waited the queue dela
 takes what is queued, up to `batch`. Under spatial sharing each instance has its own
 executor and a batch's execution time comes from the fitted latency model next to
 whichever co-runners on the device are busy when it starts, drawn around that prediction
-(a median) with the spread the profile measured (`LatencyModel.sigma`); under temporal
+(a median) with the spread the profile measured (`LatencyModel.sigma`), plus the wake-up the profile
+measured for an instance that has been idle since its last batch (`LatencyModel.wake_ms`); under temporal
 sharing (the whole plan, or the devices it lists under `turns`) the instances of a device
 share one executor, take turns and run alone with the whole device.
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
@@ -69,6 +70,7 @@ class _Instance:
     head: int = 0  # first request not yet taken into a batch
     batches: list[tuple[int, int, float]] = field(default_factory=list)  # (first served, count, end) per batch
     dropped: int = 0
+    idle_since: float = -math.inf  # when its last batch ended: what it waits for next is its wake-up
 
     def __post_init__(self) -> None:
         self.times = self.arrivals.tolist()
@@ -247,6 +249,7 @@ def simulate(
         exec_ms, sigma = cached
         if sigma:
             exec_ms *= math.exp(sigma * spread.standard_normal())
+        exec_ms += lm.wake_ms(inst.model, start - inst.idle_since)
         inst.head += take
         first = head
         if drop:  # the oldest requests are the late ones: what is dropped is a prefix of the batch
@@ -258,6 +261,7 @@ def simulate(
                     heapq.heappush(heap, (nxt, i))
                 continue
         end = start + exec_ms
+        inst.idle_since = end
         inst.executor.free_at = end
         inst.executor.running = (end, take)
         inst.batches.append((first, head + take - first, end))

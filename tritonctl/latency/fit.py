@@ -12,7 +12,7 @@ import numpy as np
 from scipy.optimize import nnls
 from sklearn.model_selection import GridSearchCV, KFold
 
-from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
+from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, WakePoint
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import DeviceParams, LatencyModel, ModelParams, effective_share, gpulet_factor
@@ -58,6 +58,7 @@ def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> L
             feat,
             [r for r in solo if r.model == name],
             [m for m in dataset.memory if m.model == name],
+            [w for w in dataset.wake if w.model == name],
             kind,
             c0,
             per_byte,
@@ -90,12 +91,13 @@ def _fit_model(
     feat: ModelFeatures,
     rows: list[Measurement],
     memory: list[MemoryPoint],
+    wake: list[WakePoint],
     kind: str,
     c0: float,
     per_byte: float,
     log: Callable[[str], None],
 ) -> ModelParams:
-    """One model's solo parameters: LWR running time, pressure on co-runners, memory by batch."""
+    """One model's solo parameters: LWR running time, pressure on co-runners, memory by batch, wake-up."""
     X = np.array([(math.log2(r.batch), math.log(_eff(r, kind))) for r in rows])
     # Running time: the measured latency less the fitted upload and feedback, so t_io + t_run
     # reproduces the measurement and errors of the two parts do not add up.
@@ -120,9 +122,13 @@ def _fit_model(
     log2b = np.array([math.log2(r.batch) for r in rows])
     sigma = np.log(np.maximum(np.array([r.p95_ms for r in rows]) / p50, 1.0)) / 1.645
     spread0, spread1 = _lstsq(np.c_[np.ones_like(log2b), log2b], sigma)
+    # Wake-up: what a request after an idle gap takes beyond one sent back to back (gap 0).
+    busy = next((w.p50_ms for w in wake if w.gap_ms == 0), None)
+    woken = () if busy is None else tuple((w.gap_ms, round(max(0.0, w.p50_ms - busy), 3)) for w in wake)
     log(
         f"  {feat.model}: LWR bandwidth {bandwidth}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
         f"memory {mem0:.0f} + {mem1:.1f} x batch MB, spread sigma {spread0:.3f} {spread1:+.3f} x log2 batch"
+        + (f", wake-up +{woken[-1][1]:.1f} ms after {woken[-1][0]:g} ms idle" if woken else "")
     )
     return ModelParams(
         name=feat.model,
@@ -140,6 +146,7 @@ def _fit_model(
         batch_range=(min(r.batch for r in rows), max(r.batch for r in rows)),
         share_range=(min(r.share for r in rows), max(r.share for r in rows)),
         spread=(round(float(spread0), 5), round(float(spread1), 5)),
+        wake=tuple(sorted(woken)),
     )
 
 

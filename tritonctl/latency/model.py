@@ -26,6 +26,7 @@ Execution latency of a batch of model i at share rho next to co-runners J (InSS 
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import math
@@ -65,6 +66,9 @@ class ModelParams:
     # How one batch's latency spreads around the prediction (a median): log-normal with sigma
     # max(0, spread[0] + spread[1] * log2 batch). The simulator draws from it; plans use the median.
     spread: tuple[float, float] = (0.0, 0.0)
+    # (idle gap ms, extra ms): what a request takes beyond one sent back to back when the instance has been
+    # idle that long (profile's wake.csv; none where it was not measured). The simulator adds it; plans do not.
+    wake: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass
@@ -230,6 +234,20 @@ class LatencyModel:
         s0, s1 = p.spread
         return max(0.0, s0 + s1 * math.log2(min(max(batch, p.batch_range[0]), p.batch_range[1])))
 
+    def wake_ms(self, model: str, idle_ms: float) -> float:
+        """Extra time (ms) of a batch that starts after the instance has been idle `idle_ms` (interpolated in the
+        measured gaps; the longest gap's beyond them)."""
+        wake = self.models[model].wake
+        if not wake:
+            return 0.0
+        i = bisect.bisect_right(wake, (idle_ms, math.inf))  # the simulator asks once per batch: no numpy here
+        if i == 0:
+            return wake[0][1]
+        if i == len(wake):
+            return wake[-1][1]
+        (g0, x0), (g1, x1) = wake[i - 1], wake[i]
+        return x0 + (x1 - x0) * (idle_ms - g0) / (g1 - g0)
+
     def footprint_mb(self, model: str, batch: int) -> float:
         p = self.models[model]
         return p.memory_mb0 + p.memory_mb1 * batch
@@ -261,6 +279,7 @@ def load_latency_model(path: str | Path) -> LatencyModel:
         models = {}
         for name, raw in data["models"].items():
             raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
+            raw["wake"] = tuple(tuple(point) for point in raw.get("wake", ()))
             models[name] = ModelParams(**raw)
         return LatencyModel(device, models, data.get("meta", {}))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -1,0 +1,73 @@
+"""What a request costs after the instance has been idle, against back to back: the latency the profile misses.
+
+    python bench/idle_penalty.py [--requests 60] [--gaps 0 0.05 0.2]
+
+The CPU demo is planned with `search` on the committed latency model and applied on the real
+local Triton. For each model, one client sends single requests (batch 1) straight to its
+instance (not through the router), waiting each gap between the answer and the next request,
+and prints the median latency per gap. The profiler measures back to back (gap 0), as a
+closed-loop client does. Open-loop traffic at the demo's rates leaves an instance idle for
+tens of milliseconds between requests. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from tritonctl.cli import main as tritonctl
+from tritonctl.client import endpoints
+from tritonctl.plan import load_plan
+from tritonctl.state import load_state
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
+MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
+PLAN = REPO / ".tritonctl" / "idle-penalty" / "plan.yaml"
+
+
+def median_ms(url: str, endpoint, gap_s: float, requests: int) -> float:
+    data = np.random.default_rng(0).random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
+    infer_input = grpcclient.InferInput(endpoint.input_name, list(data.shape), "FP32")
+    infer_input.set_data_from_numpy(data)
+    outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
+    latencies = []
+    with grpcclient.InferenceServerClient(url) as client:
+        for _ in range(requests):
+            time.sleep(gap_s)
+            start = time.perf_counter()
+            client.infer(endpoint.model, [infer_input], outputs=outputs)
+            latencies.append((time.perf_counter() - start) * 1000)
+    return float(np.median(latencies))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=60, help="requests per model and gap")
+    parser.add_argument("--gaps", type=float, nargs="+", default=[0.0, 0.05, 0.2], help="idle seconds before each")
+    args = parser.parse_args()
+    PLAN.parent.mkdir(parents=True, exist_ok=True)
+    planned = ["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL), "-o", str(PLAN)]
+    assert tritonctl(planned) == 0
+    assert tritonctl(["apply", str(PLAN)]) == 0
+    try:
+        loaded = load_plan(PLAN)
+        records = load_state(loaded.state_dir).instances.values()
+        rows = []
+        for endpoint in endpoints(loaded.plan):
+            record = next(r for r in records if r.model == endpoint.model)
+            url = f"{record.host}:{record.backend_port}"
+            rows.append((endpoint.model, [median_ms(url, endpoint, gap, args.requests) for gap in args.gaps]))
+    finally:
+        tritonctl(["down", str(PLAN)])
+    print(f"\n{'model':14} " + " ".join(f"{f'p50 ms, gap {1000 * g:g} ms':>20}" for g in args.gaps))
+    for model, medians in rows:
+        print(f"{model:14} " + " ".join(f"{m:20.1f}" for m in medians))
+
+
+if __name__ == "__main__":
+    main()
