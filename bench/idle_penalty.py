@@ -5,9 +5,10 @@
 The CPU demo is planned with `search` on the committed latency model and applied on the real
 local Triton. For each model, one client sends single requests (batch 1) straight to its
 instance (not through the router), waiting each gap between the answer and the next request,
-and prints the median latency per gap. The profiler measures back to back (gap 0), as a
-closed-loop client does. Open-loop traffic at the demo's rates leaves an instance idle for
-tens of milliseconds between requests. Run it on a quiet machine.
+and prints the median latency per gap. The profile's grid is measured back to back (gap 0), as
+a closed-loop client does; open-loop traffic at the demo's rates leaves an instance idle for
+tens of milliseconds between requests, which is why the profile also measures the wake-up
+(wake.csv). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tritonclient.grpc as grpcclient
 from tritonctl.cli import main as tritonctl
 from tritonctl.client import endpoints
 from tritonctl.plan import load_plan
+from tritonctl.spec import DTYPES
 from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +34,8 @@ PLAN = REPO / ".tritonctl" / "idle-penalty" / "plan.yaml"
 
 def median_ms(url: str, endpoint, gap_s: float, requests: int) -> float:
     data = np.random.default_rng(0).random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
-    infer_input = grpcclient.InferInput(endpoint.input_name, list(data.shape), "FP32")
+    dtype = DTYPES[data.dtype.name].removeprefix("TYPE_")
+    infer_input = grpcclient.InferInput(endpoint.input_name, list(data.shape), dtype)
     infer_input.set_data_from_numpy(data)
     outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
     latencies = []

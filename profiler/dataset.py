@@ -10,7 +10,7 @@
     <dir>/wake.csv          per model: median latency of single requests sent after an idle gap
 
 Rows are appended as they are measured, so an interrupted profile resumes where it stopped.
-Both CSVs read with the csv module or pandas.
+The CSVs read with the csv module or pandas.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _typed(cls, row: dict[str, str], where: str):
         raw = row[f.name]
         try:
             value = {"int": int, "float": float}.get(f.type, str)(raw)
-        except ValueError:
+        except (ValueError, TypeError):  # TypeError: a short row leaves the column None
             raise TritonctlError(f"column {f.name!r}: {raw!r} is not a {f.type}", file=where) from None
         if f.type == "float" and f.name != "rss_mb" and not math.isfinite(value):
             raise TritonctlError(f"column {f.name!r}: {raw!r} is not a finite number", file=where)

@@ -121,15 +121,18 @@ class Harness:
         record = self.instance(model, self.device.units)
         request = self._request(model, 1)
         points = []
-        with grpcclient.InferenceServerClient(self._url(record)) as client:
-            for gap in gaps_ms:
-                latencies = []
-                for _ in range(requests):
-                    time.sleep(gap / 1000)
-                    start = time.perf_counter()
-                    client.infer(model, [request])
-                    latencies.append((time.perf_counter() - start) * 1000)
-                points.append(WakePoint(model, gap, float(np.median(latencies))))
+        try:
+            with grpcclient.InferenceServerClient(self._url(record)) as client:
+                for gap in gaps_ms:
+                    latencies = []
+                    for _ in range(requests):
+                        time.sleep(gap / 1000)
+                        start = time.perf_counter()
+                        client.infer(model, [request])
+                        latencies.append((time.perf_counter() - start) * 1000)
+                    points.append(WakePoint(model, gap, float(np.median(latencies))))
+        except Exception as exc:  # tritonclient raises InferenceServerException, grpc errors, ...
+            raise TritonctlError(f"measuring the wake-up of {model} failed: {exc}") from None
         return points
 
     def _request(self, model: str, batch: int) -> grpcclient.InferInput:

@@ -160,7 +160,12 @@ def profile(
         for name in names:
             if name not in woken and (budget_s is None or time.monotonic() - started <= budget_s):
                 log(f"wake-up of {name}: single requests after idle gaps of {', '.join(map(str, WAKE_GAPS_MS))} ms")
-                dataset.append([], harness.memory, harness.wake(name, WAKE_GAPS_MS, WAKE_REQUESTS))
+                try:
+                    points = harness.wake(name, WAKE_GAPS_MS, WAKE_REQUESTS)
+                except StartError as exc:
+                    raise TritonctlError(f"profiling stopped: {exc}") from None
+                known = {(m.model, m.threads, m.batch) for m in dataset.memory}  # a resumed run warms up again
+                dataset.append([], [m for m in harness.memory if (m.model, m.threads, m.batch) not in known], points)
                 harness.memory = []
     finally:
         harness.close()

@@ -124,18 +124,22 @@ def test_inss_batches_meet_the_slo_with_the_model_slower_than_predicted_where_th
     demands = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 10, 100)]
     layout = Layout.of("test", demands, devices, levels=4)
     forced_policy(tmp_path / "p.pt", layout, [0, 2, 0, 0])
-    out = {
-        n: c[0]
-        for n, c in inss(
-            demands, devices, lm, load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
-        ).items()
-    }
+    trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
+    out = {n: c[0] for n, c in inss(demands, devices, lm, trained).items()}
     nominal = bda({n: Choice(c.device, c.share) for n, c in out.items()}, demands, devices, lm)
     slower = lm.with_margin(HEADROOM)
     for d in demands:
         others = tuple((m, c.share, c.batch) for m, c in out.items() if m != d.name)
         t = slower.t_inf(d.name, out[d.name].batch, out[d.name].share, others)
         assert task_latency(d.rate, out[d.name].batch, t).p99_ms <= d.slo_ms
+    # a plan's own latency margin gets the headroom on top of it, not instead of it
+    margined = lm.with_margin(0.3)
+    out30 = {n: c[0] for n, c in inss(demands, devices, margined, trained).items()}
+    stricter = lm.with_margin(1.3 * (1 + HEADROOM) - 1)
+    for d in demands:
+        others = tuple((m, c.share, c.batch) for m, c in out30.items() if m != d.name)
+        t = stricter.t_inf(d.name, out30[d.name].batch, out30[d.name].share, others)
+        assert task_latency(d.rate, out30[d.name].batch, t).p99_ms <= d.slo_ms
     # BDA's own batch for alpha sits at the SLO's edge: 10% slower, it misses
     assert out["alpha"].batch < nominal.batches["alpha"]
     alpha = nominal.batches["alpha"]

@@ -103,6 +103,15 @@ def test_wake_up_is_fitted_over_back_to_back_and_survives_a_round_trip(tmp_path)
     assert loaded.wake_ms("beta", 1e9) == 0.0
 
 
+def test_a_short_row_in_wake_csv_is_refused_with_the_file_and_line(tmp_path, capsys):
+    synthetic_dataset(tmp_path / "profile")
+    with open(tmp_path / "profile" / "wake.csv", "a") as fh:
+        fh.write("alpha,0\n")
+    assert main(["fit", str(tmp_path / "profile")]) == 2
+    err = capsys.readouterr().err
+    assert "wake.csv (line 2)" in err and "p50_ms" in err and "Traceback" not in err
+
+
 def test_fit_report_and_saved_model_round_trip(tmp_path, capsys):
     synthetic_dataset(tmp_path / "profile")
     assert main(["fit", str(tmp_path / "profile"), "--report"]) == 0

@@ -78,3 +78,10 @@ def test_profile_measures_the_wake_up_of_every_model(tmp_path, monkeypatch):
     dataset = load_dataset(tmp_path / "profile")
     assert sorted((w.model, w.gap_ms) for w in dataset.wake) == [("alpha", 0), ("alpha", 30), ("beta", 0), ("beta", 30)]
     assert all(0 < w.p50_ms < 1000 for w in dataset.wake) and dataset.metadata["complete"] is True
+    # resumed without its wake-up: measured again, and the warm-up's memory points are not written twice
+    (tmp_path / "profile" / "wake.csv").write_text("model,gap_ms,p50_ms\n")
+    assert main(["profile", str(cluster), "-o", str(tmp_path / "profile")]) == 0
+    resumed = load_dataset(tmp_path / "profile")
+    assert len(resumed.wake) == 4
+    keys = [(m.model, m.threads, m.batch) for m in resumed.memory]
+    assert keys and len(keys) == len(set(keys))

@@ -393,15 +393,18 @@ def cmd_demo(args) -> int:
     """Export, plan, apply and load the CPU demo cluster, end to end."""
 
     cluster = Path(args.cluster)
-    latency_model = args.latency_model or REPO / "profiles" / load_cluster(cluster).spec.name / "latency-model.json"
-    if not Path(latency_model).is_file():
-        raise TritonctlError(
-            "no fitted latency model: pass --latency-model, or profile and fit the cluster first "
-            "(tritonctl profile, tritonctl fit)",
-            file=latency_model,
-        )
-    _say(f"== 1/4 plan ({args.policy}, latency model {latency_model})")
-    plan_path = _plan(str(cluster), args.policy, None, latency_model=str(latency_model))
+    latency_model = args.latency_model
+    if latency_model is None:  # the committed one, where there is one
+        committed = REPO / "profiles" / load_cluster(cluster).spec.name / "latency-model.json"
+        latency_model = str(committed) if committed.is_file() else None
+        if latency_model is None and args.policy != "spread":
+            raise TritonctlError(
+                f"policy {args.policy} needs a fitted latency model and there is none: pass --latency-model, "
+                "or profile and fit the cluster first (tritonctl profile, tritonctl fit)",
+                file=committed,
+            )
+    _say(f"== 1/4 plan ({args.policy}" + (f", latency model {latency_model})" if latency_model else ")"))
+    plan_path = _plan(str(cluster), args.policy, None, latency_model=latency_model)
     _say("== 2/4 apply")
     _apply(plan_path)
     _say("== 3/4 endpoints")

@@ -6,7 +6,8 @@ takes what is queued, up to `batch`. Under spatial sharing each instance has its
 executor and a batch's execution time comes from the fitted latency model next to
 whichever co-runners on the device are busy when it starts, drawn around that prediction
 (a median) with the spread the profile measured (`LatencyModel.sigma`), plus the wake-up the profile
-measured for an instance that has been idle since its last batch (`LatencyModel.wake_ms`); under temporal
+measured for an instance that has been idle since its last batch (`LatencyModel.wake_ms`; an instance's
+first batch counts as after a long idle); under temporal
 sharing (the whole plan, or the devices it lists under `turns`) the instances of a device
 share one executor, take turns and run alone with the whole device.
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped

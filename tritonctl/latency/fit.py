@@ -124,7 +124,9 @@ def _fit_model(
     spread0, spread1 = _lstsq(np.c_[np.ones_like(log2b), log2b], sigma)
     # Wake-up: what a request after an idle gap takes beyond one sent back to back (gap 0).
     busy = next((w.p50_ms for w in wake if w.gap_ms == 0), None)
-    woken = () if busy is None else tuple((w.gap_ms, round(max(0.0, w.p50_ms - busy), 3)) for w in wake)
+    woken = () if busy is None else tuple(sorted((w.gap_ms, round(max(0.0, w.p50_ms - busy), 3)) for w in wake))
+    if wake and busy is None:
+        log(f"  {feat.model}: wake.csv has no back-to-back point (gap 0): no wake-up fitted")
     log(
         f"  {feat.model}: LWR bandwidth {bandwidth}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
         f"memory {mem0:.0f} + {mem1:.1f} x batch MB, spread sigma {spread0:.3f} {spread1:+.3f} x log2 batch"
@@ -146,7 +148,7 @@ def _fit_model(
         batch_range=(min(r.batch for r in rows), max(r.batch for r in rows)),
         share_range=(min(r.share for r in rows), max(r.share for r in rows)),
         spread=(round(float(spread0), 5), round(float(spread1), 5)),
-        wake=tuple(sorted(woken)),
+        wake=woken,
     )
 
 

@@ -279,7 +279,7 @@ def load_latency_model(path: str | Path) -> LatencyModel:
         models = {}
         for name, raw in data["models"].items():
             raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
-            raw["wake"] = tuple(tuple(point) for point in raw.get("wake", ()))
+            raw["wake"] = tuple(sorted((float(gap), float(extra)) for gap, extra in raw.get("wake", ())))
             models[name] = ModelParams(**raw)
         return LatencyModel(device, models, data.get("meta", {}))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -35,6 +35,7 @@ The MDP, for N models and K devices:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -317,7 +318,9 @@ def with_headroom(
 ) -> dict[str, int]:
     """BDA's batches, each replaced by the one BDA picks for a model HEADROOM slower than predicted where that
     finds one: a batch at the edge of the SLO as predicted misses it when the model is a little slower."""
-    robust = bda(placement, demands, devices, lm.with_margin(HEADROOM))
+    at_nominal = {n: dataclasses.replace(c, batch=nominal.batches[n]) for n, c in placement.items()}
+    # co-runners at the batches they will run; the headroom on top of any margin the plan already has
+    robust = bda(at_nominal, demands, devices, lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1)))
     return {
         n: robust.batches[n] if n not in robust.infeasible and n not in nominal.infeasible else b
         for n, b in nominal.batches.items()
