@@ -42,10 +42,18 @@ EXIT_TIMEOUT_S = 10
 ROUTER_FILE = "router.json"
 
 
+def free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct ports free now. Bound all at once: ports asked for one after another can come back the
+    same (seen: Triton refusing to start with its gRPC and metrics ports equal)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
 def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(host, 1)[0]
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -147,7 +155,7 @@ class LocalRuntime:
         on_spawn: Callable[[InstanceRecord], None] | None = None,
     ) -> InstanceRecord:
         uid = f"{launch.instance}.{launch.config_hash[:8]}.{secrets.token_hex(3)}"  # unique per start
-        grpc_port, http_port, metrics_port = free_port(host), free_port(host), free_port(host)
+        grpc_port, http_port, metrics_port = free_ports(host, 3)
         cgroup = None
         mechanism = "none"
         if launch.kind == "cpu":
