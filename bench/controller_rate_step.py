@@ -47,17 +47,21 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of traffic (default 40)")
     parser.add_argument("--step-at", type=float, default=10.0, help="second at which the step comes (default 10)")
     parser.add_argument("--factor", type=float, default=2.0, help="the first model's rate after the step (x)")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
+    parser.add_argument("--policy", default="bda", help="the plan the controller starts from (default bda)")
     parser.add_argument("--base-port", type=int, default=8400, help="first model port (default 8400)")
     parser.add_argument("-o", "--output", default=str(REPO / "bench" / "results" / "controller"), help="output folder")
     args = parser.parse_args()
     demo = load_cluster(CLUSTER)
     state_dir = WORK / "state"
-    cluster = demo.with_runtime(base_port=args.base_port, state_dir=str(state_dir))
+    cluster = demo.with_rates(lambda m: m.rate * args.rate_scale).with_runtime(
+        base_port=args.base_port, state_dir=str(state_dir)
+    )
     plan_path = WORK / "plan.yaml"
     subprocess.run([sys.executable, "-m", "tritonctl", "down", str(plan_path)], capture_output=True, check=False)
     (state_dir / "controller.json").unlink(missing_ok=True)
     lm = load_latency_model(MODEL)
-    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), "bda", plan_path, lm, log=lambda _: None)
+    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), args.policy, plan_path, lm, log=lambda _: None)
     save_plan(plan, plan_path)
     log = (WORK / "controller.log").open("w")
     ctl = subprocess.Popen(
@@ -98,7 +102,7 @@ def report(args, results: list[LoadResult], extra: list[LoadResult], decisions: 
         "# Controller under a rate step (real Triton, CPU)",
         "",
         f"`python bench/controller_rate_step.py --duration {args.duration:g} --step-at {args.step_at:g} "
-        f"--factor {args.factor:g}`; 2-core VM, local runtime.",
+        f"--factor {args.factor:g} --rate-scale {args.rate_scale:g} --policy {args.policy}`; 2-core VM, local runtime.",
         "",
         f"At t = {args.step_at:g} s the first model's rate goes to {args.factor:g}x its planned rate.",
         f"Requests sent: {sum(r.sent for r in results + extra)}, failed: **{failed}**.",
