@@ -8,6 +8,7 @@ tritonctl does not know about show up as noise.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
 import time
 from collections.abc import Callable
@@ -56,6 +57,12 @@ def _planned(name: str, artifact: Artifact) -> PlannedModel:
     )
 
 
+def ort_spinning() -> str:
+    """Whether the rendered instances' onnxruntime threads spin ("1") or not ("0", the default): see
+    templates/python_onnx_model.py. A profile measures one setting; resuming under the other would mix them."""
+    return "1" if os.environ.get("TRITONCTL_ORT_SPINNING", "0") == "1" else "0"
+
+
 def _open_dataset(folder: Path, cluster: Cluster, features: list[ModelFeatures], device: dict) -> Dataset:
     """A new dataset, or the existing one to resume when it was measured here for the same models."""
     if not (folder / "metadata.json").exists():
@@ -68,10 +75,19 @@ def _open_dataset(folder: Path, cluster: Cluster, features: list[ModelFeatures],
                 "share_mechanism": f"{share.mechanism()} CFS quota, period {CFS_PERIOD_US} us",
                 "complete": False,
                 "duration_s": 0.0,
+                "ort_spinning": ort_spinning(),
             },
             features,
         )
     dataset = load_dataset(folder)
+    recorded = dataset.metadata.get("ort_spinning")  # profiles before session 5 did not record it
+    if recorded is not None and recorded != ort_spinning():
+        raise TritonctlError(
+            f"this profile was measured with onnxruntime threads {'spinning' if recorded == '1' else 'not spinning'}"
+            f" and TRITONCTL_ORT_SPINNING={ort_spinning()} now: use a new --output folder",
+            file=folder / "metadata.json",
+            field="ort_spinning",
+        )
     theirs = dataset.metadata.get("device", {})
     if theirs.get("id") != device["id"]:
         raise TritonctlError(

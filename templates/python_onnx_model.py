@@ -25,7 +25,7 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        spinning = os.environ.get("TRITONCTL_ORT_SPINNING", "0")
+        spinning = "1" if os.environ.get("TRITONCTL_ORT_SPINNING", "0") == "1" else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])

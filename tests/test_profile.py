@@ -66,7 +66,7 @@ def test_profile_from_another_device_is_refused(tmp_path, capsys):
     assert "measured on another device (Some Other CPU" in err and "metadata.json" in err
 
 
-def test_profile_measures_the_wake_up_of_every_model(tmp_path, monkeypatch):
+def test_profile_measures_the_wake_up_of_every_model(tmp_path, monkeypatch, capsys):
     """Only the wake-up measurement (the grid narrowed to nothing), on real Triton instances."""
     monkeypatch.setattr(run, "solo_runs", lambda names, units: [])
     monkeypatch.setattr(run, "coloc_runs", lambda names, units: [])
@@ -85,3 +85,8 @@ def test_profile_measures_the_wake_up_of_every_model(tmp_path, monkeypatch):
     assert len(resumed.wake) == 4
     keys = [(m.model, m.threads, m.batch) for m in resumed.memory]
     assert keys and len(keys) == len(set(keys))
+    # measured without spinning threads: resuming with them would mix two settings in one profile
+    assert resumed.metadata["ort_spinning"] == "0"
+    monkeypatch.setenv("TRITONCTL_ORT_SPINNING", "1")
+    assert main(["profile", str(cluster), "-o", str(tmp_path / "profile")]) == 2
+    assert "not spinning" in capsys.readouterr().err
