@@ -186,9 +186,8 @@ def profile(
     finally:
         harness.close()
         dataset.metadata["duration_s"] = round(dataset.metadata["duration_s"] + time.monotonic() - started, 1)
-        dataset.metadata["complete"] = {(r.group, r.members[0].model) for r in runs} <= dataset.done and set(names) <= {
-            w.model for w in dataset.wake
-        }
+        grid_done = {(r.group, r.members[0].model) for r in runs} <= dataset.done
+        dataset.metadata["complete"] = grid_done and set(names) <= {w.model for w in dataset.wake}
         if harness.server_version:
             dataset.metadata["software"] = software_versions(harness.server_version)
         dataset.metadata["grid"] = {"runs": len(runs)}

@@ -128,7 +128,14 @@ def in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
 
 
 def goodput(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
-    """Requests per second served within `slo_ms` by one instance at `rate`, batch `batch`, t_inf `t_inf_ms`.
+    """Requests per second served within `slo_ms` by one instance at `rate`, batch `batch`, t_inf `t_inf_ms`
+    (see `goodputs`)."""
+    return goodputs(rate, batch, t_inf_ms, slo_ms)[0]
+
+
+def goodputs(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> tuple[float, float]:
+    """(goodput, in-turn goodput): requests per second served within `slo_ms` by one instance at `rate`, batch
+    `batch`, t_inf `t_inf_ms`, and the first of the two estimates below alone.
 
     The larger of two estimates. Every task served in its turn: the rate times the share
     within the SLO (`in_slo`, 0 once the rate overloads the batches). Requests that can no
@@ -138,8 +145,8 @@ def goodput(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
     batches that leave short or late near saturation.
     """
     if t_inf_ms > slo_ms:
-        return 0.0
+        return 0.0, 0.0
     capacity = 1000.0 * batch / t_inf_ms
     served = rate * in_slo(rate, batch, t_inf_ms, slo_ms)
     rejecting = (1 - OVERLOAD_LOSS) * min(rate, capacity) * min(1.0, (slo_ms - t_inf_ms) / t_inf_ms)
-    return max(served, rejecting)
+    return max(served, rejecting), served

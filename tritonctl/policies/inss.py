@@ -304,8 +304,8 @@ def load_trained(path: Path, cluster: str, models: list[str], devices: list[Devi
 @dataclass(frozen=True)
 class Decision:
     """What the two layers decided: the placement, whose it is ('current': spread's, or 'actor'), its batches
-    (BDA's with headroom, and for a model without a feasible batch the one closest to one), and eq. 3's outcome of each
-    placement judged (none where BDA served the current one)."""
+    (BDA's with headroom, and for a model without a feasible batch the one closest to one), and eq. 3's
+    outcome of each placement judged (none where BDA served the current one)."""
 
     placement: dict[str, Choice]
     source: str

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import goodput, in_slo
+from tritonctl.latency.queueing import goodput, goodputs
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
 from tritonctl.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
@@ -264,8 +264,7 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
             d = by_name[name]
             t = lm.t_inf(name, batches[name], choices[name].share, corunners(name, choices, batches))
             fits = reason != "memory"
-            served[name] = goodput(d.rate, batches[name], t, d.slo_ms) if fits else 0.0
-            in_turn[name] = d.rate * in_slo(d.rate, batches[name], t, d.slo_ms) if fits else 0.0
+            served[name], in_turn[name] = goodputs(d.rate, batches[name], t, d.slo_ms) if fits else (0.0, 0.0)
         capacity = throughput(choices, batches, lm)
         cycles = {}
         for device in devices:
@@ -280,8 +279,9 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
             # a batch waits for at most one cycle and then runs: a batch server taking a cycle per batch,
             # whose queueing (eq. 2) the duty-cycle bound alone leaves out
             for d in group:
-                served[d.name] = goodput(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else 0.0
-                in_turn[d.name] = d.rate * in_slo(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else 0.0
+                served[d.name], in_turn[d.name] = (
+                    goodputs(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else (0.0, 0.0)
+                )
             capacity += sum(1000 * group_batches[d.name] / cycle for d in group) if ok else 0.0
         score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), -capacity)
         judged[key] = (score, (batches, served, cycles))
