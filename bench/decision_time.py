@@ -8,9 +8,11 @@ spread placement, and each policy's warm planning time (median of 3; a policy th
 no plan for all eight models is timed to its failure, as the planner's first attempt). For
 `inss` (with the trained rl/policies/inss-eight-4.pt) also its online decision when BDA fails
 on the current placement: actor forward pass plus BDA on the actor's choice (median of 200).
-Simulator: requests simulated per second of wall time for the CPU demo's batch-1 plan
-(bench/results/cpu-demo/plan-spread.yaml, the slowest case: one event per request) at 1x
-and 10x its rates, with drops. Run it on a quiet machine.
+Simulator: requests simulated per second of wall time for the CPU demo's batch-1 plans
+(the slowest case: one batch per request), the CPU split into quotas
+(bench/results/cpu-demo/plan-spread.yaml) and in turns (plan-search.yaml: processor
+sharing, two events per batch), at 1x and 10x their rates, with drops. Run it on a quiet
+machine.
 """
 
 from __future__ import annotations
@@ -69,14 +71,15 @@ def main() -> None:
 
     runs = [timed(decide) for _ in range(200)]
     print(f"inss online decision (actor forward + BDA), eight models: {statistics.median(runs):.2f} ms")
-    demo = load_plan(REPO / "bench/results/cpu-demo/plan-spread.yaml").plan
     demo_lm = load_latency_model(REPO / "profiles/cpu-demo/latency-model.json")
-    for scale, seconds in ((1.0, 4000), (10.0, 400)):
-        result = simulate(demo, demo_lm, seconds, drop=True, rate_scale=scale)
-        print(
-            f"simulator, batch-1 plan at {scale:g}x: {result.requests / result.wall_s:,.0f} requests/s "
-            f"(goodput {result.goodput:.1f}/s)"
-        )
+    for policy, sharing in (("spread", "split"), ("search", "in turns")):
+        demo = load_plan(REPO / f"bench/results/cpu-demo/plan-{policy}.yaml").plan
+        for scale, seconds in ((1.0, 4000), (10.0, 400)):
+            result = simulate(demo, demo_lm, seconds, drop=True, rate_scale=scale)
+            print(
+                f"simulator, batch-1 plan, CPU {sharing}, at {scale:g}x: {result.requests / result.wall_s:,.0f} "
+                f"requests/s (goodput {result.goodput:.1f}/s)"
+            )
 
 
 if __name__ == "__main__":

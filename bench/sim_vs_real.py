@@ -2,15 +2,17 @@
 
     python bench/sim_vs_real.py [--duration 60] [--scales 0.5 0.75 1]  # real run, then the comparison
     python bench/sim_vs_real.py --offline                              # the comparison from the saved run
+    python bench/sim_vs_real.py --results bench/results/sim-vs-real-60s --offline   # another saved run
 
 Plans the CPU demo cluster with `search` (what `make demo` deploys) on the committed latency
 model, applies it on the real local Triton, drives it with open-loop Poisson traffic from
 tritonclient.grpc at each rate scale,
 replays the requests it sent (their send times) through the simulator, and prints goodput
 and p99 side by side. The deployment is stopped at the end. Run it on a quiet machine: it
-measures latency. What the real run measured is kept in bench/results/sim-vs-real/ (the plan
-it applied, and per scale the trace of sent requests and every answered request's latency), so
-`--offline` compares a changed simulator or latency model with the same real run and plan.
+measures latency. What the real run measured is kept in `--results` (bench/results/sim-vs-real/
+unless told: the plan it applied, and per scale the trace of sent requests and every answered
+request's latency), so `--offline` compares a changed simulator or latency model with the same
+real run and plan.
 """
 
 from __future__ import annotations
@@ -35,43 +37,43 @@ MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 RESULTS = REPO / "bench" / "results" / "sim-vs-real"
 
 
-def measure(plan_path: Path, duration_s: float, scales: list[float]) -> None:
+def measure(plan_path: Path, duration_s: float, scales: list[float], results: Path) -> None:
     """Apply the plan, load it at every scale and save the sent requests and the answers' latencies."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(plan_path, RESULTS / "plan.yaml")
+    results.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(plan_path, results / "plan.yaml")
     assert tritonctl(["apply", str(plan_path)]) == 0
     plan = load_plan(plan_path).plan
     try:
         for scale in scales:
             real = run_load(endpoints(plan), duration_s, scale)
-            with open(RESULTS / f"trace-x{scale:g}.csv", "w", newline="") as f:
+            with open(results / f"trace-x{scale:g}.csv", "w", newline="") as f:
                 writer = csv.writer(f)
                 writer.writerow(["model", "time_s"])
                 writer.writerows((r.model, f"{t:.6f}") for r in real for t in sorted(r.sent_at_s))
-            with open(RESULTS / f"latency-x{scale:g}.csv", "w", newline="") as f:
+            with open(results / f"latency-x{scale:g}.csv", "w", newline="") as f:
                 writer = csv.writer(f)
                 writer.writerow(["model", "latency_ms"])
                 writer.writerows((r.model, f"{x:.3f}") for r in real for x in r.latencies_ms)
             print(f"x{scale:g}: {sum(r.sent for r in real)} sent, {sum(len(r.errors) for r in real)} failed")
     finally:
         tritonctl(["down", str(plan_path)])
-    (RESULTS / "run.json").write_text(json.dumps({"duration_s": duration_s, "scales": scales}) + "\n")
+    (results / "run.json").write_text(json.dumps({"duration_s": duration_s, "scales": scales}) + "\n")
 
 
-def compare() -> str:
+def compare(results: Path) -> str:
     """The saved real run against the simulator replaying its requests on the saved plan, as a table."""
-    run = json.loads((RESULTS / "run.json").read_text())
+    run = json.loads((results / "run.json").read_text())
     duration = run["duration_s"]
-    plan = load_plan(RESULTS / "plan.yaml").plan
+    plan = load_plan(results / "plan.yaml").plan
     lm = load_latency_model(MODEL)
     slo = {m.name: m.slo_ms for m in plan.models}
     head = f"{'scale':>5} {'model':14} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11} {'sim':>8}"
     head += f" {'gap':>7}"
     lines = [head]
     for scale in run["scales"]:
-        trace = read_trace(RESULTS / f"trace-x{scale:g}.csv")
+        trace = read_trace(results / f"trace-x{scale:g}.csv")
         latencies: dict[str, list[float]] = {}
-        with open(RESULTS / f"latency-x{scale:g}.csv", newline="") as f:
+        with open(results / f"latency-x{scale:g}.csv", newline="") as f:
             for row in csv.DictReader(f):
                 latencies.setdefault(row["model"], []).append(float(row["latency_ms"]))
         sim = {m.model: m for m in simulate(plan, lm, duration, trace=trace).models}
@@ -90,13 +92,14 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic per rate scale")
     parser.add_argument("--scales", type=float, nargs="+", default=[0.5, 0.75, 1.0], help="rate multipliers")
     parser.add_argument("--offline", action="store_true", help="compare with the saved real run, start nothing")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the real run (default: %(default)s)")
     args = parser.parse_args()
     if not args.offline:
         plan_path = CLUSTER.parent / "plan.yaml"
         assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
-        measure(plan_path, args.duration, args.scales)
-    table = compare()
-    (RESULTS / "table.txt").write_text(table + "\n")
+        measure(plan_path, args.duration, args.scales, args.results)
+    table = compare(args.results)
+    (args.results / "table.txt").write_text(table + "\n")
     print("\n" + table)
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
+import numpy as np
 import pytest
 
 from synthetic import synthetic_dataset
@@ -19,8 +21,8 @@ def lm(tmp_path_factory):
     return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
 
 
-def plan_of(*models: tuple[str, float, float, int, int, int], sharing: str = "spatial") -> Plan:
-    """Plan with (name, rate, slo_ms, share, batch, queue_delay_us) models on one CPU device."""
+def plan_of(*models: tuple[str, float, float, int, int, int], sharing: str = "spatial", kind: str = "cpu") -> Plan:
+    """Plan with (name, rate, slo_ms, share, batch, queue_delay_us) models on one device (a CPU unless told)."""
     tensor = [Tensor(name="x", dtype="float32", shape=[16])]
     return Plan(
         cluster="sim",
@@ -28,7 +30,7 @@ def plan_of(*models: tuple[str, float, float, int, int, int], sharing: str = "sp
         policy="test",
         target="cpu",
         sharing=sharing,
-        devices=[Device(id="cpu0", kind="cpu", index=0, memory_mb=4096, units=100, cores=2.0)],
+        devices=[Device(id="cpu0", kind=kind, index=0, memory_mb=4096, units=100, cores=2.0)],
         models=[
             PlannedModel(
                 name=n,
@@ -84,9 +86,9 @@ def test_a_busy_corunner_slows_a_batch(lm):
     assert shared.models[0].p50_ms > alone.models[0].p50_ms * 1.03
 
 
-def test_temporal_sharing_takes_turns_on_one_executor(lm):
-    """Two models on one device in turns: no interference, but one waits for the other's batch."""
-    plan = plan_of(("alpha", 30, 1e6, 100, 1, 0), ("beta", 30, 1e6, 100, 1, 0), sharing="temporal")
+def test_a_gpu_in_turns_runs_one_batch_at_a_time(lm):
+    """Two models on one GPU in turns: no interference, but one waits for the other's batch."""
+    plan = plan_of(("alpha", 30, 1e6, 100, 1, 0), ("beta", 30, 1e6, 100, 1, 0), sharing="temporal", kind="gpu")
     result = simulate(plan, lm, duration_s=200)
     alone = simulate(plan_of(("alpha", 30, 1e6, 100, 1, 0)), lm, duration_s=200)
     alpha = result.models[0]
@@ -94,6 +96,32 @@ def test_temporal_sharing_takes_turns_on_one_executor(lm):
     assert alpha.mean_ms > alone.models[0].mean_ms * 1.05  # ... but queued behind beta's turns
     busy = sum(m.served * lm.t_inf(m.model, 1, 100) for m in result.models) / 1000
     assert busy <= 200 * 1.001  # one executor: the busy time of both never exceeds the wall time
+
+
+@pytest.mark.parametrize("kind", ["gpu", "cpu"])
+def test_a_short_batch_beside_a_long_one_in_turns(lm, kind):
+    """Beta's batch of 8 starts at 0 ms, alpha's single request arrives at 1 ms. A GPU queues alpha behind
+    beta; a CPU's scheduler runs both at half speed until alpha is done, then beta alone."""
+    plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal", kind=kind)
+    trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
+    alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
+    t_alpha, t_beta = lm.t_inf("alpha", 1, 100), lm.t_inf("beta", 8, 100)
+    assert t_alpha < t_beta - 1
+    if kind == "gpu":
+        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_beta - 1 + t_alpha, t_beta))
+    else:
+        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((2 * t_alpha, t_beta + t_alpha))
+
+
+def test_a_cpu_in_turns_shares_its_time_without_losing_or_making_any(lm):
+    """Overloaded at 150%: each of two batches in flight runs at half speed, so the device does exactly one
+    device-second of work per second, as the queued turns of a GPU do."""
+    rates = [0.75 * 1000 / lm.t_inf(m, 1, 100) for m in ("alpha", "beta")]
+    models = [(name, rate, 50, 100, 1, 0) for name, rate in zip(("alpha", "beta"), rates, strict=True)]
+    for kind in ("cpu", "gpu"):
+        result = simulate(plan_of(*models, sharing="temporal", kind=kind), lm, duration_s=200)
+        busy_s = sum(m.served * lm.t_inf(m.model, 1, 100) for m in result.models) / 1000
+        assert busy_s == pytest.approx(200, rel=0.01), kind
 
 
 def test_replica_weights_split_the_traffic(lm):
@@ -129,9 +157,12 @@ def test_trace_replay_and_bad_trace_files(lm, tmp_path):
 
 
 def test_speed_at_least_200k_requests_per_second(lm):
-    """Issue 4's floor, in the slowest case (batch 1: one event per request), at light load and overloaded."""
-    for rates, seconds in [((60, 30), 1000), ((600, 300), 200)]:
-        plan = plan_of(("alpha", rates[0], 50, 50, 1, 0), ("beta", rates[1], 80, 50, 1, 0))
+    """Issue 4's floor, in the slowest case (batch 1: one batch per request), at light load and overloaded, the
+    CPU split and in turns."""
+    for (rates, seconds), (share, sharing) in itertools.product(
+        [((60, 30), 1000), ((600, 300), 200)], [(50, "spatial"), (100, "temporal")]
+    ):
+        plan = plan_of(("alpha", rates[0], 50, share, 1, 0), ("beta", rates[1], 80, share, 1, 0), sharing=sharing)
         runs = [simulate(plan, lm, duration_s=seconds, drop=True) for _ in range(2)]
         assert runs[0].throughput > 0.2 * sum(rates)  # requests were really served, not all dropped
         assert max(r.requests / r.wall_s for r in runs) >= 200_000

@@ -2,21 +2,28 @@
 
 Every instance sits behind Triton's dynamic batcher: a batch starts as soon as its executor
 is free and either `batch` requests wait or the oldest has waited the queue delay; it then
-takes what is queued, up to `batch`. Under spatial sharing each instance has its own
-executor and a batch's execution time comes from the fitted latency model next to
-whichever co-runners on the device are busy when it starts, drawn around that prediction
-(a median) with the spread the profile measured (`LatencyModel.sigma`), plus the wake-up the profile
-measured for an instance that has been idle since its last batch (`LatencyModel.wake_ms`; an instance's
-first batch counts as after a long idle); under temporal
-sharing (the whole plan, or the devices it lists under `turns`) the instances of a device
-share one executor, take turns and run alone with the whole device.
+takes what is queued, up to `batch`. A batch's time comes from the fitted latency model,
+drawn around that prediction (a median) with the spread the profile measured
+(`LatencyModel.sigma`), plus the wake-up the profile measured for an instance idle since its
+last batch (`LatencyModel.wake_ms`; an instance's first batch counts as after a long idle).
+
+Under spatial sharing each instance has its own executor and the prediction is the one next
+to whichever co-runners on the device are busy when the batch starts. Under temporal sharing
+(the whole plan, or the devices it lists under `turns`) the instances of a device have the
+whole device each. A GPU gives it to one batch at a time: the instances share one executor
+and take turns. A CPU runs every instance's batch at once and the kernel's scheduler shares
+the cores among them: processor sharing, each of the n batches in flight progressing at 1/n
+of its speed alone, so a short batch that starts beside a long one is slowed, not queued
+behind it (on the CPU demo, queued turns put MnasNet's p99 50% above real Triton's at half
+load; with shared cores every p99 of that run is within 17%: `bench/sim_vs_real.py`).
+
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
-instead of served (knowing the batch's drawn latency: an oracle; Triton's queue timeout,
-`runtime.reject_late`, can only go by the prediction). Requests arrive for `duration_s`;
-batches go on starting for one SLO after that, so that the last requests are judged like
-the others (a batched instance holds its last requests for up to its queue delay). What is
-still queued then counts as arrived but neither served nor dropped, so an overloaded plan
-shows its real throughput.
+instead of served (knowing the batch's drawn latency, or under processor sharing its time
+alone: an oracle; Triton's queue timeout, `runtime.reject_late`, can only go by the
+prediction). Requests arrive for `duration_s`; batches go on starting for one SLO after that,
+so that the last requests are judged like the others (a batched instance holds its last
+requests for up to its queue delay). What is still queued then counts as arrived but neither
+served nor dropped, so an overloaded plan shows its real throughput.
 
 Arrivals are Poisson at each model's rate, or replayed from a trace (CSV `model,time_s`);
 a model's requests go to its replicas at random in proportion to their weights.
@@ -30,7 +37,10 @@ plan expects, and a policy that sized its share to the prediction's edge misses 
 The simulation advances batch by batch, not request by request: arrivals are numpy arrays,
 a queue is a pair of indices into them, and the latencies of a batch's requests are one
 vector operation. Starts are processed in time order across instances, so the busy
-co-runners a batch sees are exactly those whose batches cover its start.
+co-runners a batch sees are exactly those whose batches cover its start. Devices never
+interact, so a CPU device in turns is simulated on its own, in virtual time: it advances at
+1/n of the wall clock while n batches run, so a batch ends when it has advanced by the
+batch's time alone, and the order in which batches end is known when they start.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import heapq
 import math
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,6 +187,62 @@ def _arrivals(
     return out
 
 
+def _take(inst: _Instance, start: float) -> int:
+    """How many requests the instance's batch that starts at `start` takes: those queued, up to its batch size."""
+    return min(inst.batch, bisect.bisect_right(inst.times, start, inst.head) - inst.head)
+
+
+def _serve(inst: _Instance, take: int, start: float, exec_ms: float, drop: bool) -> int:
+    """Take `take` requests off the queue for a batch of `exec_ms` from `start`; with `drop`, drop those it
+    would serve late (the oldest: a prefix). Returns the first one served (`inst.head`: all were dropped)."""
+    head = inst.head
+    inst.head += take
+    if not drop:
+        return head
+    first = bisect.bisect_left(inst.times, start + exec_ms - inst.slo_ms, head, head + take)
+    inst.dropped += first - head
+    return first
+
+
+def _share_cores(
+    instances: list[_Instance], draw: Callable[[_Instance, int, tuple, float], float], horizon_ms: float, drop: bool
+) -> None:
+    """One CPU device in turns: every instance's batch runs at once, each of n at 1/n of its speed alone.
+
+    In virtual time, which advances at 1/n of the wall clock while n batches run, a batch that
+    starts at virtual time v and takes w alone ends at v + w, whatever starts after it."""
+    now = virtual = 0.0
+    ready = [(t, k) for k, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
+    heapq.heapify(ready)
+    running: list[tuple[float, int, int, int]] = []  # (virtual end, instance, first served, count)
+    while ready or running:
+        n = len(running)
+        end = now + (running[0][0] - virtual) * n if n else math.inf
+        if ready and ready[0][0] < end:
+            start, k = heapq.heappop(ready)
+            if n:
+                virtual += (start - now) / n
+            now = start
+            inst = instances[k]
+            if start >= horizon_ms + inst.slo_ms:  # what is still queued now could only be late: it stays unserved
+                continue
+            take = _take(inst, start)
+            exec_ms = draw(inst, take, (), start)
+            first = _serve(inst, take, start, exec_ms, drop)
+            if first < inst.head:
+                heapq.heappush(running, (virtual + exec_ms, k, first, inst.head - first))
+                continue
+        else:
+            virtual, k, first, count = heapq.heappop(running)
+            now = end
+            inst = instances[k]
+            inst.batches.append((first, count, now))
+            inst.idle_since = inst.executor.free_at = now
+        nxt = _next_start(inst)
+        if nxt is not None:
+            heapq.heappush(ready, (nxt, k))
+
+
 def simulate(
     plan: Plan,
     lm: LatencyModel,
@@ -197,11 +264,26 @@ def simulate(
         draws = np.random.default_rng([seed, 1]).uniform(-latency_error, latency_error, len(plan.models))
         errors = {m.name: float(e) for m, e in zip(plan.models, draws, strict=True)}
     spread = np.random.default_rng([seed, 2])  # each batch's draw around the predicted latency
+    exec_cache: dict[tuple, tuple[float, float]] = {}  # -> (predicted batch time, its spread's sigma)
+
+    def draw(inst: _Instance, take: int, busy: tuple, start: float) -> float:
+        """One batch's time: the prediction next to the `busy` co-runners, drawn around, plus the wake-up."""
+        key = (inst.model, take, inst.share, busy)
+        cached = exec_cache.get(key)
+        if cached is None:
+            predicted = lm.t_inf(inst.model, take, inst.share, busy) * (1 + errors.get(inst.model, 0.0))
+            cached = exec_cache[key] = (predicted, lm.sigma(inst.model, take))
+        exec_ms, sigma = cached
+        if sigma:
+            exec_ms *= math.exp(sigma * spread.standard_normal())
+        return exec_ms + lm.wake_ms(inst.model, start - inst.idle_since)
+
+    kinds = {d.id: d.kind for d in plan.devices}
     shared = {d.id: _Executor() for d in plan.devices}
     instances: list[_Instance] = []
     for model in plan.models:
         for k, p in enumerate(model.placements):
-            executor = shared[p.device] if plan.takes_turns(p.device) else _Executor()
+            gpu_turns = plan.takes_turns(p.device) and kinds[p.device] == "gpu"
             instances.append(
                 _Instance(
                     model.name,
@@ -211,16 +293,22 @@ def simulate(
                     p.queue_delay_us / 1000,
                     model.slo_ms,
                     arrivals[model.name][k],
-                    executor,
+                    shared[p.device] if gpu_turns else _Executor(),
                 )
             )
     by_device: dict[str, list[_Instance]] = {}
     for inst in instances:
         by_device.setdefault(inst.device, []).append(inst)
-    exec_cache: dict[tuple, tuple[float, float]] = {}  # -> (predicted batch time, its spread's sigma)
-    heap = [(t, i) for i, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
-    heapq.heapify(heap)
     horizon_ms = 1000.0 * duration_s
+    cores_in_turns = {d for d in by_device if plan.takes_turns(d) and kinds[d] == "cpu"}
+    for device in cores_in_turns:
+        _share_cores(by_device[device], draw, horizon_ms, drop)
+    heap = [
+        (t, i)
+        for i, inst in enumerate(instances)
+        if inst.device not in cores_in_turns and (t := _next_start(inst)) is not None
+    ]
+    heapq.heapify(heap)
     while heap:
         start, i = heapq.heappop(heap)
         inst = instances[i]
@@ -229,8 +317,7 @@ def simulate(
         if inst.executor.free_at > start:  # a turn-mate took the shared executor first: wait for it
             heapq.heappush(heap, (_next_start(inst), i))
             continue
-        head = inst.head
-        take = min(inst.batch, bisect.bisect_right(inst.times, start, head) - head)
+        take = _take(inst, start)
         busy = (
             ()
             if inst.executor is shared[inst.device]
@@ -242,30 +329,13 @@ def simulate(
                 )
             )
         )
-        key = (inst.model, take, inst.share, busy)
-        cached = exec_cache.get(key)
-        if cached is None:
-            predicted = lm.t_inf(inst.model, take, inst.share, busy) * (1 + errors.get(inst.model, 0.0))
-            cached = exec_cache[key] = (predicted, lm.sigma(inst.model, take))
-        exec_ms, sigma = cached
-        if sigma:
-            exec_ms *= math.exp(sigma * spread.standard_normal())
-        exec_ms += lm.wake_ms(inst.model, start - inst.idle_since)
-        inst.head += take
-        first = head
-        if drop:  # the oldest requests are the late ones: what is dropped is a prefix of the batch
-            first = bisect.bisect_left(inst.times, start + exec_ms - inst.slo_ms, head, head + take)
-            inst.dropped += first - head
-            if first == head + take:  # the whole batch was dropped: the executor stays free
-                nxt = _next_start(inst)
-                if nxt is not None:
-                    heapq.heappush(heap, (nxt, i))
-                continue
-        end = start + exec_ms
-        inst.idle_since = end
-        inst.executor.free_at = end
-        inst.executor.running = (end, take)
-        inst.batches.append((first, head + take - first, end))
+        exec_ms = draw(inst, take, busy, start)
+        first = _serve(inst, take, start, exec_ms, drop)
+        if first < inst.head:  # else the whole batch was dropped: the executor stays free
+            end = start + exec_ms
+            inst.idle_since = inst.executor.free_at = end
+            inst.executor.running = (end, take)
+            inst.batches.append((first, inst.head - first, end))
         nxt = _next_start(inst)
         if nxt is not None:
             heapq.heappush(heap, (nxt, i))
