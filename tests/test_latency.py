@@ -18,10 +18,11 @@ from conftest import make_mlp, mlp_model, write_cluster
 from profiler.dataset import WakePoint, load_dataset
 from synthetic import ALPHA_CACHE, synthetic_dataset, true_latency
 from tritonctl.cli import main
+from tritonctl.latency import queueing
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
-from tritonctl.latency.model import load_latency_model
-from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency
+from tritonctl.latency.model import MAX_BATCH, load_latency_model
+from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency, warm_tables
 from tritonctl.plan import load_plan
 from tritonctl.planner import predict
 
@@ -72,6 +73,16 @@ def test_task_latency_table_matches_the_sample():
         fast, exact = task_latency(rate, batch, t), sample_task_latency(rate, batch, t)
         assert fast.p99_ms == pytest.approx(exact.p99_ms, rel=0.025)
         assert fast.mean_ms == pytest.approx(exact.mean_ms, rel=0.01)
+
+
+def test_warm_tables_leaves_no_table_to_build_on_first_use():
+    """What the controller does when it starts, so that its first re-plan does not build them under load."""
+    queueing._table.cache_clear()
+    warm_tables(MAX_BATCH)
+    built = queueing._table.cache_info().misses
+    for batch in range(1, MAX_BATCH + 1):
+        task_latency(rate=0.5 * batch * 1000 / 10, batch=batch, t_inf_ms=10)
+    assert queueing._table.cache_info().misses == built
 
 
 def test_task_latency_overload_and_batch_filling():

@@ -37,7 +37,8 @@ from tritonctl.apply import apply_plan
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.files import sha256_file, write_json_atomic
-from tritonctl.latency.model import LatencyModel
+from tritonctl.latency.model import MAX_BATCH, LatencyModel
+from tritonctl.latency.queueing import warm_tables
 from tritonctl.plan import LoadedPlan, Plan, load_plan, relative_to, save_plan
 from tritonctl.planner import make_plan, predict
 from tritonctl.policies import Choice, Demand
@@ -318,7 +319,22 @@ class Controller:
             self.state = ControllerState(plan=source, source=source, source_digest=_digest(Path(source)))
             resume = self.state.plan
         self.state.policy = policy
+        if lm is not None:  # before the instances start, so that it takes no CPU from their first requests
+            self._warm_planner(loaded.resolve(loaded.plan.cluster_file))
         self._apply(Path(resume), Decision(time.time(), "adopt", "controller started: adopt or start the instances"))
+
+    def _warm_planner(self, spec_path: Path) -> None:
+        """Pay the planner's one-time costs now rather than in the first re-plan, which comes when the load has
+        moved and the devices are busiest: loading the models' artifacts (imports, ONNX files) and building
+        the queueing tables of every batch size."""
+        began = time.monotonic()
+        try:
+            materialize(load_cluster(spec_path), log=lambda _: None)
+        except TritonctlError as exc:  # the re-plan will say it again, with the decision it fails
+            self.log(f"note: cannot prepare re-planning yet: {exc}")
+            return
+        warm_tables(MAX_BATCH)
+        self.log(f"planner warmed in {time.monotonic() - began:.1f} s")
 
     # -- applying
     def _apply(self, path: Path, decision: Decision) -> bool:

@@ -97,6 +97,12 @@ def _table(batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return mean, p99, quantiles
 
 
+def warm_tables(max_batch: int) -> None:
+    """Build the tables of batches 1..`max_batch` now (tens of milliseconds each) rather than on first use."""
+    for batch in range(1, max_batch + 1):
+        _table(batch)
+
+
 def task_latency(rate: float, batch: int, t_inf_ms: float) -> TaskLatency:
     """Mean and p99 task latency under Poisson arrivals at `rate` (requests/s): `sample_task_latency`
     interpolated from its table for the batch (p99 within 2.5%, mean within 1%; a few microseconds)."""
