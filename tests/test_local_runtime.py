@@ -199,27 +199,46 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
     assert main(["down", str(plan)]) == 0
 
 
-def test_new_instance_that_crashes_while_warming_up_is_rolled_back(tmp_path, capsys):
+def crash_new_instances(plan: Path, known: set[str], count: int) -> threading.Thread:
+    """A thread that sends SIGSEGV to the next `count` tritonservers the plan's state records, before they are
+    ready (each as soon as it appears)."""
+
+    def crash() -> None:
+        deadline = time.monotonic() + 60
+        crashed = set(known)
+        while len(crashed) < len(known) + count and time.monotonic() < deadline:
+            for rec in state_of(plan).instances.values():
+                if rec.uid not in crashed:
+                    os.kill(rec.pid, signal.SIGSEGV)
+                    crashed.add(rec.uid)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=crash)
+    thread.start()
+    return thread
+
+
+def test_new_instance_that_crashes_while_starting_is_started_once_more_then_rolled_back(tmp_path, capsys):
     plan, url = one_model_deployment(tmp_path)
     (old,) = state_of(plan).instances.values()
     edit_plan(plan, share=40)
+    killer = crash_new_instances(plan, {old.uid}, count=1)  # one crash: the second start serves
+    assert main(["apply", str(plan)]) == 0
+    killer.join()
+    out = capsys.readouterr().out
+    assert "crashed  alpha-0 while starting (tritonserver for alpha-0 exited with code -11" in out
+    (new,) = state_of(plan).instances.values()
+    assert new.share == 40 and new.uid != old.uid and not process_alive(old.pid, old.start_ticks)
+    assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
 
-    def crash_the_shadow() -> None:  # SIGSEGV to the new tritonserver before it is ready
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for rec in state_of(plan).instances.values():
-                if rec.uid != old.uid:
-                    os.kill(rec.pid, signal.SIGSEGV)
-                    return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=crash_the_shadow)
-    killer.start()
+    edit_plan(plan, share=50)
+    killer = crash_new_instances(plan, {new.uid}, count=2)  # crashes twice: rolled back
     assert main(["apply", str(plan)]) == 2
     killer.join()
-    err = capsys.readouterr().err
-    assert "rolled back" in err and "exited with code -11" in err
-    assert list(state_of(plan).instances) == [old.uid]
+    captured = capsys.readouterr()
+    assert "starting it once more" in captured.out
+    assert "rolled back" in captured.err and "exited with code -11" in captured.err
+    assert list(state_of(plan).instances) == [new.uid]
     assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
     assert main(["down", str(plan)]) == 0
 

@@ -138,6 +138,8 @@ class _Run:
 
     def start_all(self, steps: list[Step]) -> list[InstanceRecord]:
         """Start every new instance and wait until it is loaded and warmed; on failure stop them all and raise.
+        An instance whose process dies of a signal while starting is started once more first (session 5 saw a
+        tritonserver abort once inside gRPC's poller while starting, and start fine the next time).
 
         Each record is saved the moment its process exists, so a crash mid-start leaves nothing
         unrecorded: a later apply finds it and keeps or stops it.
@@ -158,14 +160,25 @@ class _Run:
                 began = time.monotonic()
                 old = f" (shadow of {self.state.instances[step.uid].uid})" if step.action == "swap" else ""
                 self.log(f"  starting {step.instance}{old} on {launch.device}, share {launch.share}/{launch.units} ...")
-                record = self.runtime.start(
-                    launch,
-                    folder,
-                    runtime_settings.host,
-                    state_dir / "logs",
-                    runtime_settings.startup_timeout_s,
-                    persist,
-                )
+                for attempt in range(2):
+                    before = len(started)
+                    try:
+                        record = self.runtime.start(
+                            launch,
+                            folder,
+                            runtime_settings.host,
+                            state_dir / "logs",
+                            runtime_settings.startup_timeout_s,
+                            persist,
+                        )
+                        break
+                    except StartError as exc:
+                        if not exc.crashed or attempt:
+                            raise
+                        self.discard(started[before:])  # the dead process: already stopped, forget it
+                        del started[before:]
+                        first_line = str(exc).splitlines()[0]
+                        self.log(f"  crashed  {step.instance} while starting ({first_line}); starting it once more")
                 self.log(
                     f"  ready    {step.instance}: loaded and warmed in {time.monotonic() - began:.1f} s, "
                     f"pid {record.pid}, {record.share_mechanism}"

@@ -15,7 +15,12 @@ from tritonctl.render import Launch
 
 
 class StartError(Exception):
-    """An instance did not come up; the runtime has already cleaned up after it."""
+    """An instance did not come up; the runtime has already cleaned up after it. `crashed`: its process died
+    of a signal while starting, which a second start may not repeat (a flaky abort, not a bad config)."""
+
+    def __init__(self, message: str, crashed: bool = False):
+        super().__init__(message)
+        self.crashed = crashed
 
 
 @dataclass

@@ -221,7 +221,8 @@ class LocalRuntime:
             if proc.poll() is not None:
                 raise StartError(
                     f"tritonserver for {record.instance} exited with code {proc.returncode}; "
-                    f"log {record.log}:\n{_log_tail(Path(record.log))}"
+                    f"log {record.log}:\n{_log_tail(Path(record.log))}",
+                    crashed=proc.returncode < 0,
                 )
             # Over HTTP only: `health` reaps a dead child, and Popen would then report its exit code as 0.
             if _answers(record).model_ready:
