@@ -8,7 +8,8 @@ Plans the CPU demo cluster with `search` (what `make demo` deploys) on the commi
 model, applies it on the real local Triton, drives it with open-loop Poisson traffic from
 tritonclient.grpc at each rate scale,
 replays the requests it sent (their send times) through the simulator, and prints goodput
-and p99 side by side. The deployment is stopped at the end. Run it on a quiet machine: it
+and p99 side by side, with a bootstrap interval of the real p99 (how far it moves by chance
+alone, for that many requests). The deployment is stopped at the end. Run it on a quiet machine: it
 measures latency. What the real run measured is kept in `--results` (bench/results/sim-vs-real/
 unless told: the plan it applied, and per scale the trace of sent requests and every answered
 request's latency), so `--offline` compares a changed simulator or latency model with the same
@@ -60,6 +61,14 @@ def measure(plan_path: Path, duration_s: float, scales: list[float], results: Pa
     (results / "run.json").write_text(json.dumps({"duration_s": duration_s, "scales": scales}) + "\n")
 
 
+def bootstrap_p99(latencies: np.ndarray, rng: np.random.Generator, rounds: int = 1000) -> tuple[float, float]:
+    """The 5th and 95th percentiles of the p99 over resamples of the measured latencies: how far the real p99
+    of this many requests moves by chance alone."""
+    resamples = rng.choice(latencies, size=(rounds, len(latencies)))
+    p99s = np.percentile(resamples, 99, axis=1)
+    return float(np.percentile(p99s, 5)), float(np.percentile(p99s, 95))
+
+
 def compare(results: Path) -> str:
     """The saved real run against the simulator replaying its requests on the saved plan, as a table."""
     run = json.loads((results / "run.json").read_text())
@@ -68,8 +77,9 @@ def compare(results: Path) -> str:
     lm = load_latency_model(MODEL)
     slo = {m.name: m.slo_ms for m in plan.models}
     head = f"{'scale':>5} {'model':14} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11} {'sim':>8}"
-    head += f" {'gap':>7}"
+    head += f" {'gap':>7} {'real p99, 90% bootstrap':>23}"
     lines = [head]
+    rng = np.random.default_rng(0)
     for scale in run["scales"]:
         trace = read_trace(results / f"trace-x{scale:g}.csv")
         latencies: dict[str, list[float]] = {}
@@ -80,9 +90,10 @@ def compare(results: Path) -> str:
         for name, lat in latencies.items():
             g_real = sum(x <= slo[name] for x in lat) / duration
             g_sim, p_real, p_sim = sim[name].good / duration, float(np.percentile(lat, 99)), sim[name].p99_ms
+            low, high = bootstrap_p99(np.array(lat), rng)
             lines.append(
                 f"{scale:5.1f} {name:14} {g_real:12.2f} {g_sim:8.2f} {100 * (g_sim / g_real - 1):+6.1f}% "
-                f"{p_real:11.1f} {p_sim:8.1f} {100 * (p_sim / p_real - 1):+6.1f}%"
+                f"{p_real:11.1f} {p_sim:8.1f} {100 * (p_sim / p_real - 1):+6.1f}% {low:15.1f} - {high:5.1f}"
             )
     return "\n".join(lines)
 
