@@ -1,0 +1,88 @@
+"""How much each demo model slows down when the others run at the same time on the CPU.
+
+    python bench/concurrency.py [--seconds 15]
+
+Applies the CPU demo's `search` plan (the three models taking turns with the whole CPU:
+three tritonserver processes, each with the full quota), then drives each model closed-loop
+(one request at a time, back to back, through tritonclient.grpc): alone, in every pair, and
+all three at once. Printed: each model's median latency alone, and its slowdown in each
+combination. Processor sharing with 1/n (the simulator's model of a CPU in turns) predicts
+2x in a pair and 3x in the triple, if each model kept the cores busy alone. The deployment is
+stopped at the end. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from tritonctl.cli import main as tritonctl
+from tritonctl.client import Endpoint, endpoints
+from tritonctl.plan import load_plan
+from tritonctl.spec import DTYPES
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
+MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
+WARMUP = 3  # requests per model and run left out of the median
+
+
+def back_to_back(target: Endpoint, stop: threading.Event, out: list[float]) -> None:
+    """Send one request after another until `stop`; append each latency (ms)."""
+    client = grpcclient.InferenceServerClient(target.url)
+    x = np.random.default_rng(0).random((1, *target.input_shape)).astype(target.input_dtype)
+    tensor = grpcclient.InferInput(target.input_name, list(x.shape), DTYPES[x.dtype.name].removeprefix("TYPE_"))
+    tensor.set_data_from_numpy(x)
+    while not stop.is_set():
+        began = time.perf_counter()
+        client.infer(target.model, [tensor])
+        out.append(1000 * (time.perf_counter() - began))
+
+
+def medians(targets: list[Endpoint], seconds: float) -> dict[str, float]:
+    """Every target driven back to back at once for `seconds`: each one's median latency (ms)."""
+    stop = threading.Event()
+    latencies: dict[str, list[float]] = {t.model: [] for t in targets}
+    threads = [threading.Thread(target=back_to_back, args=(t, stop, latencies[t.model])) for t in targets]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return {m: statistics.median(x[WARMUP:]) for m, x in latencies.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=15.0, help="seconds per combination (default 15)")
+    args = parser.parse_args()
+    assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
+    plan_path = CLUSTER.parent / "plan.yaml"
+    assert tritonctl(["apply", str(plan_path)]) == 0
+    targets = endpoints(load_plan(plan_path).plan)
+    rows = []
+    try:
+        alone = {t.model: medians([t], args.seconds)[t.model] for t in targets}
+        for size in (2, 3):
+            for combo in itertools.combinations(targets, size):
+                together = medians(list(combo), args.seconds)
+                rows.append([(m, together[m] / alone[m]) for m in together])
+    finally:
+        tritonctl(["down", str(plan_path)])
+    print("\nmedian latency alone, back to back: " + ", ".join(f"{m} {ms:.1f} ms" for m, ms in alone.items()))
+    print("slowdown with the others back to back at the same time (processor sharing with 1/n: 2x, 3x):")
+    for row in rows:
+        print("  " + " + ".join(m for m, _ in row) + ": " + ", ".join(f"{m} {x:.2f}x" for m, x in row))
+        print(f"    work done per second, against the models one at a time: {sum(1 / x for _, x in row):.2f}")
+
+
+if __name__ == "__main__":
+    main()
