@@ -1,31 +1,44 @@
 """What the router costs: the same deployment loaded through the router and straight at the instances.
 
-    python bench/router_overhead.py [--duration 12] [--rounds 2]
+    python bench/router_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
 
-Plans the CPU demo cluster with `spread` (own ports and state), applies it, then sends the
-demo's Poisson traffic alternately to the models' addresses (the router) and to the
-instances' own gRPC ports, `--rounds` times each, and prints p50 and p99 per model.
+Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
+model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
+`--rate-scale`) alternately to the models' addresses (the router) and to the instances' own
+gRPC ports, `--rounds` times each, and prints p50 and p99 per model, and the router's CPU
+time per request it forwarded (user + system, from /proc).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 from pathlib import Path
 
 from tritonctl.apply import apply_plan, down
 from tritonctl.client import endpoints, run_load
 from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan, save_plan
 from tritonctl.planner import make_plan
 from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import LocalRuntime
+from tritonctl.runtime.local import ROUTER_FILE, LocalRuntime, proc_stat_fields
 from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
+MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 WORK = REPO / ".tritonctl" / "router-bench"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = proc_stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def main() -> None:
@@ -33,11 +46,17 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of (router, direct)")
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
+    parser.add_argument("--policy", default="search", help="the plan to load (default search, the demo's)")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
     args = parser.parse_args()
     demo = load_cluster(CLUSTER)
-    cluster = demo.with_runtime(base_port=args.base_port, state_dir=str(WORK / "state"))
+    cluster = demo.with_rates(lambda m: m.rate * args.rate_scale).with_runtime(
+        base_port=args.base_port, state_dir=str(WORK / "state")
+    )
     path = WORK / "plan.yaml"
-    save_plan(make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", path, log=lambda _: None), path)
+    lm = None if args.policy == "spread" else load_latency_model(MODEL)
+    artifacts = materialize(cluster, log=lambda _: None)
+    save_plan(make_plan(cluster, artifacts, args.policy, path, lm, log=lambda _: None), path)
     loaded = load_plan(path)
     triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     apply_plan(loaded, triton, log=lambda _: None)
@@ -46,12 +65,16 @@ def main() -> None:
         routed = endpoints(loaded.plan)
         own = {m: f"{r.host}:{r.backend_port}" for m, r in records.items()}
         direct = [dataclasses.replace(e, url=own[e.model]) for e in routed]
+        router = json.loads((loaded.state_dir / ROUTER_FILE).read_text())["pid"]
         print(f"{'round':5} {'path':7} " + " ".join(f"{e.model + ' p50/p99 ms':>26}" for e in routed))
         for round_ in range(args.rounds):
             for name, targets in (("router", routed), ("direct", direct)):
-                results = run_load(targets, args.duration, seed=round_)
+                before = cpu_s(router)
+                results = run_load(targets, args.duration, args.rate_scale, seed=round_)
                 cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
-                print(f"{round_:5d} {name:7} {cells}", flush=True)
+                forwarded = sum(len(r.latencies_ms) for r in results) if name == "router" else 0
+                used = f"  router CPU {1000 * (cpu_s(router) - before) / forwarded:.2f} ms/request" if forwarded else ""
+                print(f"{round_:5d} {name:7} {cells}{used}", flush=True)
     finally:
         down(loaded.state_dir, triton, log=lambda _: None)
 
