@@ -6,20 +6,22 @@
 
 Plans the CPU demo cluster with `search` (what `make demo` deploys) on the committed latency
 model, applies it on the real local Triton, drives it with open-loop Poisson traffic from
-tritonclient.grpc at each rate scale,
-replays the requests it sent (their send times) through the simulator, and prints goodput
-and p99 side by side, with a bootstrap interval of the real p99 (how far it moves by chance
-alone, for that many requests). The deployment is stopped at the end. Run it on a quiet machine: it
-measures latency. What the real run measured is kept in `--results` (bench/results/sim-vs-real/
-unless told: the plan it applied, and per scale the trace of sent requests and every answered
-request's latency), so `--offline` compares a changed simulator or latency model with the same
-real run and plan.
+tritonclient.grpc at each rate scale (through the router, or with `--direct` at the
+instances' own ports: the simulator does not model the router), replays the requests it
+sent (their send times) through the simulator, and prints goodput and p99 side by side,
+with a bootstrap interval of the real p99 (how far it moves by chance alone, for that many
+requests). The deployment is stopped at the end. Run it on a quiet machine: it measures
+latency. What the real run measured is kept in `--results` (bench/results/sim-vs-real/
+unless told: the plan it applied, and per scale the trace of sent requests and every
+answered request's latency), so `--offline` compares a changed simulator or latency model
+with the same real run and plan.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -31,6 +33,7 @@ from tritonctl.client import endpoints, run_load
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan
 from tritonctl.simulate import read_trace, simulate
+from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -38,15 +41,20 @@ MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 RESULTS = REPO / "bench" / "results" / "sim-vs-real"
 
 
-def measure(plan_path: Path, duration_s: float, scales: list[float], results: Path) -> None:
-    """Apply the plan, load it at every scale and save the sent requests and the answers' latencies."""
+def measure(plan_path: Path, duration_s: float, scales: list[float], results: Path, direct: bool) -> None:
+    """Apply the plan, load it at every scale and save the sent requests and the answers' latencies; `direct`:
+    at the instances' own gRPC ports rather than the models' addresses (the router)."""
     results.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(plan_path, results / "plan.yaml")
     assert tritonctl(["apply", str(plan_path)]) == 0
-    plan = load_plan(plan_path).plan
+    loaded = load_plan(plan_path)
+    targets = endpoints(loaded.plan)
+    if direct:
+        own = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(loaded.state_dir).instances.values()}
+        targets = [dataclasses.replace(t, url=own[t.model]) for t in targets]
     try:
         for scale in scales:
-            real = run_load(endpoints(plan), duration_s, scale)
+            real = run_load(targets, duration_s, scale)
             with open(results / f"trace-x{scale:g}.csv", "w", newline="") as f:
                 writer = csv.writer(f)
                 writer.writerow(["model", "time_s"])
@@ -58,7 +66,8 @@ def measure(plan_path: Path, duration_s: float, scales: list[float], results: Pa
             print(f"x{scale:g}: {sum(r.sent for r in real)} sent, {sum(len(r.errors) for r in real)} failed")
     finally:
         tritonctl(["down", str(plan_path)])
-    (results / "run.json").write_text(json.dumps({"duration_s": duration_s, "scales": scales}) + "\n")
+    run = {"duration_s": duration_s, "scales": scales, "path": "direct" if direct else "router"}
+    (results / "run.json").write_text(json.dumps(run) + "\n")
 
 
 def bootstrap_p99(latencies: np.ndarray, rng: np.random.Generator, rounds: int = 1000) -> tuple[float, float]:
@@ -104,11 +113,12 @@ def main() -> None:
     parser.add_argument("--scales", type=float, nargs="+", default=[0.5, 0.75, 1.0], help="rate multipliers")
     parser.add_argument("--offline", action="store_true", help="compare with the saved real run, start nothing")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the real run (default: %(default)s)")
+    parser.add_argument("--direct", action="store_true", help="send to the instances' own ports, not the router")
     args = parser.parse_args()
     if not args.offline:
         plan_path = CLUSTER.parent / "plan.yaml"
         assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
-        measure(plan_path, args.duration, args.scales, args.results)
+        measure(plan_path, args.duration, args.scales, args.results, args.direct)
     table = compare(args.results)
     (args.results / "table.txt").write_text(table + "\n")
     print("\n" + table)
