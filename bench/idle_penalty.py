@@ -1,6 +1,6 @@
 """What a request costs after the instance has been idle, against back to back: the latency the profile misses.
 
-    python bench/idle_penalty.py [--requests 60] [--gaps 0 0.05 0.2]
+    python bench/idle_penalty.py [--requests 60] [--gaps 0 0.05 0.2] [--busy]
 
 The CPU demo is planned with `search` on the committed latency model and applied on the real
 local Triton. For each model, one client sends single requests (batch 1) straight to its
@@ -8,12 +8,15 @@ instance (not through the router), waiting each gap between the answer and the n
 and prints the median latency per gap. The profile's grid is measured back to back (gap 0), as
 a closed-loop client does; open-loop traffic at the demo's rates leaves an instance idle for
 tens of milliseconds between requests, which is why the profile also measures the wake-up
-(wake.csv). Run it on a quiet machine.
+(wake.csv). With `--busy` the other two models are driven back to back meanwhile (one
+client each, straight to their instances), as under load, where the profile's wake-up was
+measured on an otherwise idle machine. Run it on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from pathlib import Path
 
@@ -32,11 +35,16 @@ MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 PLAN = REPO / ".tritonctl" / "idle-penalty" / "plan.yaml"
 
 
-def median_ms(url: str, endpoint, gap_s: float, requests: int) -> float:
+def single_input(endpoint) -> grpcclient.InferInput:
     data = np.random.default_rng(0).random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
     dtype = DTYPES[data.dtype.name].removeprefix("TYPE_")
     infer_input = grpcclient.InferInput(endpoint.input_name, list(data.shape), dtype)
     infer_input.set_data_from_numpy(data)
+    return infer_input
+
+
+def median_ms(url: str, endpoint, gap_s: float, requests: int) -> float:
+    infer_input = single_input(endpoint)
     outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
     latencies = []
     with grpcclient.InferenceServerClient(url) as client:
@@ -48,10 +56,19 @@ def median_ms(url: str, endpoint, gap_s: float, requests: int) -> float:
     return float(np.median(latencies))
 
 
+def back_to_back(url: str, endpoint, stop: threading.Event) -> None:
+    """Keep the instance busy: one request after another until `stop`."""
+    infer_input = single_input(endpoint)
+    with grpcclient.InferenceServerClient(url) as client:
+        while not stop.is_set():
+            client.infer(endpoint.model, [infer_input])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=60, help="requests per model and gap")
     parser.add_argument("--gaps", type=float, nargs="+", default=[0.0, 0.05, 0.2], help="idle seconds before each")
+    parser.add_argument("--busy", action="store_true", help="keep the other models busy meanwhile")
     args = parser.parse_args()
     PLAN.parent.mkdir(parents=True, exist_ok=True)
     planned = ["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL), "-o", str(PLAN)]
@@ -60,11 +77,22 @@ def main() -> None:
     try:
         loaded = load_plan(PLAN)
         records = load_state(loaded.state_dir).instances.values()
+        own = {r.model: f"{r.host}:{r.backend_port}" for r in records}
+        targets = endpoints(loaded.plan)
         rows = []
-        for endpoint in endpoints(loaded.plan):
-            record = next(r for r in records if r.model == endpoint.model)
-            url = f"{record.host}:{record.backend_port}"
-            rows.append((endpoint.model, [median_ms(url, endpoint, gap, args.requests) for gap in args.gaps]))
+        for endpoint in targets:
+            stop = threading.Event()
+            others = [t for t in targets if t.model != endpoint.model] if args.busy else []
+            load = [threading.Thread(target=back_to_back, args=(own[t.model], t, stop)) for t in others]
+            for thread in load:
+                thread.start()
+            try:
+                medians = [median_ms(own[endpoint.model], endpoint, gap, args.requests) for gap in args.gaps]
+                rows.append((endpoint.model, medians))
+            finally:
+                stop.set()
+                for thread in load:
+                    thread.join()
     finally:
         tritonctl(["down", str(PLAN)])
     print(f"\n{'model':14} " + " ".join(f"{f'p50 ms, gap {1000 * g:g} ms':>20}" for g in args.gaps))
