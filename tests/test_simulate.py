@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from synthetic import synthetic_dataset
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
+from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
 from tritonctl.simulate import read_trace, simulate
 
 
@@ -122,6 +125,34 @@ def test_a_cpu_in_turns_shares_its_time_without_losing_or_making_any(lm):
         result = simulate(plan_of(*models, sharing="temporal", kind=kind), lm, duration_s=200)
         busy_s = sum(m.served * lm.t_inf(m.model, 1, 100) for m in result.models) / 1000
         assert busy_s == pytest.approx(200, rel=0.01), kind
+
+
+def test_the_same_seed_gives_the_same_run_in_every_process(lm, tmp_path):
+    """Two CPU devices in turns, with spread: Python hashes strings differently in each process, so nothing
+    that decides the order of the draws may follow a set of device names."""
+    spread = copy.deepcopy(lm)
+    spread.models["alpha"].spread = spread.models["beta"].spread = (0.2, 0.0)
+    spread.save(tmp_path / "lm.json")
+    plan = plan_of(("alpha", 100, 1e6, 100, 1, 0), ("beta", 40, 1e6, 100, 1, 0), sharing="temporal")
+    devices = [plan.devices[0], plan.devices[0].model_copy(update={"id": "cpu1", "index": 1})]
+    beta = plan.models[1].model_copy(
+        update={"placements": [plan.models[1].placements[0].model_copy(update={"device": "cpu1"})]}
+    )
+    plan = plan.model_copy(update={"devices": devices, "models": [plan.models[0], beta]})
+    save_plan(plan, tmp_path / "plan.yaml")
+    run = (
+        "from tritonctl.latency.model import load_latency_model; from tritonctl.plan import load_plan; "
+        "from tritonctl.simulate import simulate; "
+        f"r = simulate(load_plan('{tmp_path}/plan.yaml').plan, load_latency_model('{tmp_path}/lm.json'), 20, seed=3); "
+        "print([m.p99_ms for m in r.models])"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", run], env={**os.environ, "PYTHONHASHSEED": str(k)}, capture_output=True, text=True
+        ).stdout
+        for k in range(1, 7)
+    }
+    assert len(outputs) == 1 and next(iter(outputs)).startswith("[")
 
 
 def test_replica_weights_split_the_traffic(lm):

@@ -300,8 +300,8 @@ def simulate(
     for inst in instances:
         by_device.setdefault(inst.device, []).append(inst)
     horizon_ms = 1000.0 * duration_s
-    cores_in_turns = {d for d in by_device if plan.takes_turns(d) and kinds[d] == "cpu"}
-    for device in cores_in_turns:
+    cores_in_turns = [d for d in by_device if plan.takes_turns(d) and kinds[d] == "cpu"]  # in the plan's order:
+    for device in cores_in_turns:  # they draw from one stream, so the same seed gives the same run
         _share_cores(by_device[device], draw, horizon_ms, drop)
     heap = [
         (t, i)
