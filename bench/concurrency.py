@@ -20,13 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import tritonclient.grpc as grpcclient
-
 from tritonctl.cli import main as tritonctl
-from tritonctl.client import Endpoint, endpoints
+from tritonctl.client import Endpoint, closed_loop, endpoints
 from tritonctl.plan import load_plan
-from tritonctl.spec import DTYPES
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -34,23 +30,11 @@ MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 WARMUP = 3  # requests per model and run left out of the median
 
 
-def back_to_back(target: Endpoint, stop: threading.Event, out: list[float]) -> None:
-    """Send one request after another until `stop`; append each latency (ms)."""
-    client = grpcclient.InferenceServerClient(target.url)
-    x = np.random.default_rng(0).random((1, *target.input_shape)).astype(target.input_dtype)
-    tensor = grpcclient.InferInput(target.input_name, list(x.shape), DTYPES[x.dtype.name].removeprefix("TYPE_"))
-    tensor.set_data_from_numpy(x)
-    while not stop.is_set():
-        began = time.perf_counter()
-        client.infer(target.model, [tensor])
-        out.append(1000 * (time.perf_counter() - began))
-
-
 def medians(targets: list[Endpoint], seconds: float) -> dict[str, float]:
     """Every target driven back to back at once for `seconds`: each one's median latency (ms)."""
     stop = threading.Event()
     latencies: dict[str, list[float]] = {t.model: [] for t in targets}
-    threads = [threading.Thread(target=back_to_back, args=(t, stop, latencies[t.model])) for t in targets]
+    threads = [threading.Thread(target=closed_loop, args=(t, stop, latencies[t.model])) for t in targets]
     for thread in threads:
         thread.start()
     time.sleep(seconds)

@@ -23,25 +23,22 @@ from tritonctl.cli import main as tritonctl
 from tritonctl.client import endpoints, run_load
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan
+from tritonctl.runtime.local import cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
 MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
-TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds() -> dict[int, tuple[str, float]]:
+def every_process() -> dict[int, tuple[str, float]]:
     """(command line, user + system CPU seconds) of every process now."""
     out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline") as f:
-                cmd = f.read().replace("\0", " ")
+            cmd = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
         except OSError:  # gone meanwhile
             continue
-        out[int(pid)] = (cmd, (int(fields[11]) + int(fields[12])) / TICK)
+        out[pid] = (cmd, cpu_seconds(pid))
     return out
 
 
@@ -65,15 +62,14 @@ def main() -> None:
     assert tritonctl(["apply", str(plan_path)]) == 0
     plan = load_plan(plan_path).plan
     try:
-        before, mine = cpu_seconds(), os.times()
+        before, mine = every_process(), os.times()
         started = time.perf_counter()
         results = run_load(endpoints(plan), args.duration, args.rate_scale)
         wall = time.perf_counter() - started
-        after, mine_after = cpu_seconds(), os.times()
+        after, mine_after = every_process(), os.times()
     finally:
         tritonctl(["down", str(plan_path)])
-    used: dict[str, float] = {"load generator (this process)": 0.0}
-    used["load generator (this process)"] = mine_after.user + mine_after.system - mine.user - mine.system
+    used = {"load generator (this process)": mine_after.user + mine_after.system - mine.user - mine.system}
     for pid, (cmd, seconds) in after.items():
         if pid == os.getpid():
             continue

@@ -24,10 +24,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from tritonctl.cli import main as tritonctl
-from tritonctl.client import endpoints
+from tritonctl.client import Endpoint, closed_loop, endpoints, random_request, straight_to_instances
 from tritonctl.plan import load_plan
-from tritonctl.spec import DTYPES
-from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -35,33 +33,17 @@ MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 PLAN = REPO / ".tritonctl" / "idle-penalty" / "plan.yaml"
 
 
-def single_input(endpoint) -> grpcclient.InferInput:
-    data = np.random.default_rng(0).random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
-    dtype = DTYPES[data.dtype.name].removeprefix("TYPE_")
-    infer_input = grpcclient.InferInput(endpoint.input_name, list(data.shape), dtype)
-    infer_input.set_data_from_numpy(data)
-    return infer_input
-
-
-def median_ms(url: str, endpoint, gap_s: float, requests: int) -> float:
-    infer_input = single_input(endpoint)
+def median_ms(endpoint: Endpoint, gap_s: float, requests: int) -> float:
+    infer_input = random_request(endpoint, np.random.default_rng(0))
     outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
     latencies = []
-    with grpcclient.InferenceServerClient(url) as client:
+    with grpcclient.InferenceServerClient(endpoint.url) as client:
         for _ in range(requests):
             time.sleep(gap_s)
             start = time.perf_counter()
             client.infer(endpoint.model, [infer_input], outputs=outputs)
             latencies.append((time.perf_counter() - start) * 1000)
     return float(np.median(latencies))
-
-
-def back_to_back(url: str, endpoint, stop: threading.Event) -> None:
-    """Keep the instance busy: one request after another until `stop`."""
-    infer_input = single_input(endpoint)
-    with grpcclient.InferenceServerClient(url) as client:
-        while not stop.is_set():
-            client.infer(endpoint.model, [infer_input])
 
 
 def main() -> None:
@@ -76,18 +58,16 @@ def main() -> None:
     assert tritonctl(["apply", str(PLAN)]) == 0
     try:
         loaded = load_plan(PLAN)
-        records = load_state(loaded.state_dir).instances.values()
-        own = {r.model: f"{r.host}:{r.backend_port}" for r in records}
-        targets = endpoints(loaded.plan)
+        targets = straight_to_instances(endpoints(loaded.plan), loaded.state_dir)
         rows = []
         for endpoint in targets:
             stop = threading.Event()
             others = [t for t in targets if t.model != endpoint.model] if args.busy else []
-            load = [threading.Thread(target=back_to_back, args=(own[t.model], t, stop)) for t in others]
+            load = [threading.Thread(target=closed_loop, args=(t, stop)) for t in others]
             for thread in load:
                 thread.start()
             try:
-                medians = [median_ms(own[endpoint.model], endpoint, gap, args.requests) for gap in args.gaps]
+                medians = [median_ms(endpoint, gap, args.requests) for gap in args.gaps]
                 rows.append((endpoint.model, medians))
             finally:
                 stop.set()

@@ -19,6 +19,7 @@ from pathlib import Path
 from tritonctl.cli import main as tritonctl
 from tritonctl.client import endpoints, run_load
 from tritonctl.plan import load_plan
+from tritonctl.runtime.local import cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -29,15 +30,14 @@ STUB = "triton_python_b"  # the Python backend stub's process name, as the kerne
 
 def stub_cpu_s() -> float:
     """CPU seconds (user + system) used so far by every running Python backend stub."""
-    total = 0
+    total = 0.0
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and (proc / "comm").read_text().strip() == STUB:
-                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])  # utime, stime
+                total += cpu_seconds(int(proc.name))
         except OSError:
             continue  # gone meanwhile
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def measure(spinning: str, duration_s: float) -> tuple[float, list]:

@@ -12,33 +12,23 @@ time per request it forwarded (user + system, from /proc).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 from pathlib import Path
 
 from tritonctl.apply import apply_plan, down
-from tritonctl.client import endpoints, run_load
+from tritonctl.client import endpoints, run_load, straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan, save_plan
 from tritonctl.planner import make_plan
 from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import ROUTER_FILE, LocalRuntime, proc_stat_fields
+from tritonctl.runtime.local import ROUTER_FILE, LocalRuntime, cpu_seconds
 from tritonctl.spec import load_cluster
-from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
 MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 WORK = REPO / ".tritonctl" / "router-bench"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    fields = proc_stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def main() -> None:
@@ -61,19 +51,21 @@ def main() -> None:
     triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     apply_plan(loaded, triton, log=lambda _: None)
     try:
-        records = {r.model: r for r in load_state(loaded.state_dir).instances.values()}
         routed = endpoints(loaded.plan)
-        own = {m: f"{r.host}:{r.backend_port}" for m, r in records.items()}
-        direct = [dataclasses.replace(e, url=own[e.model]) for e in routed]
+        direct = straight_to_instances(routed, loaded.state_dir)
         router = json.loads((loaded.state_dir / ROUTER_FILE).read_text())["pid"]
         print(f"{'round':5} {'path':7} " + " ".join(f"{e.model + ' p50/p99 ms':>26}" for e in routed))
         for round_ in range(args.rounds):
             for name, targets in (("router", routed), ("direct", direct)):
-                before = cpu_s(router)
+                before = cpu_seconds(router)
                 results = run_load(targets, args.duration, args.rate_scale, seed=round_)
                 cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
                 forwarded = sum(len(r.latencies_ms) for r in results) if name == "router" else 0
-                used = f"  router CPU {1000 * (cpu_s(router) - before) / forwarded:.2f} ms/request" if forwarded else ""
+                used = (
+                    f"  router CPU {1000 * (cpu_seconds(router) - before) / forwarded:.2f} ms/request"
+                    if forwarded
+                    else ""
+                )
                 print(f"{round_:5d} {name:7} {cells}{used}", flush=True)
     finally:
         down(loaded.state_dir, triton, log=lambda _: None)

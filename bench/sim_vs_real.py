@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -29,11 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from tritonctl.cli import main as tritonctl
-from tritonctl.client import endpoints, run_load
+from tritonctl.client import endpoints, run_load, straight_to_instances
 from tritonctl.latency.model import load_latency_model
 from tritonctl.plan import load_plan
 from tritonctl.simulate import read_trace, simulate
-from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
@@ -50,8 +48,7 @@ def measure(plan_path: Path, duration_s: float, scales: list[float], results: Pa
     loaded = load_plan(plan_path)
     targets = endpoints(loaded.plan)
     if direct:
-        own = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(loaded.state_dir).instances.values()}
-        targets = [dataclasses.replace(t, url=own[t.model]) for t in targets]
+        targets = straight_to_instances(targets, loaded.state_dir)
     try:
         for scale in scales:
             real = run_load(targets, duration_s, scale)

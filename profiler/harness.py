@@ -12,7 +12,6 @@ Triton's statistics give the server-side compute and queue time of exactly those
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -30,12 +29,11 @@ from tritonctl.plan import Device, Placement, PlannedModel
 from tritonctl.render import CFS_PERIOD_US, cpu_cores, render_instance, threads_for
 from tritonctl.runtime import share as cgroups
 from tritonctl.runtime.base import InstanceRecord
-from tritonctl.runtime.local import LocalRuntime, free_port, proc_stat_fields
+from tritonctl.runtime.local import LocalRuntime, cpu_seconds, free_port
 from tritonctl.spec import DTYPES
 
 WARMUP_REPS, WARMUP_S = 3, 0.3
 MIN_REPS, MIN_TIME_S, MAX_REPS, MAX_TIME_S = 14, 1.0, 300, 5.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 COLOC_MIN_REPS, COLOC_TIME_S, COLOC_MAX_TIME_S = 5, 3.0, 12.0
 
 
@@ -262,12 +260,7 @@ class Harness:
 
     def _cpu_seconds(self, record: InstanceRecord) -> float:
         """CPU time (user + system) the instance's processes have used so far."""
-        total = 0
-        for pid in self._pids(record):
-            fields = proc_stat_fields(pid)
-            if fields:
-                total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / CLOCK_TICKS
+        return sum(cpu_seconds(pid) for pid in self._pids(record))
 
     def _rss_mb(self, record: InstanceRecord) -> float:
         """Resident memory of the instance's processes (server and backend stub)."""

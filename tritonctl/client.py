@@ -1,4 +1,5 @@
-"""Client side: where each model answers, and an open-loop load generator over tritonclient.grpc.
+"""Client side: where each model answers, an open-loop load generator over tritonclient.grpc, and a
+closed loop that keeps one model busy (benchmarks).
 
 The load generator sends Poisson arrivals at each model's rate with the ordinary Triton
 gRPC client (async_infer), so what it measures is what any client would see.
@@ -6,16 +7,19 @@ gRPC client (async_infer), so what it measures is what any client would see.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
 from tritonctl.plan import Plan
 from tritonctl.spec import DTYPES
+from tritonctl.state import load_state
 
 
 @dataclass(frozen=True)
@@ -90,16 +94,40 @@ class LoadResult:
         return sum(1 for lat in self.latencies_ms if lat <= self.slo_ms) / self.sent
 
 
+def straight_to_instances(targets: list[Endpoint], state_dir: Path) -> list[Endpoint]:
+    """The same endpoints at their instances' own gRPC ports instead of the models' addresses (the router);
+    one instance per model (a model's last recorded instance)."""
+    own = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(state_dir).instances.values()}
+    return [dataclasses.replace(t, url=own[t.model]) for t in targets]
+
+
+def random_request(endpoint: Endpoint, rng: np.random.Generator) -> grpcclient.InferInput:
+    """A batch-1 request of uniform random input for the endpoint's model."""
+    data = rng.random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
+    request = grpcclient.InferInput(
+        endpoint.input_name, list(data.shape), DTYPES[data.dtype.name].removeprefix("TYPE_")
+    )
+    request.set_data_from_numpy(data)
+    return request
+
+
+def closed_loop(endpoint: Endpoint, stop: threading.Event, latencies_ms: list[float] | None = None) -> None:
+    """One request after another until `stop`, each one's latency (ms) appended to `latencies_ms`."""
+    request = random_request(endpoint, np.random.default_rng(0))
+    with grpcclient.InferenceServerClient(endpoint.url) as client:
+        while not stop.is_set():
+            began = time.perf_counter()
+            client.infer(endpoint.model, [request])
+            if latencies_ms is not None:
+                latencies_ms.append(1000 * (time.perf_counter() - began))
+
+
 def _drive(endpoint: Endpoint, rate: float, duration_s: float, seed: int, out: LoadResult, origin: float) -> None:
     rng = np.random.default_rng(seed)
-    data = rng.random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
+    infer_input = random_request(endpoint, rng)  # drawn first: the arrivals below follow from the same stream
     lock = threading.Lock()
     outstanding = threading.Semaphore(0)
     with grpcclient.InferenceServerClient(endpoint.url) as client:
-        infer_input = grpcclient.InferInput(
-            endpoint.input_name, list(data.shape), DTYPES[data.dtype.name].removeprefix("TYPE_")
-        )
-        infer_input.set_data_from_numpy(data)
         outputs = [grpcclient.InferRequestedOutput(endpoint.output_name)]
 
         def done(sent_at: float, result, error) -> None:  # tritonclient calls back with result=, error=

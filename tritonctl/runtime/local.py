@@ -40,6 +40,7 @@ from tritonctl.runtime.binary import TritonBinary
 
 EXIT_TIMEOUT_S = 10
 ROUTER_FILE = "router.json"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def free_ports(host: str, count: int) -> list[int]:
@@ -74,6 +75,12 @@ def proc_stat_fields(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return []
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far; 0 when it does not exist."""
+    fields = proc_stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS if fields else 0.0
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
