@@ -69,14 +69,16 @@ def solo_runs(models: list[str], units: int) -> list[Run]:
     return runs
 
 
-def coloc_runs(models: list[str], units: int, seed: int = 0) -> list[Run]:
+def coloc_runs(
+    models: list[str], units: int, seed: int = 0, max_pairs: int = MAX_PAIRS, max_triples: int = MAX_TRIPLES
+) -> list[Run]:
     rng = random.Random(seed)
     pairs = list(itertools.combinations(models, 2))
     triples = list(itertools.combinations(models, 3))
-    if len(pairs) > MAX_PAIRS:
-        pairs = sorted(rng.sample(pairs, MAX_PAIRS))
-    if len(triples) > MAX_TRIPLES:
-        triples = sorted(rng.sample(triples, MAX_TRIPLES))
+    if len(pairs) > max_pairs:
+        pairs = sorted(rng.sample(pairs, max_pairs))
+    if len(triples) > max_triples:
+        triples = sorted(rng.sample(triples, max_triples))
     q, h, tq = _units(0.25, units), _units(0.5, units), _units(0.75, units)
     runs = []
     for a, b in pairs:

@@ -1,0 +1,88 @@
+"""The GPU profile: its parsers, and the fit on the committed H100 measurements (profiles/inss-gpu).
+
+Measuring needs a GPU host (profiler/gpu.py `measure`); what runs here is everything after it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from profiler.dataset import load_dataset
+from profiler.gpu import _keys, _l2_line, _parse_ncu, parse_models
+from profiler.grid import Member, Run
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.report import evaluate
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILE = REPO / "profiles/inss-gpu"
+
+
+def test_models_argument_and_worker_slots():
+    assert parse_models("alexnet, mobilenet=mobilenet_v2,") == {"alexnet": "alexnet", "mobilenet": "mobilenet_v2"}
+    run = Run("coloc", "train", (Member("a", 25, 4), Member("b", 25, 4), Member("c", 50, 4)))
+    assert _keys(run) == [(25, 0), (25, 1), (50, 0)]  # two members at one share need two MPS clients
+
+
+def _ncu_csv(values: list[tuple[int, float, float]]) -> str:
+    head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+    lines = ["==PROF== Connected to process 1", head]
+    for i, duration, l2 in values:
+        lines.append(f'"{i}","graph","gpu__time_duration.sum","ns","{duration:,.0f}"')
+        lines.append(f'"{i}","graph","lts__throughput.avg.pct_of_peak_sustained_elapsed","%","{l2}"')
+    return "\n".join(lines)
+
+
+def test_ncu_results_map_to_the_models_in_order_or_not_at_all():
+    text = _ncu_csv([(1, 2_500_000, 30.5), (0, 1200, 8.25)])
+    assert _parse_ncu(text, ["first", "second"]) == {"first": 8.25, "second": 30.5}
+    assert _parse_ncu(text, ["only"]) is None  # a model lost or one too many: refuse rather than misassign
+
+
+def test_l2_is_carried_to_each_share_by_the_graph_time():
+    rows = [
+        {"model": "m", "kind": "solo", "split": "train", "batch": 4, "share": s, "compute_ms": 10.0 * 100 / s}
+        for s in (25, 50, 100)
+    ] + [{"model": "m", "kind": "solo", "split": "train", "batch": 8, "share": 25, "compute_ms": 99.0}]
+    line = _l2_line(40.0, rows, "m")
+    # graph time ~ 1/share here, so the same bytes over a longer time: 40% x share / 100, exactly a line
+    assert line(100) == pytest.approx(40.0)
+    assert line(25) == pytest.approx(10.0)
+
+
+def test_the_h100_profile_is_complete_and_fits_its_held_out_points():
+    dataset = load_dataset(PROFILE)
+    assert dataset.metadata["device"]["kind"] == "gpu" and "H100" in dataset.metadata["device"]["model"]
+    assert set(dataset.models) == {
+        "alexnet",
+        "resnet50",
+        "vgg16",
+        "vgg19",
+        "resnet18",
+        "mnasnet",
+        "efficientnet",
+        "mobilenet",
+    }
+    assert {r.kind for r in dataset.rows} == {"solo", "coloc"}
+    model = fit_latency_model(dataset, log=lambda _: None)
+    results = evaluate(model, dataset)
+    solo = [r.error("inss") for r in results if r.row.kind == "solo"]
+    coloc = [r.error("inss") for r in results if r.row.kind == "coloc"]
+    # Measured on the H100 (session 7): median 2.2% solo, 4.1% co-located; max 13.5% and 9.5%.
+    assert statistics.median(solo) < 0.05 and max(solo) < 0.2
+    assert statistics.median(coloc) < 0.08 and max(coloc) < 0.15
+    # MPS shares on a GPU slow a co-located model through L2 and scheduling, never through cores.
+    assert model.device.contention == 0.0
+    assert all(p.alpha_cache >= 0 for p in model.models.values())
+
+
+def test_the_committed_latency_model_is_the_fit_of_the_committed_profile():
+    dataset = load_dataset(PROFILE)
+    fresh = fit_latency_model(dataset, log=lambda _: None)
+    committed = json.loads((PROFILE / "latency-model.json").read_text())
+    for name, params in fresh.models.items():
+        assert committed["models"][name]["alpha_cache"] == pytest.approx(params.alpha_cache, rel=1e-6)
+        assert committed["models"][name]["lwr_y"] == pytest.approx(params.lwr_y, rel=1e-6)
