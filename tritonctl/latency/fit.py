@@ -45,7 +45,8 @@ def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> L
                 f"{MIN_SOLO_POINTS} (profile longer: the profile resumes)",
                 file=dataset.folder / "measurements.csv",
             )
-    units, cores = solo[0].units, solo[0].cores
+    units = solo[0].units
+    cores = solo[0].cores if kind == "cpu" else None  # a GPU share is an MPS fraction, not cores
 
     # Upload and feedback: what the client sees beyond Triton's compute time, against bytes moved.
     io_x = np.array([(features[r.model].input_bytes + features[r.model].output_bytes) * r.batch for r in solo])
