@@ -86,3 +86,19 @@ def test_the_committed_latency_model_is_the_fit_of_the_committed_profile():
     for name, params in fresh.models.items():
         assert committed["models"][name]["alpha_cache"] == pytest.approx(params.alpha_cache, rel=1e-6)
         assert committed["models"][name]["lwr_y"] == pytest.approx(params.lwr_y, rel=1e-6)
+
+
+def test_the_simulator_matches_the_real_h100_replay_of_the_search_plans():
+    """bench/gpu_replay.py replayed the search plans of the three InSS setups on an H100 under MPS (session 7);
+    the simulator, on the same arrivals, must keep agreeing with what the GPU did."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpu_replay import compare
+
+    for setup in ("six-4", "eight-4", "eight-5"):
+        results = REPO / f"bench/results/gpu-replay-{setup}"
+        table = compare(results / "spec.json", results, PROFILE / "latency-model.json")
+        (total,) = [line for line in table.splitlines() if line.startswith("| search | ") and line.count("|") == 5]
+        real, sim = (float(cell) for cell in total.split("|")[2:4])
+        assert abs(sim / real - 1) < 0.05, (setup, real, sim)

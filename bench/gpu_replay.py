@@ -1,0 +1,258 @@
+"""Plans on a real H100 against the simulator: goodput and p99 per model, by policy.
+
+No Triton runs on the GPU hosts lent here, so each of a plan's instances is replayed as what Triton
+would run: an MPS client at the instance's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) with a CUDA
+graph per batch size (profiler/gpu.py's), behind a dynamic batcher with the plan's preferred batch
+and queue delay (a batch starts when the executor is free and `batch` requests wait or the oldest
+has waited the delay; it takes up to `batch`). Requests arrive open-loop, Poisson at the instance's
+part of its model's rate, generated inside the instance's process; a request's latency runs from
+its arrival to the end of its batch (input copied from pinned host memory, output copied back).
+There is no network and no gRPC. A plan's devices never interact, so its devices are replayed one
+after another on the one GPU, each for `duration` seconds.
+
+    python bench/gpu_replay.py spec PLAN... -o SPEC.json       # here: what to replay (keep the plans beside it)
+    python3 bench/gpu_replay.py run SPEC.json --out DIR         # on the GPU host: DIR/<policy>.npz
+    python bench/gpu_replay.py compare SPEC.json DIR            # here: the simulator on the same arrivals
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def spec(plans: list[Path], cluster_sources: dict[str, str], duration_s: float) -> dict:
+    """The instances of each plan, by device, with what a replay needs (plain JSON: the GPU host has no pydantic)."""
+    from tritonctl.plan import load_plan
+
+    out = {"duration_s": duration_s, "plans": []}
+    for path in plans:
+        plan = load_plan(path).plan
+        devices: dict[str, list[dict]] = {}
+        for m in plan.models:
+            total = sum(p.weight for p in m.placements)
+            for p in m.placements:
+                devices.setdefault(p.device, []).append(
+                    {
+                        "instance": p.instance,
+                        "model": m.name,
+                        "source": cluster_sources[m.name],
+                        "share": p.share,
+                        "batch": p.batch,
+                        "delay_ms": p.queue_delay_us / 1000,
+                        "rate": m.rate * p.weight / total,
+                        "slo_ms": m.slo_ms,
+                    }
+                )
+        out["plans"].append({"path": str(path.resolve().relative_to(REPO)), "policy": plan.policy, "devices": devices})
+    return out
+
+
+# ---- on the GPU host ----------------------------------------------------------------------------------------
+
+
+def _instance(cfg: dict, duration_s: float, seed: int) -> None:
+    """One instance: capture graphs, report ready, wait for the start time on stdin, replay, print results."""
+    from profiler.gpu import _build, _capture, _setup_torch
+
+    torch = _setup_torch()
+    module = _build(torch, cfg["source"])
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    for k in range(1, cfg["batch"] + 1):
+        graph, static_in, static_out = _capture(torch, module, k, pool)
+        host_in = torch.randn(k, 3, 224, 224).pin_memory()
+        host_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
+        graphs[k] = (graph, static_in, static_out, host_in, host_out)
+
+    @torch.inference_mode()
+    def run(k: int) -> None:
+        graph, static_in, static_out, host_in, host_out = graphs[k]
+        static_in.copy_(host_in, non_blocking=True)
+        graph.replay()
+        host_out.copy_(static_out, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+
+    for k in graphs:
+        run(k)
+    rng = np.random.default_rng(seed)
+    arrivals = np.sort(rng.uniform(0, 1000 * duration_s, rng.poisson(cfg["rate"] * duration_s)))
+    times = arrivals.tolist()
+    print("ready", flush=True)
+    t0 = float(sys.stdin.readline())
+    latency = np.full(len(times), np.nan)
+    b, delay, stop = cfg["batch"], cfg["delay_ms"], 1000 * duration_s + cfg["slo_ms"]
+    head, n = 0, len(times)
+    while head < n:
+        now = 1000 * (time.time() - t0)
+        if now > stop:
+            break
+        waiting = bisect.bisect_right(times, now, head) - head
+        if waiting >= b or (waiting and now >= times[head] + delay):
+            k = min(waiting, b)
+            run(k)
+            latency[head : head + k] = 1000 * (time.time() - t0) - arrivals[head : head + k]
+            head += k
+            continue
+        due = times[head] + delay if waiting else times[head]
+        if head + b - 1 < n:
+            due = min(due, times[head + b - 1])
+        wait = (due - now) / 1000
+        if wait > 0.0005:
+            time.sleep(wait - 0.0003)
+    sys.stdout.write(json.dumps({"arrivals": arrivals.tolist(), "latency": latency.tolist()}) + "\n")
+    sys.stdout.flush()
+
+
+def run(spec_path: Path, out: Path, seed: int) -> None:
+    from profiler.gpu import _start_mps, _stop_mps
+
+    cfg = json.loads(spec_path.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    env = _start_mps(Path(tempfile.mkdtemp(prefix="tritonctl-mps-")))
+    try:
+        for plan in cfg["plans"]:
+            arrays = {}
+            for d, (device, instances) in enumerate(plan["devices"].items()):
+                procs = []
+                for i, inst in enumerate(instances):  # every instance of a plan draws its own arrivals
+                    procs.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                __file__,
+                                "instance",
+                                json.dumps(inst),
+                                str(cfg["duration_s"]),
+                                str(seed + 100 * d + i),
+                            ],
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE,
+                            text=True,
+                            env={**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(inst["share"])},
+                        )
+                    )
+                for proc in procs:
+                    assert proc.stdout.readline().strip() == "ready"
+                t0 = time.time() + 0.5
+                for proc in procs:
+                    proc.stdin.write(f"{t0}\n")
+                    proc.stdin.flush()
+                for inst, proc in zip(instances, procs, strict=True):
+                    result = json.loads(proc.stdout.readline())
+                    proc.wait()
+                    arrays[f"{inst['instance']}:arrivals"] = np.array(result["arrivals"], dtype=np.float64)
+                    arrays[f"{inst['instance']}:latency"] = np.array(result["latency"], dtype=np.float32)
+                    served = np.isfinite(arrays[f"{inst['instance']}:latency"])
+                    p99 = np.percentile(arrays[f"{inst['instance']}:latency"][served], 99) if served.any() else math.nan
+                    print(
+                        f"{plan['policy']} {device} {inst['instance']}: {served.sum()}/{served.size} served, "
+                        f"p99 {p99:.2f} ms (SLO {inst['slo_ms']})",
+                        flush=True,
+                    )
+            np.savez_compressed(out / f"{plan['policy']}.npz", **arrays)
+    finally:
+        _stop_mps(env)
+
+
+# ---- here: the simulator on the same arrivals ---------------------------------------------------------------
+
+
+def compare(spec_path: Path, results: Path, latency_model: Path) -> str:
+    from tritonctl.latency.model import load_latency_model
+    from tritonctl.plan import load_plan
+    from tritonctl.simulate import simulate
+
+    cfg = json.loads(spec_path.read_text())
+    lm = load_latency_model(latency_model)
+    lines = [
+        f"Real: each plan's instances replayed on one H100 under MPS, device by device, {cfg['duration_s']:g} s each "
+        "(bench/gpu_replay.py). Sim: `tritonctl simulate` on the same arrivals, no drops.",
+        "",
+        "| policy | model | real goodput/s | sim goodput/s | gap | real p99 ms | sim p99 ms | gap | SLO ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    totals = []
+    for plan_cfg in cfg["plans"]:
+        data = np.load(results / f"{plan_cfg['policy']}.npz")
+        plan = load_plan(REPO / plan_cfg["path"]).plan
+        by_model: dict[str, tuple[list, list]] = {}
+        for instances in plan_cfg["devices"].values():
+            for inst in instances:
+                arr, lat = by_model.setdefault(inst["model"], ([], []))
+                arr.append(data[f"{inst['instance']}:arrivals"])
+                lat.append(data[f"{inst['instance']}:latency"])
+        trace = {m: np.sort(np.concatenate(a)) for m, (a, _) in by_model.items()}
+        sim = {r.model: r for r in simulate(plan, lm, cfg["duration_s"], trace=trace).models}
+        real_total = sim_total = 0.0
+        for m in plan.models:
+            lat = np.concatenate(by_model[m.name][1])
+            served = lat[np.isfinite(lat)]
+            real_good = float((served <= m.slo_ms).sum()) / cfg["duration_s"]
+            real_p99 = float(np.percentile(served, 99))
+            s = sim[m.name]
+            sim_good = s.good / cfg["duration_s"]
+            real_total += real_good
+            sim_total += sim_good
+            lines.append(
+                f"| {plan.policy} | {m.name} | {real_good:.0f} | {sim_good:.0f} | {sim_good / real_good - 1:+.1%} | "
+                f"{real_p99:.2f} | {s.p99_ms:.2f} | {s.p99_ms / real_p99 - 1:+.1%} | {m.slo_ms:g} |"
+            )
+        totals.append((plan.policy, real_total, sim_total))
+    lines += ["", "| policy | real goodput/s | sim goodput/s | gap |", "|---|---|---|---|"]
+    lines += [f"| {p} | {r:.0f} | {s:.0f} | {s / r - 1:+.1%} |" for p, r, s in totals]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="step", required=True)
+    p = sub.add_parser("spec")
+    p.add_argument("plans", nargs="+", type=Path)
+    p.add_argument("--cluster", type=Path, required=True, help="the plans' cluster (torchvision sources)")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds per device (default 20)")
+    p.add_argument("-o", "--output", type=Path, required=True)
+    p = sub.add_parser("run")
+    p.add_argument("spec", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("instance")
+    p.add_argument("cfg")
+    p.add_argument("duration", type=float)
+    p.add_argument("seed", type=int)
+    p = sub.add_parser("compare")
+    p.add_argument("spec", type=Path)
+    p.add_argument("results", type=Path)
+    p.add_argument("--latency-model", type=Path, default=REPO / "profiles/inss-gpu/latency-model.json")
+    p.add_argument("-o", "--output", type=Path, help="also write the table here")
+    args = parser.parse_args()
+    if args.step == "spec":
+        import yaml
+
+        sources = {m["name"]: m["source"] for m in yaml.safe_load(args.cluster.read_text())["models"]}
+        args.output.write_text(json.dumps(spec(args.plans, sources, args.duration), indent=1))
+    elif args.step == "run":
+        run(args.spec, args.out, args.seed)
+    elif args.step == "instance":
+        _instance(json.loads(args.cfg), args.duration, args.seed)
+    else:
+        table = compare(args.spec, args.results, args.latency_model)
+        print(table)
+        if args.output:
+            args.output.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
