@@ -3,6 +3,7 @@
     python bench/sim_vs_real.py [--duration 60] [--scales 0.5 0.75 1]  # real run, then the comparison
     python bench/sim_vs_real.py --offline                              # the comparison from the saved run
     python bench/sim_vs_real.py --results bench/results/sim-vs-real-60s --offline   # another saved run
+    python bench/sim_vs_real.py --pool RUN RUN ...                     # the mean over saved runs of one plan
 
 Plans the CPU demo cluster with `search` (what `make demo` deploys) on the committed latency
 model, applies it on the real local Triton, drives it with open-loop Poisson traffic from
@@ -75,17 +76,14 @@ def bootstrap_p99(latencies: np.ndarray, rng: np.random.Generator, rounds: int =
     return float(np.percentile(p99s, 5)), float(np.percentile(p99s, 95))
 
 
-def compare(results: Path) -> str:
-    """The saved real run against the simulator replaying its requests on the saved plan, as a table."""
+def _cells(results: Path) -> dict[tuple[float, str], tuple[float, float, float, float, int]]:
+    """Per (scale, model) of a saved real run: real and simulated goodput and p99, and the requests answered."""
     run = json.loads((results / "run.json").read_text())
     duration = run["duration_s"]
     plan = load_plan(results / "plan.yaml").plan
     lm = load_latency_model(MODEL)
     slo = {m.name: m.slo_ms for m in plan.models}
-    head = f"{'scale':>5} {'model':14} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11} {'sim':>8}"
-    head += f" {'gap':>7} {'real p99, 90% bootstrap':>23}"
-    lines = [head]
-    rng = np.random.default_rng(0)
+    cells = {}
     for scale in run["scales"]:
         trace = read_trace(results / f"trace-x{scale:g}.csv")
         latencies: dict[str, list[float]] = {}
@@ -95,12 +93,49 @@ def compare(results: Path) -> str:
         sim = {m.model: m for m in simulate(plan, lm, duration, trace=trace).models}
         for name, lat in latencies.items():
             g_real = sum(x <= slo[name] for x in lat) / duration
-            g_sim, p_real, p_sim = sim[name].good / duration, float(np.percentile(lat, 99)), sim[name].p99_ms
-            low, high = bootstrap_p99(np.array(lat), rng)
-            lines.append(
-                f"{scale:5.1f} {name:14} {g_real:12.2f} {g_sim:8.2f} {100 * (g_sim / g_real - 1):+6.1f}% "
-                f"{p_real:11.1f} {p_sim:8.1f} {100 * (p_sim / p_real - 1):+6.1f}% {low:15.1f} - {high:5.1f}"
+            cells[scale, name] = (
+                g_real,
+                sim[name].good / duration,
+                float(np.percentile(lat, 99)),
+                sim[name].p99_ms,
+                lat,
             )
+    return cells
+
+
+def compare(results: Path) -> str:
+    """The saved real run against the simulator replaying its requests on the saved plan, as a table."""
+    head = f"{'scale':>5} {'model':14} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11} {'sim':>8}"
+    head += f" {'gap':>7} {'real p99, 90% bootstrap':>23}"
+    lines = [head]
+    rng = np.random.default_rng(0)
+    for (scale, name), (g_real, g_sim, p_real, p_sim, lat) in _cells(results).items():
+        low, high = bootstrap_p99(np.array(lat), rng)
+        lines.append(
+            f"{scale:5g} {name:14} {g_real:12.2f} {g_sim:8.2f} {100 * (g_sim / g_real - 1):+6.1f}% "
+            f"{p_real:11.1f} {p_sim:8.1f} {100 * (p_sim / p_real - 1):+6.1f}% {low:15.1f} - {high:5.1f}"
+        )
+    return "\n".join(lines)
+
+
+def pooled(runs: list[Path]) -> str:
+    """Several saved real runs of one plan: per cell, the mean over runs of the real and simulated goodput and p99
+    (one run's real p99 moves by up to 20% between runs of the same requests: the machine changes)."""
+    plans = {(run / "plan.yaml").read_text() for run in runs}
+    if len(plans) != 1:
+        raise SystemExit("the runs applied different plans: pooling them would compare unlike things")
+    per_run = [_cells(run) for run in runs]
+    head = f"{'scale':>5} {'model':14} {'runs':>4} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11}"
+    head += f" {'sim':>8} {'gap':>7} {'real p99 of one run':>19}"
+    lines = [f"# mean over {len(runs)} runs: {', '.join(run.name for run in runs)}", head]
+    for key in sorted(set().union(*per_run)):
+        cells = [c[key] for c in per_run if key in c]
+        g_real, g_sim, p_real, p_sim = (float(np.mean([c[i] for c in cells])) for i in range(4))
+        lines.append(
+            f"{key[0]:5g} {key[1]:14} {len(cells):4} {g_real:12.2f} {g_sim:8.2f} {100 * (g_sim / g_real - 1):+6.1f}% "
+            f"{p_real:11.1f} {p_sim:8.1f} {100 * (p_sim / p_real - 1):+6.1f}% "
+            f"{min(c[2] for c in cells):9.1f} - {max(c[2] for c in cells):5.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -111,7 +146,13 @@ def main() -> None:
     parser.add_argument("--offline", action="store_true", help="compare with the saved real run, start nothing")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the real run (default: %(default)s)")
     parser.add_argument("--direct", action="store_true", help="send to the instances' own ports, not the router")
+    parser.add_argument(
+        "--pool", type=Path, nargs="+", metavar="RUN", help="saved runs of one plan: the mean over them, per cell"
+    )
     args = parser.parse_args()
+    if args.pool:
+        print(pooled(args.pool))
+        return
     if not args.offline:
         plan_path = CLUSTER.parent / "plan.yaml"
         assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
