@@ -65,28 +65,14 @@ def spec(plans: list[Path], cluster_sources: dict[str, str], duration_s: float) 
 
 def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     """One instance: capture graphs, report ready, wait for the start time on stdin, replay, print results."""
-    from profiler.gpu import _build, _capture, _setup_torch
+    from profiler.gpu import _build, _setup_torch, batch_runner
 
     torch = _setup_torch()
     module = _build(torch, cfg["source"])
     pool = torch.cuda.graph_pool_handle()
-    graphs = {}
-    for k in range(1, cfg["batch"] + 1):
-        graph, static_in, static_out = _capture(torch, module, k, pool)
-        host_in = torch.randn(k, 3, 224, 224).pin_memory()
-        host_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
-        graphs[k] = (graph, static_in, static_out, host_in, host_out)
-
-    @torch.inference_mode()
-    def run(k: int) -> None:
-        graph, static_in, static_out, host_in, host_out = graphs[k]
-        static_in.copy_(host_in, non_blocking=True)
-        graph.replay()
-        host_out.copy_(static_out, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-
-    for k in graphs:
-        run(k)
+    run = {k: batch_runner(torch, module, k, pool) for k in range(1, cfg["batch"] + 1)}
+    for k in run:
+        run[k]()
     rng = np.random.default_rng(seed)
     arrivals = np.sort(rng.uniform(0, 1000 * duration_s, rng.poisson(cfg["rate"] * duration_s)))
     times = arrivals.tolist()
@@ -102,7 +88,7 @@ def _instance(cfg: dict, duration_s: float, seed: int) -> None:
         waiting = bisect.bisect_right(times, now, head) - head
         if waiting >= b or (waiting and now >= times[head] + delay):
             k = min(waiting, b)
-            run(k)
+            run[k]()
             latency[head : head + k] = 1000 * (time.time() - t0) - arrivals[head : head + k]
             head += k
             continue

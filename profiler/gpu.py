@@ -7,8 +7,10 @@ with TF32 math), captured as one CUDA graph per batch size, in one process per M
 replays the graph, copies the output back and waits, so it includes upload and feedback (InSS's
 t_io); CUDA events time the graph alone (`compute_ms`). The grid is `tritonctl profile`'s
 (profiler/grid.py), co-locating every pair and up to 8 triples. Nsight Compute then reads each
-model's L2 throughput (lts__throughput, % of peak, over one replay of its CUDA graph) at batch 4
-under four shares: InSS's L2 utilisation l_i, fitted as a line in the share.
+model's L2 throughput (lts__throughput, % of peak, over one replay of its CUDA graph at batch 4)
+on the whole GPU, with MPS stopped: under MPS ncu profiles no graphs and only through a control
+process of its own, too slow for a lease. `assemble` carries it to each share by the graph's
+time there and fits InSS's line l_i = a * share + b (`_l2_line`).
 
 Two steps. On the GPU host (torch, torchvision, nvidia-cuda-mps-control and ncu; nothing else):
 
@@ -87,12 +89,32 @@ def _capture(torch, module, batch: int, pool):
     return graph, static_in, static_out
 
 
+def batch_runner(torch, module, batch: int, pool):
+    """A function that runs one batch as a server would: the input copied from pinned host memory, the captured
+    graph replayed, the output copied back, and waited for. It returns the graph's own time (ms, CUDA events)."""
+    graph, static_in, static_out = _capture(torch, module, batch, pool)
+    host_in = torch.randn(batch, 3, 224, 224).pin_memory()
+    host_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    @torch.inference_mode()  # the graph's static tensors are inference tensors
+    def run() -> float:
+        static_in.copy_(host_in, non_blocking=True)
+        start.record()
+        graph.replay()
+        end.record()
+        host_out.copy_(static_out, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return start.elapsed_time(end)
+
+    return run
+
+
 def _worker(models: dict[str, str]) -> None:
     """Serve JSON-line commands on stdin: prepare graphs, time batches, measure memory."""
     torch = _setup_torch()
-    nets, graphs = {}, {}
+    nets, runners = {}, {}
     pool = torch.cuda.graph_pool_handle()  # graphs replay one at a time in a worker: they share memory
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def net(name):
         if name not in nets:
@@ -100,24 +122,13 @@ def _worker(models: dict[str, str]) -> None:
         return nets[name]
 
     def prepare(name, batch):
-        if (name, batch) in graphs:
-            return
-        graph, static_in, static_out = _capture(torch, net(name), batch, pool)
-        host_in = torch.randn(batch, 3, 224, 224).pin_memory()
-        host_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
-        graphs[name, batch] = (graph, static_in, static_out, host_in, host_out)
+        if (name, batch) not in runners:
+            runners[name, batch] = batch_runner(torch, net(name), batch, pool)
 
-    @torch.inference_mode()  # the graph's static tensors are inference tensors
     def once(name, batch):
-        graph, static_in, static_out, host_in, host_out = graphs[name, batch]
         began = time.perf_counter()
-        static_in.copy_(host_in, non_blocking=True)
-        start.record()
-        graph.replay()
-        end.record()
-        host_out.copy_(static_out, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-        return 1000 * (time.perf_counter() - began), start.elapsed_time(end)
+        graph_ms = runners[name, batch]()
+        return 1000 * (time.perf_counter() - began), graph_ms
 
     def run(cmd):
         name, batch = cmd["model"], cmd["batch"]
@@ -126,7 +137,7 @@ def _worker(models: dict[str, str]) -> None:
         lat, gpu = [], []
         if "until" in cmd:  # co-located: run until the window closes, keep batches wholly inside it
             time.sleep(max(0.0, cmd["start"] - time.time()))
-            while (began := time.time()) < cmd["until"]:
+            while time.time() < cmd["until"]:
                 total, graph_ms = once(name, batch)
                 if time.time() <= cmd["until"]:
                     lat.append(total)
