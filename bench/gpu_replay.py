@@ -1,18 +1,19 @@
 """Plans on a real H100 against the simulator: goodput and p99 per model, by policy.
 
-No Triton runs on the GPU hosts lent here, so each of a plan's instances is replayed as what Triton
-would run: an MPS client at the instance's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) with a CUDA
+No Triton runs on the GPU hosts lent here, so each of a plan's instances is replayed by a stand-in
+for a Triton instance: an MPS client at the instance's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) with a CUDA
 graph per batch size (profiler/gpu.py's), behind a dynamic batcher with the plan's preferred batch
 and queue delay (a batch starts when the executor is free and `batch` requests wait or the oldest
 has waited the delay; it takes up to `batch`). Requests arrive open-loop, Poisson at the instance's
 part of its model's rate, generated inside the instance's process; a request's latency runs from
 its arrival to the end of its batch (input copied from pinned host memory, output copied back).
 There is no network and no gRPC. A plan's devices never interact, so its devices are replayed one
-after another on the one GPU, each for `duration` seconds.
+after another on the one GPU, each for `duration` seconds. The simulator then replays each model's
+real arrivals (dealt to a model's replicas at random by weight, as it always does).
 
     python bench/gpu_replay.py spec PLAN... -o SPEC.json       # here: what to replay (keep the plans beside it)
-    python3 bench/gpu_replay.py run SPEC.json --out DIR         # on the GPU host: DIR/<policy>.npz
-    python bench/gpu_replay.py compare SPEC.json DIR            # here: the simulator on the same arrivals
+    python3 bench/gpu_replay.py run SPEC.json --out DIR         # on the GPU host: DIR/spec.json, DIR/<policy>.npz
+    python bench/gpu_replay.py compare DIR                      # here: the simulator on the same arrivals
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import bisect
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,7 +58,9 @@ def spec(plans: list[Path], cluster_sources: dict[str, str], duration_s: float) 
                         "slo_ms": m.slo_ms,
                     }
                 )
-        out["plans"].append({"path": str(path.resolve().relative_to(REPO)), "policy": plan.policy, "devices": devices})
+        where = path.resolve()
+        where = where.relative_to(REPO) if where.is_relative_to(REPO) else where  # REPO / an absolute path = it
+        out["plans"].append({"path": str(where), "policy": plan.policy, "devices": devices})
     return out
 
 
@@ -102,36 +106,43 @@ def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     sys.stdout.flush()
 
 
+def _start(instances: list[dict], duration_s: float, seed: int, env: dict) -> list[subprocess.Popen]:
+    """The instances of one device, each an MPS client with its graphs captured, ready to start."""
+    procs = []
+    try:
+        for i, inst in enumerate(instances):  # every instance draws its own arrivals
+            cmd = [sys.executable, __file__, "instance", json.dumps(inst), str(duration_s), str(seed + i)]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env={**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(inst["share"])},
+                )
+            )
+        for inst, proc in zip(instances, procs, strict=True):
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"instance {inst['instance']} exited with code {proc.wait()} before it was ready")
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    return procs
+
+
 def run(spec_path: Path, out: Path, seed: int) -> None:
     from profiler.gpu import _start_mps, _stop_mps
 
     cfg = json.loads(spec_path.read_text())
     out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(spec_path, out / "spec.json")  # compare reads what was replayed from the results
     env = _start_mps(Path(tempfile.mkdtemp(prefix="tritonctl-mps-")))
     try:
         for plan in cfg["plans"]:
             arrays = {}
             for d, (device, instances) in enumerate(plan["devices"].items()):
-                procs = []
-                for i, inst in enumerate(instances):  # every instance of a plan draws its own arrivals
-                    procs.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                __file__,
-                                "instance",
-                                json.dumps(inst),
-                                str(cfg["duration_s"]),
-                                str(seed + 100 * d + i),
-                            ],
-                            stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE,
-                            text=True,
-                            env={**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(inst["share"])},
-                        )
-                    )
-                for proc in procs:
-                    assert proc.stdout.readline().strip() == "ready"
+                procs = _start(instances, cfg["duration_s"], seed + 100 * d, env)
                 t0 = time.time() + 0.5
                 for proc in procs:
                     proc.stdin.write(f"{t0}\n")
@@ -139,12 +150,12 @@ def run(spec_path: Path, out: Path, seed: int) -> None:
                 for inst, proc in zip(instances, procs, strict=True):
                     result = json.loads(proc.stdout.readline())
                     proc.wait()
-                    arrays[f"{inst['instance']}:arrivals"] = np.array(result["arrivals"], dtype=np.float64)
-                    arrays[f"{inst['instance']}:latency"] = np.array(result["latency"], dtype=np.float32)
-                    served = np.isfinite(arrays[f"{inst['instance']}:latency"])
-                    p99 = np.percentile(arrays[f"{inst['instance']}:latency"][served], 99) if served.any() else math.nan
+                    arrivals = arrays[f"{inst['instance']}:arrivals"] = np.array(result["arrivals"], dtype=np.float64)
+                    latency = arrays[f"{inst['instance']}:latency"] = np.array(result["latency"], dtype=np.float32)
+                    served = latency[np.isfinite(latency)]
+                    p99 = np.percentile(served, 99) if served.size else math.nan
                     print(
-                        f"{plan['policy']} {device} {inst['instance']}: {served.sum()}/{served.size} served, "
+                        f"{plan['policy']} {device} {inst['instance']}: {served.size}/{arrivals.size} served, "
                         f"p99 {p99:.2f} ms (SLO {inst['slo_ms']})",
                         flush=True,
                     )
@@ -156,24 +167,37 @@ def run(spec_path: Path, out: Path, seed: int) -> None:
 # ---- here: the simulator on the same arrivals ---------------------------------------------------------------
 
 
-def compare(spec_path: Path, results: Path, latency_model: Path) -> str:
+def _gap(sim: float, real: float) -> str:
+    return f"{sim / real - 1:+.1%}" if real > 0 and math.isfinite(real) else "n/a"
+
+
+def compare(results: Path, latency_model: Path) -> str:
+    """The simulator on each replayed plan, fed each model's real arrivals, against what the GPU did."""
     from tritonctl.latency.model import load_latency_model
     from tritonctl.plan import load_plan
     from tritonctl.simulate import simulate
     from tritonctl.spec import load_cluster
 
-    cfg = json.loads(spec_path.read_text())
+    try:
+        cfg = json.loads((results / "spec.json").read_text())
+    except OSError as exc:
+        raise SystemExit(f"{results}: no spec.json of a replay ({exc.strerror})") from None
     lm = load_latency_model(latency_model)
     lines = [
         f"Real: each plan's instances replayed on one H100 under MPS, device by device, {cfg['duration_s']:g} s each "
-        "(bench/gpu_replay.py). Sim: `tritonctl simulate` on the same arrivals, no drops.",
+        "(bench/gpu_replay.py). Sim: `tritonctl simulate` on each model's real arrivals, no drops.",
         "",
         "| policy | model | real goodput/s | sim goodput/s | gap | real p99 ms | sim p99 ms | gap | SLO ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     totals = []
     for plan_cfg in cfg["plans"]:
-        data = np.load(results / f"{plan_cfg['policy']}.npz")
+        try:
+            data = np.load(results / f"{plan_cfg['policy']}.npz")
+        except OSError:
+            raise SystemExit(
+                f"{results}: no {plan_cfg['policy']}.npz: the replay of that plan did not finish"
+            ) from None
         loaded = load_plan(REPO / plan_cfg["path"])
         plan = loaded.plan
         offered = sum(m.rate for m in load_cluster(loaded.resolve(plan.cluster_file)).spec.models)
@@ -190,14 +214,14 @@ def compare(spec_path: Path, results: Path, latency_model: Path) -> str:
             lat = np.concatenate(by_model[m.name][1])
             served = lat[np.isfinite(lat)]
             real_good = float((served <= m.slo_ms).sum()) / cfg["duration_s"]
-            real_p99 = float(np.percentile(served, 99))
+            real_p99 = float(np.percentile(served, 99)) if served.size else math.nan
             s = sim[m.name]
             sim_good = s.good / cfg["duration_s"]
             real_total += real_good
             sim_total += sim_good
             lines.append(
-                f"| {plan.policy} | {m.name} | {real_good:.0f} | {sim_good:.0f} | {sim_good / real_good - 1:+.1%} | "
-                f"{real_p99:.2f} | {s.p99_ms:.2f} | {s.p99_ms / real_p99 - 1:+.1%} | {m.slo_ms:g} |"
+                f"| {plan.policy} | {m.name} | {real_good:.0f} | {sim_good:.0f} | {_gap(sim_good, real_good)} | "
+                f"{real_p99:.2f} | {s.p99_ms:.2f} | {_gap(s.p99_ms, real_p99)} | {m.slo_ms:g} |"
             )
         totals.append((plan.policy, real_total, sim_total, offered))
     lines += [
@@ -205,7 +229,7 @@ def compare(spec_path: Path, results: Path, latency_model: Path) -> str:
         "| policy | real goodput/s | sim goodput/s | gap | real in SLO (of the cluster's offered rate) |",
         "|---|---|---|---|---|",
     ]
-    lines += [f"| {p} | {r:.0f} | {s:.0f} | {s / r - 1:+.1%} | {r / o:.1%} |" for p, r, s, o in totals]
+    lines += [f"| {p} | {r:.0f} | {s:.0f} | {_gap(s, r)} | {r / o:.1%} |" for p, r, s, o in totals]
     return "\n".join(lines)
 
 
@@ -226,8 +250,7 @@ def main() -> None:
     p.add_argument("duration", type=float)
     p.add_argument("seed", type=int)
     p = sub.add_parser("compare")
-    p.add_argument("spec", type=Path)
-    p.add_argument("results", type=Path)
+    p.add_argument("results", type=Path, help="the folder `run` wrote (its spec.json and <policy>.npz)")
     p.add_argument("--latency-model", type=Path, default=REPO / "profiles/inss-gpu/latency-model.json")
     p.add_argument("-o", "--output", type=Path, help="also write the table here")
     args = parser.parse_args()
@@ -241,7 +264,7 @@ def main() -> None:
     elif args.step == "instance":
         _instance(json.loads(args.cfg), args.duration, args.seed)
     else:
-        table = compare(args.spec, args.results, args.latency_model)
+        table = compare(args.results, args.latency_model)
         print(table)
         if args.output:
             args.output.write_text(table + "\n")

@@ -76,8 +76,9 @@ def bootstrap_p99(latencies: np.ndarray, rng: np.random.Generator, rounds: int =
     return float(np.percentile(p99s, 5)), float(np.percentile(p99s, 95))
 
 
-def _cells(results: Path) -> dict[tuple[float, str], tuple[float, float, float, float, int]]:
-    """Per (scale, model) of a saved real run: real and simulated goodput and p99, and the requests answered."""
+def _cells(results: Path) -> dict[tuple[float, str], tuple[float, float, float, float, list[float]]]:
+    """Per (scale, model) of a saved real run: real and simulated goodput and p99, and the answered requests'
+    latencies (ms)."""
     run = json.loads((results / "run.json").read_text())
     duration = run["duration_s"]
     plan = load_plan(results / "plan.yaml").plan
@@ -119,11 +120,16 @@ def compare(results: Path) -> str:
 
 
 def pooled(runs: list[Path]) -> str:
-    """Several saved real runs of one plan: per cell, the mean over runs of the real and simulated goodput and p99
-    (one run's real p99 moves by up to 20% between runs of the same requests: the machine changes)."""
+    """Several saved real runs of one plan on one path: per cell, the plain mean over runs (each run weighs the same,
+    whatever its length) of the real and simulated goodput and p99. One run's real p99 moves by up to 20% between
+    runs of the same requests: the machine changes."""
+    missing = [str(run) for run in runs if not (run / "run.json").is_file()]
+    if missing:
+        raise SystemExit(f"not saved real runs (no run.json): {', '.join(missing)}")
     plans = {(run / "plan.yaml").read_text() for run in runs}
-    if len(plans) != 1:
-        raise SystemExit("the runs applied different plans: pooling them would compare unlike things")
+    paths = {json.loads((run / "run.json").read_text()).get("path", "router") for run in runs}
+    if len(plans) != 1 or len(paths) != 1:
+        raise SystemExit("the runs applied different plans or went different paths (router, direct): not one mean")
     per_run = [_cells(run) for run in runs]
     head = f"{'scale':>5} {'model':14} {'runs':>4} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11}"
     head += f" {'sim':>8} {'gap':>7} {'real p99 of one run':>19}"
@@ -147,7 +153,11 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the real run (default: %(default)s)")
     parser.add_argument("--direct", action="store_true", help="send to the instances' own ports, not the router")
     parser.add_argument(
-        "--pool", type=Path, nargs="+", metavar="RUN", help="saved runs of one plan: the mean over them, per cell"
+        "--pool",
+        type=Path,
+        nargs="+",
+        metavar="RUN",
+        help="saved runs of one plan and path: per cell, the mean over runs",
     )
     args = parser.parse_args()
     if args.pool:

@@ -28,6 +28,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import shutil
@@ -132,8 +133,6 @@ def _worker(models: dict[str, str]) -> None:
 
     def run(cmd):
         name, batch = cmd["model"], cmd["batch"]
-        for _ in range(3):
-            once(name, batch)
         lat, gpu = [], []
         if "until" in cmd:  # co-located: run until the window closes, keep batches wholly inside it
             time.sleep(max(0.0, cmd["start"] - time.time()))
@@ -143,6 +142,8 @@ def _worker(models: dict[str, str]) -> None:
                     lat.append(total)
                     gpu.append(graph_ms)
             return {"lat": lat[1:], "gpu": gpu[1:]}
+        for _ in range(3):
+            once(name, batch)
         began = time.perf_counter()
         while (len(lat) < SOLO_MIN_REPS or time.perf_counter() - began < SOLO_MIN_S) and (
             time.perf_counter() - began < SOLO_MAX_S
@@ -168,8 +169,10 @@ def _worker(models: dict[str, str]) -> None:
             torch.cuda.synchronize()
             out[str(batch)] = weights + (torch.cuda.max_memory_allocated() - before) / 2**20
             del x
+        x = torch.randn(1, 3, 224, 224, device="cuda")
+        torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            module(torch.randn(1, 3, 224, 224, device="cuda"))
+            module(x)
             torch.cuda.synchronize()
         kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
         return {"mb": out, "kernels": kernels}
@@ -312,7 +315,10 @@ def measure(models_arg: str, out: Path, deadline_s: float, log=print) -> None:
     names = list(models)
     deadline = time.time() + deadline_s
     out.parent.mkdir(parents=True, exist_ok=True)
-    sink = out.open("a")
+    try:
+        sink = out.open("x")
+    except FileExistsError:
+        raise SystemExit(f"{out} exists: measure into a new file (assemble reads one run)") from None
 
     def emit(record: dict) -> None:
         sink.write(json.dumps(record) + "\n")
@@ -339,7 +345,7 @@ def measure(models_arg: str, out: Path, deadline_s: float, log=print) -> None:
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
     )
-    runs = solo_runs(names, 100) + coloc_runs(names, 100, max_pairs=len(names) ** 2, max_triples=8)
+    runs = solo_runs(names, 100) + coloc_runs(names, 100, max_pairs=math.comb(len(names), 2), max_triples=8)
     random.Random(0).shuffle(runs)
     tmp = Path(tempfile.mkdtemp(prefix="tritonctl-mps-"))
     env = _start_mps(tmp)
@@ -400,11 +406,14 @@ def measure(models_arg: str, out: Path, deadline_s: float, log=print) -> None:
             log(f"memory and kernel counts stopped: {exc}")
         workers.close()
         _stop_mps(env)  # ncu refuses to profile while MPS runs
+        env = None
         _l2_stage(models_arg, names, emit, log, deadline)
+        log(f"done in {time.time() - started:.0f} s")
     finally:
         for proc in workers.procs.values():
             proc.kill()
-        _stop_mps(env)
+        if env is not None:
+            _stop_mps(env)
         sink.close()
 
 
@@ -420,12 +429,19 @@ def assemble(raw: Path, cluster_path: Path, output: Path, log=print):
     from tritonctl.export import materialize
     from tritonctl.spec import load_cluster
 
-    records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    try:
+        records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise TritonctlError(f"cannot read: {exc.strerror}", file=raw) from None
+    except json.JSONDecodeError as exc:
+        raise TritonctlError(f"not JSON lines (line {exc.lineno}): {exc.msg}", file=raw) from None
     by_type: dict[str, list[dict]] = {}
     for r in records:
         by_type.setdefault(r["type"], []).append(r)
-    if not by_type.get("meta") or not by_type.get("row"):
+    if not by_type.get("meta") or not by_type.get("row") or not by_type.get("sms"):
         raise TritonctlError("no measurements in it (was `measure` cut short?)", file=raw)
+    if len(by_type["meta"]) > 1:
+        raise TritonctlError("it holds more than one run of `measure`: assemble one at a time", file=raw)
     meta, sms = by_type["meta"][0], by_type["sms"][0]["by_share"]
     artifacts = materialize(load_cluster(cluster_path), log=log)
     l2 = by_type.get("l2", [])
@@ -494,11 +510,18 @@ def _l2_line(l2_full: float, rows: list[dict], name: str):
     (solo, batch L2_BATCH), and the line is fitted to those points."""
     import numpy as np
 
+    from tritonctl.errors import TritonctlError
+
     graph = {
         r["share"]: r["compute_ms"]
         for r in rows
         if r["model"] == name and r["kind"] == "solo" and r["split"] == "train" and r["batch"] == L2_BATCH
     }
+    if 100 not in graph or len(graph) < 2:
+        raise TritonctlError(
+            f"model {name!r}: L2 needs its solo batch-{L2_BATCH} rows at share 100 and one more share, and it has "
+            f"shares {sorted(graph)} (measure was cut short: measure again with a longer --deadline-s)"
+        )
     shares = sorted(graph)
     a, b = np.polyfit(shares, [l2_full * graph[100] / graph[s] for s in shares], 1)
     return lambda share: float(a * share + b)
@@ -517,15 +540,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("raw", type=Path)
     p.add_argument("--cluster", type=Path, required=True)
     p.add_argument("--output", type=Path, required=True)
-    for step in ("worker", "l2probe"):
-        p = sub.add_parser(step)
-        p.add_argument("--models", required=True)
-        p.add_argument("--batch", type=int, default=L2_BATCH)
+    p = sub.add_parser("worker")
+    p.add_argument("--models", required=True)
+    p = sub.add_parser("l2probe")
+    p.add_argument("--models", required=True)
+    p.add_argument("--batch", type=int, default=L2_BATCH)
     args = parser.parse_args(argv)
     if args.step == "measure":
         measure(args.models, args.out, args.deadline_s, log=lambda s: print(s, flush=True))
     elif args.step == "assemble":
-        assemble(args.raw, args.cluster, args.output)
+        from tritonctl.errors import TritonctlError
+
+        try:
+            assemble(args.raw, args.cluster, args.output)
+        except TritonctlError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     elif args.step == "worker":
         _worker(parse_models(args.models))
     else:
