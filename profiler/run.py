@@ -8,7 +8,6 @@ tritonctl does not know about show up as noise.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import random
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact, materialize
 from tritonctl.plan import PlannedModel, Tensor
 from tritonctl.planner import devices_of
-from tritonctl.render import CFS_PERIOD_US, threads_for
+from tritonctl.render import CFS_PERIOD_US, ort_spinning, threads_for
 from tritonctl.runtime import share
 from tritonctl.runtime.base import StartError
 from tritonctl.runtime.binary import find_tritonserver
@@ -55,12 +54,6 @@ def _planned(name: str, artifact: Artifact) -> PlannedModel:
         port=1,
         placements=[{"instance": f"{name}-profile", "device": "x", "share": 1, "batch": 1}],
     )
-
-
-def ort_spinning() -> str:
-    """Whether the rendered instances' onnxruntime threads spin ("1") or not ("0", the default): see
-    templates/python_onnx_model.py. A profile measures one setting; resuming under the other would mix them."""
-    return "1" if os.environ.get("TRITONCTL_ORT_SPINNING", "0") == "1" else "0"
 
 
 def _open_dataset(folder: Path, cluster: Cluster, features: list[ModelFeatures], device: dict) -> Dataset:

@@ -111,7 +111,7 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
     assert (folder / "models" / "alpha" / "1" / "model.py").is_file()
     settings = json.loads((folder / "launch.json").read_text())
     assert settings["cpu_quota_us"] == 10_000 and settings["cpu_period_us"] == 10_000
-    assert launch.share == 50 and launch.env == {}
+    assert launch.share == 50 and launch.env == {"TRITONCTL_ORT_SPINNING": "0"}  # no MPS variables on a CPU
 
 
 def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluster):
@@ -167,6 +167,21 @@ def inss_plan(tmp_path_factory):
     plan = make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", folder / "plan.yaml")
     save_plan(plan, folder / "plan.yaml")
     return load_plan(folder / "plan.yaml")
+
+
+def test_spinning_onnxruntime_threads_is_a_new_process(mlp_cluster, monkeypatch):
+    """TRITONCTL_ORT_SPINNING is read by the instance's Python backend at start: `apply` under another value
+    must start new instances, so it is part of what the process is started with."""
+    from tritonctl.cli import main
+
+    assert main(["plan", str(mlp_cluster)]) == 0
+    loaded = load_plan(mlp_cluster.parent / "plan.yaml")
+    monkeypatch.delenv("TRITONCTL_ORT_SPINNING", raising=False)
+    _, quiet = render(loaded)["alpha-0"]
+    monkeypatch.setenv("TRITONCTL_ORT_SPINNING", "1")
+    _, spinning = render(loaded)["alpha-0"]
+    assert (quiet.env["TRITONCTL_ORT_SPINNING"], spinning.env["TRITONCTL_ORT_SPINNING"]) == ("0", "1")
+    assert spinning.process_hash != quiet.process_hash
 
 
 def test_inss_gpu_example_renders_valid_gpu_configs(inss_plan):

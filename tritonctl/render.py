@@ -118,6 +118,12 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def ort_spinning() -> str:
+    """Whether the rendered CPU instances' onnxruntime threads spin ("1") or not ("0", the default): the
+    environment's TRITONCTL_ORT_SPINNING, see templates/python_onnx_model.py."""
+    return "1" if os.environ.get("TRITONCTL_ORT_SPINNING", "0") == "1" else "0"
+
+
 def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str) -> Launch:
     env: dict[str, str] = {}
     quota = period = None
@@ -127,6 +133,7 @@ def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: 
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(round(100 * placement.share / device.units)),
         }
     else:
+        env = {"TRITONCTL_ORT_SPINNING": ort_spinning()}  # in the process hash: a change restarts the instance
         period = CFS_PERIOD_US
         quota = round(cpu_cores(device, placement.share) * period)
         if quota < MIN_QUOTA_US:
