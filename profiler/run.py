@@ -112,8 +112,9 @@ def profile(
     """Measure the cluster's models into `folder`; returns the dataset (complete or not)."""
     if cluster.kind != "cpu":
         raise TritonctlError(
-            "profiling runs on the device it measures: this machine profiles cpu clusters; "
-            "GPU profiling needs a GPU host",
+            "`tritonctl profile` measures cpu clusters through Triton; a gpu cluster is profiled on its GPU host "
+            "with `python3 -m profiler.gpu measure`, then `python -m profiler.gpu assemble` here "
+            "(README, 'On a GPU')",
             file=cluster.path,
             field="devices",
         )

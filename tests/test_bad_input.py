@@ -185,3 +185,13 @@ def test_strict_refuses_a_plan_predicted_to_miss_an_slo(capsys, mlp_cluster, tmp
     plan = yaml.safe_load((mlp_cluster.parent / "plan.yaml").read_text())
     alpha = next(m for m in plan["models"] if m["name"] == "alpha")["placements"][0]["predicted"]
     assert rc == 0 and not alpha["meets_slo"] and alpha["in_slo_rps"] < 600
+
+
+def test_profiling_a_gpu_cluster_here_points_to_the_gpu_profiler(capsys, tmp_path):
+    make_mlp(tmp_path / "mlp.onnx")
+    gpu = [{"kind": "gpu", "count": 1, "units": 100, "memory_mb": 4096}]
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")], devices=gpu)
+    assert main(["profile", str(cluster), "-o", str(tmp_path / "profile")]) == 2
+    err = capsys.readouterr().err
+    assert "devices" in err and "python3 -m profiler.gpu measure" in err
+    assert not (tmp_path / "profile").exists()  # nothing measured, nothing written
