@@ -14,6 +14,7 @@ real arrivals (dealt to a model's replicas at random by weight, as it always doe
     python bench/gpu_replay.py spec PLAN... -o SPEC.json       # here: what to replay (keep the plans beside it)
     python3 bench/gpu_replay.py run SPEC.json --out DIR         # on the GPU host: DIR/spec.json, DIR/<policy>.npz
     python bench/gpu_replay.py compare DIR                      # here: the simulator on the same arrivals
+    python bench/gpu_replay.py plot DIR... -o FIG.png           # here: real against simulated, every model
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -171,9 +173,22 @@ def _gap(sim: float, real: float) -> str:
     return f"{sim / real - 1:+.1%}" if real > 0 and math.isfinite(real) else "n/a"
 
 
-def compare(results: Path, latency_model: Path) -> str:
-    """The simulator on each replayed plan, fed each model's real arrivals, against what the GPU did."""
-    from tritonctl.latency.model import load_latency_model
+@dataclass(frozen=True)
+class Point:
+    """One model of a replayed plan: what the GPU did and what the simulator says, per second and in ms."""
+
+    policy: str
+    model: str
+    slo_ms: float
+    real_good: float
+    sim_good: float
+    real_p99: float
+    sim_p99: float
+
+
+def replayed(results: Path, lm) -> tuple[dict, list[tuple[str, float, list[Point]]]]:
+    """The spec of the replay in `results`, and per plan its policy, the cluster's offered rate and its points: the
+    simulator fed each model's real arrivals (no drops)."""
     from tritonctl.plan import load_plan
     from tritonctl.simulate import simulate
     from tritonctl.spec import load_cluster
@@ -182,15 +197,7 @@ def compare(results: Path, latency_model: Path) -> str:
         cfg = json.loads((results / "spec.json").read_text())
     except OSError as exc:
         raise SystemExit(f"{results}: no spec.json of a replay ({exc.strerror})") from None
-    lm = load_latency_model(latency_model)
-    lines = [
-        f"Real: each plan's instances replayed on one H100 under MPS, device by device, {cfg['duration_s']:g} s each "
-        "(bench/gpu_replay.py). Sim: `tritonctl simulate` on each model's real arrivals, no drops.",
-        "",
-        "| policy | model | real goodput/s | sim goodput/s | gap | real p99 ms | sim p99 ms | gap | SLO ms |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    totals = []
+    out = []
     for plan_cfg in cfg["plans"]:
         try:
             data = np.load(results / f"{plan_cfg['policy']}.npz")
@@ -209,28 +216,88 @@ def compare(results: Path, latency_model: Path) -> str:
                 lat.append(data[f"{inst['instance']}:latency"])
         trace = {m: np.sort(np.concatenate(a)) for m, (a, _) in by_model.items()}
         sim = {r.model: r for r in simulate(plan, lm, cfg["duration_s"], trace=trace).models}
-        real_total = sim_total = 0.0
+        points = []
         for m in plan.models:
             lat = np.concatenate(by_model[m.name][1])
             served = lat[np.isfinite(lat)]
-            real_good = float((served <= m.slo_ms).sum()) / cfg["duration_s"]
-            real_p99 = float(np.percentile(served, 99)) if served.size else math.nan
-            s = sim[m.name]
-            sim_good = s.good / cfg["duration_s"]
-            real_total += real_good
-            sim_total += sim_good
-            lines.append(
-                f"| {plan.policy} | {m.name} | {real_good:.0f} | {sim_good:.0f} | {_gap(sim_good, real_good)} | "
-                f"{real_p99:.2f} | {s.p99_ms:.2f} | {_gap(s.p99_ms, real_p99)} | {m.slo_ms:g} |"
+            points.append(
+                Point(
+                    plan.policy,
+                    m.name,
+                    m.slo_ms,
+                    float((served <= m.slo_ms).sum()) / cfg["duration_s"],
+                    sim[m.name].good / cfg["duration_s"],
+                    float(np.percentile(served, 99)) if served.size else math.nan,
+                    sim[m.name].p99_ms,
+                )
             )
-        totals.append((plan.policy, real_total, sim_total, offered))
+        out.append((plan.policy, offered, points))
+    return cfg, out
+
+
+def compare(results: Path, latency_model: Path) -> str:
+    """The simulator on each replayed plan, fed each model's real arrivals, against what the GPU did."""
+    from tritonctl.latency.model import load_latency_model
+
+    cfg, plans = replayed(results, load_latency_model(latency_model))
+    lines = [
+        f"Real: each plan's instances replayed on one H100 under MPS, device by device, {cfg['duration_s']:g} s each "
+        "(bench/gpu_replay.py). Sim: `tritonctl simulate` on each model's real arrivals, no drops.",
+        "",
+        "| policy | model | real goodput/s | sim goodput/s | gap | real p99 ms | sim p99 ms | gap | SLO ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {p.policy} | {p.model} | {p.real_good:.0f} | {p.sim_good:.0f} | {_gap(p.sim_good, p.real_good)} | "
+        f"{p.real_p99:.2f} | {p.sim_p99:.2f} | {_gap(p.sim_p99, p.real_p99)} | {p.slo_ms:g} |"
+        for _, _, points in plans
+        for p in points
+    ]
     lines += [
         "",
         "| policy | real goodput/s | sim goodput/s | gap | real in SLO (of the cluster's offered rate) |",
         "|---|---|---|---|---|",
     ]
-    lines += [f"| {p} | {r:.0f} | {s:.0f} | {_gap(s, r)} | {r / o:.1%} |" for p, r, s, o in totals]
+    for policy, offered, points in plans:
+        real, sim = sum(p.real_good for p in points), sum(p.sim_good for p in points)
+        lines.append(f"| {policy} | {real:.0f} | {sim:.0f} | {_gap(sim, real)} | {real / offered:.1%} |")
     return "\n".join(lines)
+
+
+def plot(runs: list[Path], latency_model: Path, path: Path) -> None:
+    """Real against simulated goodput and p99, every model of every replayed plan, with the +-20% band."""
+    from matplotlib.figure import Figure
+
+    from tritonctl.latency.model import load_latency_model
+
+    lm = load_latency_model(latency_model)
+    fig = Figure(figsize=(11, 5))
+    axes = fig.subplots(1, 2)
+    markers = {"search": "o", "gpulet": "^", "igniter": "s"}
+    seen: dict[int, list[float]] = {0: [], 1: []}
+    for run in runs:
+        for policy, _, points in replayed(run, lm)[1]:
+            label = f"{policy}, {run.name.removeprefix('gpu-replay-')}"
+            for i, (real, sim) in enumerate((("real_good", "sim_good"), ("real_p99", "sim_p99"))):
+                xs, ys = [getattr(p, real) for p in points], [getattr(p, sim) for p in points]
+                seen[i] += [v for v in xs + ys if v > 0 and math.isfinite(v)]
+                axes[i].scatter(xs, ys, marker=markers.get(policy, "x"), s=24, alpha=0.75, label=label)
+    for i, what in enumerate(("goodput (requests/s within SLO)", "p99 latency (ms)")):
+        line = np.geomspace(0.7 * min(seen[i]), 1.4 * max(seen[i]), 50)
+        axes[i].plot(line, line, "k--", lw=1)
+        axes[i].fill_between(line, 0.8 * line, 1.2 * line, color="0.85", zorder=0, label="within 20%")
+        axes[i].set(
+            xscale="log",
+            yscale="log",
+            xlim=(line[0], line[-1]),
+            ylim=(line[0], line[-1]),
+            xlabel=f"real {what}",
+            ylabel=f"simulated {what}",
+        )
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Plans replayed on an H100 under MPS against the simulator (bench/gpu_replay.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -249,6 +316,10 @@ def main() -> None:
     p.add_argument("cfg")
     p.add_argument("duration", type=float)
     p.add_argument("seed", type=int)
+    p = sub.add_parser("plot")
+    p.add_argument("results", type=Path, nargs="+", help="folders `run` wrote")
+    p.add_argument("--latency-model", type=Path, default=REPO / "profiles/inss-gpu/latency-model.json")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the figure (.png)")
     p = sub.add_parser("compare")
     p.add_argument("results", type=Path, help="the folder `run` wrote (its spec.json and <policy>.npz)")
     p.add_argument("--latency-model", type=Path, default=REPO / "profiles/inss-gpu/latency-model.json")
@@ -263,6 +334,8 @@ def main() -> None:
         run(args.spec, args.out, args.seed)
     elif args.step == "instance":
         _instance(json.loads(args.cfg), args.duration, args.seed)
+    elif args.step == "plot":
+        plot(args.results, args.latency_model, args.output)
     else:
         table = compare(args.results, args.latency_model)
         print(table)
