@@ -1,7 +1,7 @@
 """The InSS evaluation setups on this CPU: a latency model SCALED from the CPU profile, and three clusters.
 
-No GPU profile exists yet, so the eight InSS models get latency models derived from the
-three profiled ones (profiles/cpu-demo): each model borrows the fitted model of a profiled
+Built before a GPU was lent (bench/inss_gpu.py makes the same setups on the H100 profile measured
+since): the eight InSS models get latency models derived from the three profiled ones (profiles/cpu-demo): each model borrows the fitted model of a profiled
 architecture of its family and has its running times scaled by how much slower it
 measures than that base here, alone, in onnxruntime on 2 threads (batch 1 and 8, scaled
 between them in log batch, held beyond 8). Interference coefficients are the base's; the
