@@ -69,6 +69,19 @@ def spec(plans: list[Path], cluster_sources: dict[str, str], duration_s: float) 
 # ---- on the GPU host ----------------------------------------------------------------------------------------
 
 
+def next_batch(times: list[float], head: int, now: float, batch: int, delay_ms: float) -> tuple[int, float]:
+    """Triton's dynamic batcher, free at `now` (ms), with the requests arrived at `times[head:]` not yet batched:
+    (k, now) to start a batch of the k oldest now (`batch` wait, or the oldest has waited `delay_ms`), else
+    (0, t) with t when that will first be so (or when the next request arrives)."""
+    waiting = bisect.bisect_right(times, now, head) - head
+    if waiting >= batch or (waiting and now >= times[head] + delay_ms):
+        return min(waiting, batch), now
+    due = times[head] + delay_ms if waiting else times[head]
+    if head + batch - 1 < len(times):
+        due = min(due, times[head + batch - 1])
+    return 0, due
+
+
 def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     """One instance: capture graphs, report ready, wait for the start time on stdin, replay, print results."""
     from profiler.gpu import _build, _setup_torch, batch_runner
@@ -85,22 +98,18 @@ def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     print("ready", flush=True)
     t0 = float(sys.stdin.readline())
     latency = np.full(len(times), np.nan)
-    b, delay, stop = cfg["batch"], cfg["delay_ms"], 1000 * duration_s + cfg["slo_ms"]
-    head, n = 0, len(times)
-    while head < n:
+    stop = 1000 * duration_s + cfg["slo_ms"]
+    head = 0
+    while head < len(times):
         now = 1000 * (time.time() - t0)
         if now > stop:
             break
-        waiting = bisect.bisect_right(times, now, head) - head
-        if waiting >= b or (waiting and now >= times[head] + delay):
-            k = min(waiting, b)
+        k, due = next_batch(times, head, now, cfg["batch"], cfg["delay_ms"])
+        if k:
             run[k]()
             latency[head : head + k] = 1000 * (time.time() - t0) - arrivals[head : head + k]
             head += k
             continue
-        due = times[head] + delay if waiting else times[head]
-        if head + b - 1 < n:
-            due = min(due, times[head + b - 1])
         wait = (due - now) / 1000
         if wait > 0.0005:
             time.sleep(wait - 0.0003)

@@ -145,3 +145,19 @@ def test_assemble_refuses_a_cut_short_measurement(tmp_path):
     twice.write_text("\n".join(lines + lines) + "\n")
     with pytest.raises(TritonctlError, match="more than one run"):
         assemble(twice, _stand_in_cluster(tmp_path), tmp_path / "profile", log=lambda _: None)
+
+
+def test_the_replays_batcher_follows_tritons_rules():
+    """bench/gpu_replay.py's stand-in for Triton's dynamic batcher: the rules tritonctl/simulate.py also follows."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpu_replay import next_batch
+
+    times = [0.0, 1.0, 2.0, 3.0, 10.0]
+    assert next_batch(times, 0, 3.5, 4, 5.0) == (4, 3.5)  # a full batch waits: it starts at once
+    assert next_batch(times, 0, 2.5, 4, 5.0) == (0, 3.0)  # three wait: until the fourth arrives
+    assert next_batch(times, 0, 2.5, 4, 1.5) == (3, 2.5)  # the oldest waited the delay: what is there goes
+    assert next_batch(times, 4, 5.0, 4, 1.0) == (0, 10.0)  # nothing waits: until the next arrival
+    assert next_batch(times, 4, 10.5, 4, 1.0) == (0, 11.0)  # one waits, no more come: until its delay is up
+    assert next_batch(times, 0, 50.0, 2, 1.0) == (2, 50.0)  # a backlog: never more than the batch
