@@ -422,7 +422,6 @@ def measure(models_arg: str, out: Path, deadline_s: float, log=print) -> None:
 
 def assemble(raw: Path, cluster_path: Path, output: Path, log=print):
     """Build the profile folder from the GPU host's records and this machine's ONNX files of the same models."""
-
     from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
     from profiler.graphinfo import graph_info
     from tritonctl.errors import TritonctlError
@@ -443,7 +442,8 @@ def assemble(raw: Path, cluster_path: Path, output: Path, log=print):
     if len(by_type["meta"]) > 1:
         raise TritonctlError("it holds more than one run of `measure`: assemble one at a time", file=raw)
     meta, sms = by_type["meta"][0], by_type["sms"][0]["by_share"]
-    artifacts = materialize(load_cluster(cluster_path), log=log)
+    cluster = load_cluster(cluster_path)
+    artifacts = materialize(cluster, log=log)
     l2 = by_type.get("l2", [])
     features, pressure = [], {}
     for name, artifact in artifacts.items():
@@ -478,7 +478,7 @@ def assemble(raw: Path, cluster_path: Path, output: Path, log=print):
     dataset = Dataset.create(
         output,
         {
-            "cluster": load_cluster(cluster_path).spec.name,
+            "cluster": cluster.spec.name,
             "created": meta["created"],
             "device": device,
             "share_mechanism": "MPS CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; SMs by share " + json.dumps(sms, sort_keys=True),
