@@ -18,15 +18,11 @@ import itertools
 import statistics
 import threading
 import time
-from pathlib import Path
 
-from tritonctl.cli import main as tritonctl
+from cpu_demo import applied, plan_demo
+
 from tritonctl.client import Endpoint, closed_loop, endpoints
-from tritonctl.plan import load_plan
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 WARMUP = 3  # requests per model and run left out of the median
 
 
@@ -48,19 +44,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=15.0, help="seconds per combination (default 15)")
     args = parser.parse_args()
-    assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
-    plan_path = CLUSTER.parent / "plan.yaml"
-    assert tritonctl(["apply", str(plan_path)]) == 0
-    targets = endpoints(load_plan(plan_path).plan)
     rows = []
-    try:
+    with applied(plan_demo()) as loaded:
+        targets = endpoints(loaded.plan)
         alone = {t.model: medians([t], args.seconds)[t.model] for t in targets}
         for size in (2, 3):
             for combo in itertools.combinations(targets, size):
                 together = medians(list(combo), args.seconds)
                 rows.append([(m, together[m] / alone[m]) for m in together])
-    finally:
-        tritonctl(["down", str(plan_path)])
     print("\nmedian latency alone, back to back: " + ", ".join(f"{m} {ms:.1f} ms" for m, ms in alone.items()))
     print("slowdown with the others back to back at the same time (processor sharing with 1/n: 2x, 3x):")
     for row in rows:

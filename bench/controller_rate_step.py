@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from cpu_demo import CLUSTER, MODEL, REPO
+
 from tritonctl.client import LoadResult, endpoints, run_load
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -29,9 +31,6 @@ from tritonctl.plan import save_plan
 from tritonctl.planner import make_plan
 from tritonctl.spec import load_cluster
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 WORK = REPO / ".tritonctl" / "controller-bench"
 
 

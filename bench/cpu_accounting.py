@@ -19,15 +19,11 @@ import os
 import time
 from pathlib import Path
 
-from tritonctl.cli import main as tritonctl
+from cpu_demo import MODEL, applied, plan_demo
+
 from tritonctl.client import endpoints, run_load
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import load_plan
 from tritonctl.runtime.local import cpu_seconds
-
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 
 
 def every_process() -> dict[int, tuple[str, float]]:
@@ -57,18 +53,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiplier of the demo rates")
     args = parser.parse_args()
-    assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
-    plan_path = CLUSTER.parent / "plan.yaml"
-    assert tritonctl(["apply", str(plan_path)]) == 0
-    plan = load_plan(plan_path).plan
-    try:
+    with applied(plan_demo()) as loaded:
+        plan = loaded.plan
         before, mine = every_process(), os.times()
         started = time.perf_counter()
         results = run_load(endpoints(plan), args.duration, args.rate_scale)
         wall = time.perf_counter() - started
         after, mine_after = every_process(), os.times()
-    finally:
-        tritonctl(["down", str(plan_path)])
     used = {"load generator (this process)": mine_after.user + mine_after.system - mine.user - mine.system}
     for pid, (cmd, seconds) in after.items():
         if pid == os.getpid():

@@ -18,18 +18,13 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from cpu_demo import REPO, applied, plan_demo
 
-from tritonctl.cli import main as tritonctl
 from tritonctl.client import Endpoint, closed_loop, endpoints, random_request, straight_to_instances
-from tritonctl.plan import load_plan
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 PLAN = REPO / ".tritonctl" / "idle-penalty" / "plan.yaml"
 
 
@@ -52,12 +47,7 @@ def main() -> None:
     parser.add_argument("--gaps", type=float, nargs="+", default=[0.0, 0.05, 0.2], help="idle seconds before each")
     parser.add_argument("--busy", action="store_true", help="keep the other models busy meanwhile")
     args = parser.parse_args()
-    PLAN.parent.mkdir(parents=True, exist_ok=True)
-    planned = ["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL), "-o", str(PLAN)]
-    assert tritonctl(planned) == 0
-    assert tritonctl(["apply", str(PLAN)]) == 0
-    try:
-        loaded = load_plan(PLAN)
+    with applied(plan_demo(out=PLAN)) as loaded:
         targets = straight_to_instances(endpoints(loaded.plan), loaded.state_dir)
         rows = []
         for endpoint in targets:
@@ -73,8 +63,6 @@ def main() -> None:
                 stop.set()
                 for thread in load:
                     thread.join()
-    finally:
-        tritonctl(["down", str(PLAN)])
     print(f"\n{'model':14} " + " ".join(f"{f'p50 ms, gap {1000 * g:g} ms':>20}" for g in args.gaps))
     for model, medians in rows:
         print(f"{model:14} " + " ".join(f"{m:20.1f}" for m in medians))

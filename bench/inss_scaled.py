@@ -1,10 +1,11 @@
 """The InSS evaluation setups on this CPU: a latency model SCALED from the CPU profile, and three clusters.
 
 Built before a GPU was lent (bench/inss_gpu.py makes the same setups on the H100 profile measured
-since): the eight InSS models get latency models derived from the three profiled ones (profiles/cpu-demo): each model borrows the fitted model of a profiled
-architecture of its family and has its running times scaled by how much slower it
-measures than that base here, alone, in onnxruntime on 2 threads (batch 1 and 8, scaled
-between them in log batch, held beyond 8). Interference coefficients are the base's; the
+since): the eight InSS models get latency models derived from the three profiled ones
+(profiles/cpu-demo): each model borrows the fitted model of a profiled architecture of its
+family and has its running times scaled by how much slower it measures than that base here,
+alone, in onnxruntime on 2 threads (batch 1 and 8, scaled between them in log batch, held
+beyond 8). Interference coefficients are the base's; the
 memory footprint moves by twice the difference in weights. The result is labelled
 SYNTHETIC (scaled) in its metadata: it is no measurement of these models under shares. The
 spread of a batch's latency around the prediction (what the simulator draws) is the base's too.

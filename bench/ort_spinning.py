@@ -16,14 +16,11 @@ import argparse
 import os
 from pathlib import Path
 
-from tritonctl.cli import main as tritonctl
+from cpu_demo import REPO, applied, plan_demo
+
 from tritonctl.client import endpoints, run_load
-from tritonctl.plan import load_plan
 from tritonctl.runtime.local import cpu_seconds
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 PLAN = REPO / ".tritonctl" / "ort-spinning" / "plan.yaml"
 STUB = "triton_python_b"  # the Python backend stub's process name, as the kernel truncates it
 
@@ -42,13 +39,10 @@ def stub_cpu_s() -> float:
 
 def measure(spinning: str, duration_s: float) -> tuple[float, list]:
     os.environ["TRITONCTL_ORT_SPINNING"] = spinning
-    assert tritonctl(["apply", str(PLAN)]) == 0
-    try:
+    with applied(PLAN) as loaded:
         before = stub_cpu_s()
-        results = run_load(endpoints(load_plan(PLAN).plan), duration_s)
+        results = run_load(endpoints(loaded.plan), duration_s)
         used = stub_cpu_s() - before
-    finally:
-        tritonctl(["down", str(PLAN)])
     return used / max(1, sum(r.ok for r in results)), results
 
 
@@ -57,9 +51,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
     parser.add_argument("--policy", default="search", help="the plan to apply")
     args = parser.parse_args()
-    PLAN.parent.mkdir(parents=True, exist_ok=True)
-    planned = ["plan", str(CLUSTER), "--policy", args.policy, "--latency-model", str(MODEL), "-o", str(PLAN)]
-    assert tritonctl(planned) == 0
+    plan_demo(args.policy, out=PLAN)
     rows = [(spinning, *measure(spinning, args.duration)) for spinning in ("1", "0")]
     names = [r.model for r in rows[0][2]]
     print(f"\n{'spinning':>8} {'stub CPU ms/request':>19} {'goodput/s':>9} " + " ".join(f"{n:>14}" for n in names))

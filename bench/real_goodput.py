@@ -16,27 +16,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tritonctl.cli import main as tritonctl
+from cpu_demo import CLUSTER, MODEL, REPO, applied
+
 from tritonctl.client import endpoints, run_load
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import load_plan, save_plan
+from tritonctl.plan import save_plan
 from tritonctl.planner import make_plan
 from tritonctl.spec import load_cluster
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 PLANS = REPO / ".tritonctl" / "real-goodput"
 
 
 def goodput(plan_path: Path, duration_s: float) -> tuple[float, float, int]:
     """(goodput req/s, worst p99 ms, failed requests) of the plan applied on the real Triton."""
-    assert tritonctl(["apply", str(plan_path)]) == 0
-    try:
-        results = run_load(endpoints(load_plan(plan_path).plan), duration_s)
-    finally:
-        tritonctl(["down", str(plan_path)])
+    with applied(plan_path) as loaded:
+        results = run_load(endpoints(loaded.plan), duration_s)
     good = sum(r.within_slo * r.sent for r in results) / duration_s
     return good, max(r.percentile(99) for r in results), sum(len(r.errors) for r in results)
 

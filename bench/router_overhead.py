@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from cpu_demo import CLUSTER, MODEL, REPO
 
 from tritonctl.apply import apply_plan, down
 from tritonctl.client import endpoints, run_load, straight_to_instances
@@ -25,9 +26,6 @@ from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import ROUTER_FILE, LocalRuntime, cpu_seconds
 from tritonctl.spec import load_cluster
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 WORK = REPO / ".tritonctl" / "router-bench"
 
 

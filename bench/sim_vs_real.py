@@ -27,16 +27,13 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from cpu_demo import MODEL, REPO, applied, plan_demo
 
-from tritonctl.cli import main as tritonctl
 from tritonctl.client import endpoints, run_load, straight_to_instances
-from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.model import LatencyModel, load_latency_model
 from tritonctl.plan import load_plan
 from tritonctl.simulate import read_trace, simulate
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
-MODEL = REPO / "profiles" / "cpu-demo" / "latency-model.json"
 RESULTS = REPO / "bench" / "results" / "sim-vs-real"
 
 
@@ -45,12 +42,10 @@ def measure(plan_path: Path, duration_s: float, scales: list[float], results: Pa
     at the instances' own gRPC ports rather than the models' addresses (the router)."""
     results.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(plan_path, results / "plan.yaml")
-    assert tritonctl(["apply", str(plan_path)]) == 0
-    loaded = load_plan(plan_path)
-    targets = endpoints(loaded.plan)
-    if direct:
-        targets = straight_to_instances(targets, loaded.state_dir)
-    try:
+    with applied(plan_path) as loaded:
+        targets = endpoints(loaded.plan)
+        if direct:
+            targets = straight_to_instances(targets, loaded.state_dir)
         for scale in scales:
             real = run_load(targets, duration_s, scale)
             with open(results / f"trace-x{scale:g}.csv", "w", newline="") as f:
@@ -62,8 +57,6 @@ def measure(plan_path: Path, duration_s: float, scales: list[float], results: Pa
                 writer.writerow(["model", "latency_ms"])
                 writer.writerows((r.model, f"{x:.3f}") for r in real for x in r.latencies_ms)
             print(f"x{scale:g}: {sum(r.sent for r in real)} sent, {sum(len(r.errors) for r in real)} failed")
-    finally:
-        tritonctl(["down", str(plan_path)])
     run = {"duration_s": duration_s, "scales": scales, "path": "direct" if direct else "router"}
     (results / "run.json").write_text(json.dumps(run) + "\n")
 
@@ -76,13 +69,12 @@ def bootstrap_p99(latencies: np.ndarray, rng: np.random.Generator, rounds: int =
     return float(np.percentile(p99s, 5)), float(np.percentile(p99s, 95))
 
 
-def _cells(results: Path) -> dict[tuple[float, str], tuple[float, float, float, float, list[float]]]:
+def _cells(results: Path, lm: LatencyModel) -> dict[tuple[float, str], tuple[float, float, float, float, list[float]]]:
     """Per (scale, model) of a saved real run: real and simulated goodput and p99, and the answered requests'
     latencies (ms)."""
     run = json.loads((results / "run.json").read_text())
     duration = run["duration_s"]
     plan = load_plan(results / "plan.yaml").plan
-    lm = load_latency_model(MODEL)
     slo = {m.name: m.slo_ms for m in plan.models}
     cells = {}
     for scale in run["scales"]:
@@ -110,7 +102,7 @@ def compare(results: Path) -> str:
     head += f" {'gap':>7} {'real p99, 90% bootstrap':>23}"
     lines = [head]
     rng = np.random.default_rng(0)
-    for (scale, name), (g_real, g_sim, p_real, p_sim, lat) in _cells(results).items():
+    for (scale, name), (g_real, g_sim, p_real, p_sim, lat) in _cells(results, load_latency_model(MODEL)).items():
         low, high = bootstrap_p99(np.array(lat), rng)
         lines.append(
             f"{scale:5g} {name:14} {g_real:12.2f} {g_sim:8.2f} {100 * (g_sim / g_real - 1):+6.1f}% "
@@ -130,7 +122,8 @@ def pooled(runs: list[Path]) -> str:
     paths = {json.loads((run / "run.json").read_text()).get("path", "router") for run in runs}
     if len(plans) != 1 or len(paths) != 1:
         raise SystemExit("the runs applied different plans or went different paths (router, direct): not one mean")
-    per_run = [_cells(run) for run in runs]
+    lm = load_latency_model(MODEL)
+    per_run = [_cells(run, lm) for run in runs]
     head = f"{'scale':>5} {'model':14} {'runs':>4} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11}"
     head += f" {'sim':>8} {'gap':>7} {'real p99 of one run':>19}"
     lines = [f"# mean over {len(runs)} runs: {', '.join(run.name for run in runs)}", head]
@@ -164,9 +157,7 @@ def main() -> None:
         print(pooled(args.pool))
         return
     if not args.offline:
-        plan_path = CLUSTER.parent / "plan.yaml"
-        assert tritonctl(["plan", str(CLUSTER), "--policy", "search", "--latency-model", str(MODEL)]) == 0
-        measure(plan_path, args.duration, args.scales, args.results, args.direct)
+        measure(plan_demo(), args.duration, args.scales, args.results, args.direct)
     table = compare(args.results)
     (args.results / "table.txt").write_text(table + "\n")
     print("\n" + table)

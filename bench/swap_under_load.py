@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import yaml
+from cpu_demo import CLUSTER, REPO
 from matplotlib.figure import Figure
 
 from tritonctl.apply import apply_plan, down
@@ -36,8 +37,6 @@ from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
 from tritonctl.spec import load_cluster
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
 WORK = REPO / ".tritonctl" / "swap-bench"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from tritonctl.latency.report import evaluate
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "profiles/inss-gpu"
+sys.path.insert(0, str(REPO / "bench"))  # bench/gpu_replay.py, a script
+from gpu_replay import compare, next_batch  # noqa: E402
 
 
 def test_models_argument_and_worker_slots():
@@ -95,11 +98,6 @@ def test_the_committed_latency_model_is_the_fit_of_the_committed_profile():
 def test_the_simulator_matches_the_real_h100_replay_of_the_search_plans():
     """bench/gpu_replay.py replayed the search plans of the three InSS setups on an H100 under MPS (session 7);
     the simulator, on the same arrivals, must keep agreeing with what the GPU did."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "bench"))
-    from gpu_replay import compare
-
     for setup in ("six-4", "eight-4", "eight-5"):
         results = REPO / f"bench/results/gpu-replay-{setup}"
         table = compare(results, PROFILE / "latency-model.json")
@@ -149,11 +147,6 @@ def test_assemble_refuses_a_cut_short_measurement(tmp_path):
 
 def test_the_replays_batcher_follows_tritons_rules():
     """bench/gpu_replay.py's stand-in for Triton's dynamic batcher: the rules tritonctl/simulate.py also follows."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "bench"))
-    from gpu_replay import next_batch
-
     times = [0.0, 1.0, 2.0, 3.0, 10.0]
     assert next_batch(times, 0, 3.5, 4, 5.0) == (4, 3.5)  # a full batch waits: it starts at once
     assert next_batch(times, 0, 2.5, 4, 5.0) == (0, 3.0)  # three wait: until the fourth arrives
