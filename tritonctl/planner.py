@@ -42,8 +42,9 @@ def devices_of(cluster: Cluster) -> list[Device]:
                     kind=group.kind,
                     index=index,
                     memory_mb=group.memory_mb,
-                    units=group.units,
-                    cores=group.cores,
+                    # Reserved cores are left out; a unit stays the same size, so shares mean the same cores.
+                    units=group.usable_units,
+                    cores=group.cores * group.usable_units / group.units if group.cores else None,
                 )
             )
     return devices

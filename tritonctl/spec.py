@@ -6,6 +6,7 @@ Docker Compose does, so a cluster file means the same thing from any working dir
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -33,13 +34,19 @@ class _Strict(BaseModel):
 
 
 class DeviceGroup(_Strict):
-    """`count` identical devices. `units` is the share granularity (100 = MPS percent)."""
+    """`count` identical devices. `units` is the share granularity (100 = MPS percent).
+
+    `reserved_cores` (CPU only) are kept for everything that is not inference: the proxy, the
+    Triton processes' own threads, load generators, the system. The planner hands out only the
+    units of the remaining cores; the profiler never measures beyond them.
+    """
 
     kind: Literal["gpu", "cpu"]
     count: Annotated[int, Field(ge=1, le=64)] = 1
     memory_mb: Annotated[int, Field(gt=0)]
     units: Annotated[int, Field(ge=1, le=1000)] = 100
-    cores: Annotated[float, Field(gt=0)] | None = None
+    cores: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    reserved_cores: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
 
     @model_validator(mode="after")
     def _cores_for_cpu(self) -> DeviceGroup:
@@ -47,7 +54,21 @@ class DeviceGroup(_Strict):
             raise ValueError("a cpu device needs `cores`: how many cores its `units` stand for")
         if self.kind == "gpu" and self.cores is not None:
             raise ValueError("`cores` is for cpu devices only")
+        if self.kind == "gpu" and self.reserved_cores:
+            raise ValueError("`reserved_cores` is for cpu devices only")
+        if self.kind == "cpu" and self.usable_units < 1:
+            raise ValueError(
+                f"reserved_cores {self.reserved_cores:g} of {self.cores:g} cores leaves nothing to plan with: "
+                f"keep it below {self.cores:g} (each of the {self.units} units is {self.cores / self.units:g} cores)"
+            )
         return self
+
+    @property
+    def usable_units(self) -> int:
+        """The units the planner may hand out: all of them less those of the reserved cores."""
+        if self.kind != "cpu" or not self.reserved_cores:
+            return self.units
+        return math.floor(self.units * (self.cores - self.reserved_cores) / self.cores + 1e-9)
 
 
 class TensorSpec(_Strict):
