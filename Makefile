@@ -12,6 +12,9 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[export,test]'
+	@# NVIDIA perf_analyzer, the independent load generator (`tritonctl load --tool perf_analyzer`): the binary
+	@# of the last tritonclient wheel that ships one, apart from the package's own (newer) tritonclient.
+	$(BIN)/pip install -q --no-deps --target $(VENV)/perf-analyzer tritonclient==2.41.1
 	@# The Triton Python backend stub links the system libpython of the same version.
 	@ldconfig -p | grep -q 'libpython$(PYVER).so.1.0' || \
 	  { echo "installing libpython$(PYVER) for the Triton Python backend stub"; \

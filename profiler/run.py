@@ -40,7 +40,7 @@ def _tensors(sigs) -> list[Tensor]:
     return [Tensor(name=t.name, dtype=t.dtype, shape=list(t.shape)) for t in sigs]
 
 
-def _planned(name: str, artifact: Artifact) -> PlannedModel:
+def planned_for_profile(name: str, artifact: Artifact) -> PlannedModel:
     """The plan entry the renderer needs to serve `artifact` (SLO, rate and port are unused here)."""
     return PlannedModel(
         name=name,
@@ -51,7 +51,7 @@ def _planned(name: str, artifact: Artifact) -> PlannedModel:
         memory_mb=1,
         slo_ms=1,
         rate=0,
-        port=1,
+        port=65535,  # the harness gives each instance a free port
         placements=[{"instance": f"{name}-profile", "device": "x", "share": 1, "batch": 1}],
     )
 
@@ -145,7 +145,7 @@ def profile(
     harness = Harness(
         LocalRuntime(find_tritonserver(cluster.spec.runtime.tritonserver), folder / "work"),
         device,
-        {name: (_planned(name, a), a.path) for name, a in artifacts.items()},
+        {name: (planned_for_profile(name, a), a.path) for name, a in artifacts.items()},
         folder / "work",
         sorted(set(TRAIN_BATCHES) | set(HELDOUT_BATCHES)),
     )

@@ -9,6 +9,7 @@ batch size or queue delay alone reloads the model in place, without a new proces
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from tritonctl.errors import TritonctlError
-from tritonctl.plan import LoadedPlan
+from tritonctl.plan import LoadedPlan, Plan
 from tritonctl.render import Launch, render
 from tritonctl.runtime.base import Health, InstanceRecord, Runtime, StartError
 from tritonctl.runtime.local import port_is_free
@@ -35,6 +36,17 @@ class Step:
     instance: str
     reason: str
     uid: str | None = None  # the recorded instance the step keeps, reloads, replaces or stops
+
+
+def predicted_misses(plan: Plan) -> list[str]:
+    """What the plan's own predictions say it will not serve within the SLO: one line per model."""
+    misses = [f"{m.name}: not served ({m.reason})" for m in plan.unserved]
+    for model in plan.models:
+        for p in model.placements:
+            if p.predicted is not None and not p.predicted.meets_slo:
+                p99 = "overloaded" if p.predicted.latency_ms is None else f"p99 {p.predicted.latency_ms:.0f} ms"
+                misses.append(f"{p.instance}: predicted {p99} against an SLO of {model.slo_ms:g} ms")
+    return misses
 
 
 def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health: dict[str, Health]) -> list[Step]:
@@ -94,6 +106,17 @@ def _steps(
     loaded: LoadedPlan, runtime: Runtime, state: State, rendered: dict, log: Callable[[str], None]
 ) -> list[Step]:
     """Check the state belongs to this plan's cluster and runtime; log and return the steps."""
+    check_owner(loaded, runtime, state)
+    launches = {name: launch for name, (_, launch) in rendered.items()}
+    health = {uid: runtime.health(rec) for uid, rec in state.instances.items()}
+    steps = diff(launches, state.instances, health)
+    for step in steps:
+        log(f"  {step.action:6} {step.instance:28} {step.reason}")
+    return steps
+
+
+def check_owner(loaded: LoadedPlan, runtime: Runtime, state: State) -> None:
+    """Refuse a plan for another cluster, or a runtime other than the one running the deployment."""
     if state.instances and state.cluster != loaded.plan.cluster:
         raise TritonctlError(
             f"the state folder belongs to cluster {state.cluster!r}, not {loaded.plan.cluster!r}",
@@ -107,12 +130,6 @@ def _steps(
             file=loaded.path,
             field="runtime.state_dir",
         )
-    launches = {name: launch for name, (_, launch) in rendered.items()}
-    health = {uid: runtime.health(rec) for uid, rec in state.instances.items()}
-    steps = diff(launches, state.instances, health)
-    for step in steps:
-        log(f"  {step.action:6} {step.instance:28} {step.reason}")
-    return steps
 
 
 Save = Callable[[State], None]
@@ -255,13 +272,16 @@ def apply_plan(
     with a runtime that rehearses (Compose in dry-run mode), walks through them with it, so
     that runtime prints every command it would run (host ports are not checked).
     """
+    if runtime.name == "local" and (line := exposure(loaded)):
+        log(line)
     if dry_run and not runtime.rehearses:
         loaded = runtime.prepare(loaded, write=False)
         return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)
     state_dir = loaded.state_dir
     with nullcontext() if dry_run else apply_lock(state_dir):
-        loaded = runtime.prepare(loaded, write=not dry_run)
         state = load_state(state_dir)
+        check_owner(loaded, runtime, state)  # before anything is written for the plan
+        loaded = runtime.prepare(loaded, write=not dry_run)
         save: Save = (lambda _: None) if dry_run else partial(save_state, state_dir)
         run = _Run(loaded, runtime, state, render(loaded, write=not dry_run), log, save)
         steps = _steps(loaded, runtime, state, run.rendered, log)
@@ -286,6 +306,23 @@ def apply_plan(
         run.route(steps, log)
         run.stop_all(steps)
         return steps
+
+
+def exposure(loaded: LoadedPlan) -> str | None:
+    """One line naming the ports a local deployment opens beyond this machine; None when runtime.host is loopback."""
+    host = loaded.plan.runtime.host
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    if loopback:
+        return None
+    ports = ", ".join(str(port) for port in sorted({model.port for model in loaded.plan.models}))
+    return (
+        f"note: runtime.host is {host}: model ports {ports} and every instance's gRPC, HTTP and metrics ports "
+        "are reachable beyond this machine (Triton's control APIs ask for the deployment's key; the router's "
+        "control endpoint stays on 127.0.0.1)"
+    )
 
 
 def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print, dry_run: bool = False) -> int:

@@ -9,9 +9,11 @@ import threading
 import time
 from pathlib import Path
 
+from profiler.calibrate import calibrate, median_abs
 from profiler.dataset import load_dataset
+from profiler.device import cpu_fingerprint
 from profiler.run import profile
-from tritonctl.apply import apply_plan, down
+from tritonctl.apply import apply_plan, down, predicted_misses
 from tritonctl.bench import format_rows, margins, run_policies, upper_bound_rps, write_bench
 from tritonctl.client import endpoints, format_results, run_load
 from tritonctl.compose import host_gpu_count, write_compose
@@ -21,8 +23,9 @@ from tritonctl.export import materialize
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
+from tritonctl.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from tritonctl.plan import LoadedPlan, load_plan, save_plan
-from tritonctl.planner import check_latency_model, make_plan
+from tritonctl.planner import HEADROOM, check_latency_model, make_plan, predicted_load
 from tritonctl.policies import POLICIES
 from tritonctl.policies.inss import default_policy_file
 from tritonctl.render import render
@@ -88,7 +91,42 @@ def _plan(
         _say(line)
     for model in plan.unserved:
         _say(f"  NOT SERVED {model.name}: {model.reason}")
+    for device, load in sorted(predicted_load(plan).items()):
+        if load > HEADROOM:
+            _say(
+                f"WARNING: {device} is predicted {100 * load:.0f}% busy: no headroom for bursts or for the work the "
+                "plan does not count (proxy, clients, the system); reserve cores (devices[].reserved_cores), lower "
+                "the rates or add devices"
+            )
     return out
+
+
+def _calibrated_path(source: Path, state_dir: Path) -> Path:
+    return state_dir / f"{source.stem}.{cpu_fingerprint()['id']}.json"
+
+
+def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
+    """Calibrate `source` to this CPU for the cluster's models, write it to `output` and print its errors."""
+    cluster = load_cluster(cluster_arg)
+    calibrated, points = calibrate(cluster, load_latency_model(source), source, log=_say)
+    calibrated.save(output)
+    checks = [p for p in points if not p.fitted]
+    factors = calibrated.meta["calibrated"]["factors"]
+    _say("running time x " + ", ".join(f"{name} {k:.2f} * batch^{g:.2f}" for name, (k, g) in factors.items()))
+    _say(
+        f"held-out points ({len(checks)}): median |error| {100 * median_abs([p.error_before for p in checks]):.1f}% "
+        f"before, {100 * median_abs([p.error_after for p in checks]):.1f}% after; worst after "
+        f"{100 * max(abs(p.error_after) for p in checks):.1f}%"
+    )
+    _say(f"calibrated latency model written to {output} ({calibrated.meta['calibrated']['seconds']:.0f} s)")
+    return output
+
+
+def cmd_calibrate(args) -> int:
+    source = Path(args.latency_model)
+    output = Path(args.output) if args.output else source.with_name(f"{source.stem}.{cpu_fingerprint()['id']}.json")
+    _calibrate(args.cluster, source, output)
+    return 0
 
 
 def cmd_profile(args) -> int:
@@ -101,8 +139,9 @@ def cmd_profile(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    policy = args.policy or ("search" if args.latency_model else "spread")
     _plan(
-        args.cluster, args.policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin
+        args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin
     )
     return 0
 
@@ -164,7 +203,7 @@ def cmd_bench(args) -> int:
     cluster = load_cluster(args.cluster)
     lm = load_latency_model(args.latency_model)
     artifacts = materialize(cluster, log=lambda _: None)
-    check_latency_model(cluster, artifacts, lm, Path(args.latency_model), _say)
+    check_latency_model(cluster, artifacts, lm, Path(args.latency_model), _say, deploys_here=False)
     unknown = [p for p in args.policies or [] if p not in POLICIES]
     if unknown:
         raise TritonctlError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
@@ -255,8 +294,21 @@ def _applied_runtime(args, loaded: LoadedPlan, state: State) -> Runtime:
     return _runtime(loaded, state.runtime, args.compose_dir, getattr(args, "dry_run", False), starts=False)
 
 
-def _apply(plan_path: Path, dry_run: bool = False, runtime_name: str = "local", compose_dir: str | None = None) -> None:
+def _apply(
+    plan_path: Path,
+    dry_run: bool = False,
+    runtime_name: str = "local",
+    compose_dir: str | None = None,
+    accept_misses: bool = False,
+) -> None:
     loaded = load_plan(plan_path)
+    misses = predicted_misses(loaded.plan)
+    if misses and not accept_misses:
+        raise TritonctlError(
+            f"the plan is predicted to miss SLOs ({'; '.join(misses)}); lower the rates, add devices or "
+            "re-plan, or deploy it anyway with --accept-misses",
+            file=loaded.path,
+        )
     runtime = _runtime(loaded, runtime_name, compose_dir, dry_run)
     if isinstance(runtime, ComposeRuntime):
         _say(f"applying {loaded.path} through the Compose project in {runtime.folder}")
@@ -274,7 +326,7 @@ def _apply(plan_path: Path, dry_run: bool = False, runtime_name: str = "local", 
 
 
 def cmd_apply(args) -> int:
-    _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir)
+    _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir, args.accept_misses)
     return 0
 
 
@@ -370,14 +422,18 @@ def cmd_down(args) -> int:
     return 0
 
 
-def _load(plan_path: Path, duration: float, rate_scale: float) -> int:
+def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "tritonctl") -> int:
     loaded = load_plan(plan_path)
     targets = endpoints(loaded.plan)
+    pa = find_perf_analyzer() if tool == "perf_analyzer" else None  # before any traffic: a missing tool says so
     _say(
-        f"sending Poisson traffic for {duration:.0f} s at {rate_scale:g} x the planned rates "
+        f"sending Poisson traffic with {tool} for {duration:.0f} s at {rate_scale:g} x the planned rates "
         f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ..."
     )
-    results = run_load(targets, duration, rate_scale)
+    if pa is not None:
+        results = run_perf_analyzer(pa, targets, duration, rate_scale, loaded.state_dir / "perf_analyzer")
+    else:
+        results = run_load(targets, duration, rate_scale)
     _say(format_results(results))
     for r in results:
         if r.errors:
@@ -386,7 +442,7 @@ def _load(plan_path: Path, duration: float, rate_scale: float) -> int:
 
 
 def cmd_load(args) -> int:
-    return _load(Path(args.plan), args.duration, args.rate_scale)
+    return _load(Path(args.plan), args.duration, args.rate_scale, args.tool)
 
 
 def cmd_demo(args) -> int:
@@ -403,6 +459,13 @@ def cmd_demo(args) -> int:
                 "or profile and fit the cluster first (tritonctl profile, tritonctl fit)",
                 file=committed,
             )
+    if latency_model and load_latency_model(latency_model).device.fingerprint.get("id") != cpu_fingerprint()["id"]:
+        state_dir = load_cluster(cluster).resolve(load_cluster(cluster).spec.runtime.state_dir)
+        here = _calibrated_path(Path(latency_model), state_dir)
+        if not here.is_file():
+            _say(f"== 0/4 calibrate {latency_model}: it was profiled on another CPU")
+            _calibrate(str(cluster), Path(latency_model), here)
+        latency_model = str(here)
     _say(f"== 1/4 plan ({args.policy}" + (f", latency model {latency_model})" if latency_model else ")"))
     plan_path = _plan(str(cluster), args.policy, None, latency_model=latency_model)
     _say("== 2/4 apply")
@@ -493,13 +556,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("plan", cmd_plan, "choose placements, shares and batch sizes and write a plan file")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("-o", "--output", help="plan file to write (default: plan.yaml beside the cluster file)")
-    p.add_argument("--policy", default="spread", help="placement policy (see `tritonctl policies`)")
-    p.add_argument("--latency-model", help="a fitted latency model (tritonctl fit): adds predictions to the plan")
+    p.add_argument(
+        "--policy",
+        help="placement policy (see `tritonctl policies`); default: search with --latency-model (the best here), "
+        "spread without one (the only policy that needs no latency model)",
+    )
+    p.add_argument(
+        "--latency-model", help="a fitted latency model (tritonctl fit or calibrate): adds predictions to the plan"
+    )
     p.add_argument(
         "--strict", action="store_true", help="fail if any model cannot be served (default: plan the others, list it)"
     )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
     add_margin(p)
+    p = add(
+        "calibrate",
+        cmd_calibrate,
+        "carry a CPU latency model profiled on another CPU to this one: a short measurement through Triton "
+        "(about 20 s a model), one running-time factor per model, its error on held-out points printed",
+    )
+    p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
+    p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")
+    p.add_argument("-o", "--output", help="where to write it (default: beside it, named after this CPU's id)")
     p = add("fit", cmd_fit, "fit the interference-aware latency model (InSS section 4) to a profile")
     p.add_argument("profile", help="profile folder (tritonctl profile)")
     p.add_argument("-o", "--output", help="model file (default: latency-model.json in the profile folder)")
@@ -525,6 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run",
         action="store_true",
         help="print the steps without doing them (compose: also every docker command and HTTP call)",
+    )
+    p.add_argument(
+        "--accept-misses",
+        action="store_true",
+        help="apply a plan even where its own predictions miss an SLO or leave a model unserved (refused otherwise)",
     )
     add_runtime(p)
     p = add(
@@ -586,6 +669,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy-file", help="where the trained policy goes (default: rl/policies/<cluster name>.pt)")
     p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
     p.add_argument("plan", help="plan.yaml")
+    p.add_argument(
+        "--tool",
+        choices=["tritonctl", "perf_analyzer"],
+        default="tritonctl",
+        help="load generator: tritonctl's own client (default) or NVIDIA perf_analyzer, one process per model",
+    )
     p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
     p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
     p = add("demo", cmd_demo, "plan, apply and load the CPU demo cluster end to end")

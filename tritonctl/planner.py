@@ -69,21 +69,41 @@ def _describe(kind: str, units: int, cores: float | None) -> str:
 
 
 def check_latency_model(
-    cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel, lm_path: Path, log: Callable[[str], None]
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    lm: LatencyModel,
+    lm_path: Path,
+    log: Callable[[str], None],
+    deploys_here: bool = True,
 ) -> None:
-    """Refuse a latency model that cannot speak for this cluster; warn where it is only doubtful."""
-    device = cluster.spec.devices[0]
-    if (lm.device.kind, lm.device.units, lm.device.cores) != (device.kind, device.units, device.cores):
+    """Refuse a latency model that cannot speak for this cluster; warn where it is only doubtful.
+
+    A CPU cluster deploys on this machine: a model profiled on another CPU is refused unless
+    the caller only simulates (`deploys_here=False`), where it speaks for the CPU it was made on."""
+    group, usable = cluster.spec.devices[0], devices_of(cluster)[0]
+    same_units = lm.device.kind == group.kind and (
+        lm.device.units == group.units
+        if group.kind == "gpu"
+        else math.isclose(lm.device.cores / lm.device.units, group.cores / group.units)
+    )
+    if not same_units or lm.device.units < usable.units:
         raise TritonctlError(
-            f"fitted for {_describe(lm.device.kind, lm.device.units, lm.device.cores)}; the cluster has "
-            f"{_describe(device.kind, device.units, device.cores)}",
+            f"fitted for {_describe(lm.device.kind, lm.device.units, lm.device.cores)}; the cluster plans with "
+            f"{_describe(usable.kind, usable.units, usable.cores)}",
             file=lm_path,
             field="device",
         )
-    if device.kind == "cpu" and lm.device.fingerprint.get("id") != cpu_fingerprint()["id"]:
-        log(
-            f"WARNING: {lm_path} was profiled on another CPU ({lm.device.fingerprint.get('model')}); "
-            "its predictions may not hold here"
+    here = cpu_fingerprint()
+    elsewhere = group.kind == "cpu" and lm.device.fingerprint.get("id") != here["id"]
+    if elsewhere and not deploys_here:
+        log(f"note: {lm_path} speaks for the CPU it was profiled on ({lm.device.fingerprint.get('model')})")
+    elif elsewhere:
+        raise TritonctlError(
+            f"profiled on another CPU ({lm.device.fingerprint.get('model')}, id {lm.device.fingerprint.get('id')}; "
+            f"this one is {here['model']}, id {here['id']}): its latencies do not hold here. Calibrate it "
+            f"(tritonctl calibrate {cluster.path} --latency-model {lm_path}, about a minute) or profile here",
+            file=lm_path,
+            field="device.fingerprint",
         )
     for i, model in enumerate(cluster.spec.models):
         fitted = lm.models.get(model.name)
@@ -338,3 +358,19 @@ def make_plan(
             reject_late=runtime.reject_late,
         ),
     )
+
+
+HEADROOM = 0.85  # a device predicted busier than this has no room for bursts or for what the plan does not count
+
+
+def predicted_load(plan: Plan) -> dict[str, float]:
+    """Per device, the part of it the plan predicts busy: each placement's rate over its predicted capacity,
+    weighted by the part of the device it holds (in turns every placement holds all of it)."""
+    load: dict[str, float] = {}
+    for model in plan.models:
+        for p in model.placements:
+            if p.predicted is None or not p.predicted.throughput_rps:
+                continue
+            held = p.share / plan.device(p.device).units
+            load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) / p.predicted.throughput_rps * held
+    return load

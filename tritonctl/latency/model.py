@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -39,10 +40,10 @@ from tritonctl.errors import TritonctlError
 from tritonctl.files import read_json
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.render import threads_for_cores
+from tritonctl.spec import MAX_BATCH  # BDA searches batch sizes 1..MAX_BATCH (InSS Algorithm 1); profiles too
 
 FORMAT = "tritonctl-latency-model"
 VERSION = 1
-MAX_BATCH = 32  # BDA searches batch sizes 1..32 (InSS Algorithm 1); profiles cover the same range
 
 
 @dataclass
@@ -284,3 +285,17 @@ def load_latency_model(path: str | Path) -> LatencyModel:
         return LatencyModel(device, models, data.get("meta", {}))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TritonctlError(f"corrupt latency model ({type(exc).__name__}: {exc})", file=path) from None
+
+
+def scaled(lm: LatencyModel, factors: dict[str, tuple[float, float]], fingerprint: dict, meta: dict) -> LatencyModel:
+    """`lm` carried to another device of the same kind: each model's running time at batch b times k * b^gamma,
+    (k, gamma) its factors measured there (`tritonctl calibrate`); upload, interference and spread terms kept,
+    the new device's fingerprint."""
+
+    def times(name: str, p: ModelParams) -> ModelParams:
+        k, gamma = factors[name]
+        return dataclasses.replace(p, lwr_y=[y * k * 2 ** (gamma * x[0]) for x, y in zip(p.lwr_X, p.lwr_y)])
+
+    models = {name: times(name, p) for name, p in lm.models.items() if name in factors}
+    device = dataclasses.replace(lm.device, fingerprint=fingerprint)
+    return LatencyModel(device, models, {**lm.meta, **meta})

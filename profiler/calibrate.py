@@ -1,0 +1,134 @@
+"""`tritonctl calibrate`: carry a latency model to this CPU with a short measurement instead of a full profile.
+
+A latency model speaks for the CPU it was profiled on; the same model runs 1.5-2x slower on
+one 2-vCPU VM than on another. The shape of its latency surface (over batch and share) and
+its interference terms carry over far better than its scale, so calibration measures each
+model solo at a few points through real Triton, as the profiler does, and multiplies its
+fitted running time by one factor per model: the median over the fitting points of measured
+running time over predicted. Two further points per model are measured and never fitted:
+their error, before and after, is what the calibration is worth, and it is recorded in the
+calibrated model's metadata and printed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from profiler.device import cpu_fingerprint
+from profiler.grid import HELDOUT_BATCHES, TRAIN_BATCHES, Member
+from profiler.harness import Harness
+from profiler.run import planned_for_profile
+from tritonctl.errors import TritonctlError
+from tritonctl.export import materialize
+from tritonctl.latency.model import LatencyModel, scaled
+from tritonctl.planner import devices_of
+from tritonctl.runtime import share
+from tritonctl.runtime.base import StartError
+from tritonctl.runtime.binary import find_tritonserver
+from tritonctl.runtime.local import LocalRuntime
+from tritonctl.spec import Cluster
+
+# (batch, share as a fraction of the usable units): both thread regimes of a 2-core CPU.
+FIT_POINTS = ((1, 1.0), (8, 1.0), (2, 0.5))
+CHECK_POINTS = ((4, 0.75), (3, 0.35))
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    batch: int
+    share: int
+    fitted: bool
+    measured_ms: float
+    before_ms: float  # the source model's prediction
+    after_ms: float = 0.0  # the calibrated model's prediction
+
+    @property
+    def error_before(self) -> float:
+        return self.before_ms / self.measured_ms - 1
+
+    @property
+    def error_after(self) -> float:
+        return self.after_ms / self.measured_ms - 1
+
+
+def median_abs(errors: list[float]) -> float:
+    return statistics.median(abs(e) for e in errors)
+
+
+def factors_of(lm: LatencyModel, points: list[Point]) -> dict[str, tuple[float, float]]:
+    """Per model, (k, gamma) of running time measured / predicted = k * batch^gamma, fitted in logs at the
+    fitting points (running time: latency less the model's upload and feedback)."""
+    logs: dict[str, list[tuple[float, float]]] = {}
+    for p in points:
+        if p.fitted:
+            io = lm.io_ms(p.model, p.batch)
+            ratio = max(p.measured_ms - io, 0.05 * p.measured_ms) / max(p.before_ms - io, 1e-6)
+            logs.setdefault(p.model, []).append((math.log(p.batch), math.log(ratio)))
+    factors = {}
+    for name, xy in logs.items():
+        x, y = np.array(xy).T
+        gamma, log_k = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(np.mean(y)))
+        factors[name] = (float(math.exp(log_k)), float(gamma))
+    return factors
+
+
+def calibrate(
+    cluster: Cluster, lm: LatencyModel, source: Path, log: Callable[[str], None] = print
+) -> tuple[LatencyModel, list[Point]]:
+    """`lm` calibrated to this CPU for the cluster's models, and the points measured (with errors before/after)."""
+    if cluster.kind != "cpu" or lm.device.kind != "cpu":
+        raise TritonctlError("calibration carries a CPU latency model to this CPU; profile a GPU on its host")
+    if share.mechanism() == "none":
+        raise TritonctlError("calibrating needs enforceable shares, and no cgroup is writable here (run as root)")
+    artifacts = materialize(cluster, log=log)
+    for name, artifact in artifacts.items():
+        if name not in lm.models:
+            raise TritonctlError(f"model {name!r} is not in the latency model: profile it", file=source)
+        if lm.models[name].onnx_sha256 != artifact.sha256:
+            raise TritonctlError(f"model {name!r}: its ONNX file differs from the profiled one: profile it", file=source)
+    device = devices_of(cluster)[0]
+    plan = [(name, batch, max(1, round(frac * device.units)), fitted)
+            for name in artifacts
+            for fitted, grid in ((True, FIT_POINTS), (False, CHECK_POINTS))
+            for batch, frac in grid]  # fmt: skip
+    started = time.monotonic()
+    log(f"calibrating {source} on this CPU ({cpu_fingerprint()['model']}): {len(plan)} measurements")
+    with tempfile.TemporaryDirectory(prefix="tritonctl-calibrate-") as work:
+        harness = Harness(
+            LocalRuntime(find_tritonserver(cluster.spec.runtime.tritonserver), Path(work)),
+            device,
+            {name: (planned_for_profile(name, a), a.path) for name, a in artifacts.items()},
+            Path(work),
+            sorted({b for b, _ in FIT_POINTS + CHECK_POINTS} & (set(TRAIN_BATCHES) | set(HELDOUT_BATCHES))),
+        )
+        points = []
+        try:
+            for name, batch, units, fitted in plan:
+                (stats,) = harness.measure((Member(name, units, batch),))
+                points.append(Point(name, batch, units, fitted, stats.p50_ms, lm.t_inf(name, batch, units)))
+                log(f"  {name:18} batch {batch:2} share {units:3}: {stats.p50_ms:7.1f} ms "
+                    f"(source model {points[-1].before_ms:6.1f} ms)")  # fmt: skip
+        except StartError as exc:
+            raise TritonctlError(f"calibration stopped: {exc}") from None
+        finally:
+            harness.close()
+    factors = factors_of(lm, points)
+    meta = {"calibrated": {"from": str(source), "from_device": lm.device.fingerprint.get("model"), "factors": factors}}
+    calibrated = scaled(lm, factors, cpu_fingerprint(), meta)
+    points = [Point(**{**asdict(p), "after_ms": calibrated.t_inf(p.model, p.batch, p.share)}) for p in points]
+    checks = [p for p in points if not p.fitted]
+    calibrated.meta["calibrated"].update(
+        seconds=round(time.monotonic() - started, 1),
+        held_out_error_before=[round(p.error_before, 4) for p in checks],
+        held_out_error_after=[round(p.error_after, 4) for p in checks],
+    )
+    return calibrated, points

@@ -1,0 +1,191 @@
+"""Plans checked under an independent load generator (perf_analyzer), on this CPU, with CPU kept for the rest.
+
+Where a test fits a latency model, it is the SYNTHETIC one of tests/synthetic.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import make_mlp, mlp_model, write_cluster
+from profiler.calibrate import Point, factors_of
+from synthetic import synthetic_dataset
+from tritonctl.cli import main
+from tritonctl.client import Endpoint
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.model import scaled
+from tritonctl.perf_analyzer import arrivals, read_export
+from tritonctl.plan import load_plan
+from tritonctl.planner import devices_of, predicted_load
+from tritonctl.spec import load_cluster
+from tritonctl.state import load_state
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def synthetic_lm(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("lm") / "profile"
+    fit_latency_model(synthetic_dataset(folder), log=lambda _: None).save(folder / "latency-model.json")
+    return folder / "latency-model.json"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Two ONNX models deployed on real tritonserver instances."""
+    folder = tmp_path_factory.mktemp("served")
+    make_mlp(folder / "mlp.onnx")
+    cluster = write_cluster(folder, [mlp_model("alpha", rate=40), mlp_model("beta", rate=40)])
+    plan = folder / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
+    yield plan
+    main(["down", str(plan)])
+
+
+def test_perf_analyzer_loads_every_model_at_once_and_reports_like_the_own_client(served, capsys):
+    rc, out, _ = run_cli(capsys, "load", str(served), "--tool", "perf_analyzer", "--duration", "3")
+    assert rc == 0, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("alpha", "beta"))}
+    assert set(rows) == {"alpha", "beta"}
+    for cells in rows.values():
+        sent, ok, failed = int(cells[1]), int(cells[2]), int(cells[3])
+        assert sent > 40 and ok == sent and failed == 0  # 40/s over about 3 s, every request answered
+        assert 20 < float(cells[4]) < 80  # offered rate near 40/s
+    exports = list((load_plan(served).state_dir / "perf_analyzer").glob("*.json"))
+    assert sorted(p.stem for p in exports) == ["alpha", "beta"]
+
+
+def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served, capsys, monkeypatch):
+    before = {uid: rec.pid for uid, rec in load_state(load_plan(served).state_dir).instances.items()}
+    monkeypatch.setenv("TRITONCTL_PERF_ANALYZER", "/nonexistent/perf_analyzer")
+    rc, out, err = run_cli(capsys, "load", str(served), "--tool", "perf_analyzer")
+    assert rc == 2 and "make install" in err and "sending" not in out
+    after = {uid: rec.pid for uid, rec in load_state(load_plan(served).state_dir).instances.items()}
+    assert after == before
+
+
+def test_requests_missing_from_the_export_count_as_unanswered(tmp_path):
+    """perf_analyzer exports answered requests only: the schedule says how many were sent."""
+    schedule = np.array([0.1, 0.2, 0.3, 0.4, 1.5])  # 4 arrivals within the 1 s of windows, one after
+    ns = 10**9
+    export = {
+        "experiments": [
+            {
+                "window_boundaries": [0, ns // 2, ns],
+                "requests": [
+                    {"timestamp": int(0.1 * ns), "response_timestamps": [int(0.15 * ns)]},
+                    {"timestamp": int(0.2 * ns), "response_timestamps": [int(0.4 * ns)]},
+                ],
+            }
+        ]
+    }
+    (tmp_path / "x.json").write_text(json.dumps(export))
+    result = read_export(tmp_path / "x.json", Endpoint("m", "h:1", "x", "float32", (1,), "y", 100.0, 4.0), schedule)
+    assert result.sent == 4 and result.ok == 2 and result.unanswered == 2
+    assert result.latencies_ms == pytest.approx([50.0, 200.0])
+    assert result.within_slo == pytest.approx(0.25)  # one of the four sent answered within 100 ms
+
+
+def test_arrivals_are_poisson_at_the_rate_and_seeded():
+    times = arrivals(50.0, 200.0, seed=3)
+    assert len(times) == pytest.approx(10_000, rel=0.05) and times[-1] < 200
+    gaps = np.diff(times)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.05)  # exponential: coefficient of variation 1
+    assert np.array_equal(times, arrivals(50.0, 200.0, seed=3))
+
+
+def test_reserved_cores_are_left_out_of_the_plan(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    device = {"kind": "cpu", "count": 1, "cores": 2, "units": 100, "memory_mb": 4096, "reserved_cores": 0.5}
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")], devices=[device])
+    (usable,) = devices_of(load_cluster(cluster))
+    assert (usable.units, usable.cores) == (75, 1.5)  # a unit still stands for 0.02 cores
+    rc, _, _ = run_cli(capsys, "plan", str(cluster), "-o", str(tmp_path / "plan.yaml"))
+    plan = load_plan(tmp_path / "plan.yaml").plan
+    assert rc == 0 and sum(p.share for _, p in plan.instances()) <= 75
+
+
+def test_reserving_every_core_is_refused(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    device = {"kind": "cpu", "count": 1, "cores": 2, "units": 100, "memory_mb": 4096, "reserved_cores": 2}
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")], devices=[device])
+    rc, _, err = run_cli(capsys, "plan", str(cluster))
+    assert rc == 2 and "reserved_cores" in err and "leaves nothing to plan with" in err
+    assert not (tmp_path / "plan.yaml").exists()
+
+
+def test_a_latency_model_of_another_cpu_is_refused_for_planning_but_simulates(
+    tmp_path, capsys, synthetic_lm, mlp_cluster
+):
+    data = json.loads(synthetic_lm.read_text())
+    data["device"]["fingerprint"] = {"kind": "cpu", "model": "Some Other CPU", "id": "0123456789ab"}
+    other = tmp_path / "other-cpu.json"
+    other.write_text(json.dumps(data))
+    rc, _, err = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(other))
+    assert rc == 2 and "profiled on another CPU (Some Other CPU" in err and "tritonctl calibrate" in err
+    assert not (mlp_cluster.parent / "plan.yaml").exists()
+    rc, out, _ = run_cli(
+        capsys, "bench", str(mlp_cluster), "--latency-model", str(other), "--policies", "spread", "--duration", "2"
+    )
+    assert rc == 0 and "speaks for the CPU it was profiled on (Some Other CPU)" in out
+
+
+def test_plan_with_a_latency_model_uses_search_by_default(capsys, synthetic_lm, mlp_cluster):
+    rc, out, _ = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(synthetic_lm))
+    assert rc == 0 and "plan (search) written" in out
+    rc, out, _ = run_cli(capsys, "plan", str(mlp_cluster))
+    assert rc == 0 and "plan (spread) written" in out
+
+
+def test_apply_refuses_a_plan_predicted_to_miss_unless_told(capsys, synthetic_lm, mlp_cluster):
+    spec = yaml.safe_load(mlp_cluster.read_text())
+    spec["models"][0].update(rate=600, slo_ms=150)
+    mlp_cluster.write_text(yaml.safe_dump(spec))
+    plan = mlp_cluster.parent / "plan.yaml"
+    rc, out, _ = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(synthetic_lm))
+    assert rc == 0 and "WARNING: cpu0 is predicted" in out  # 600/s leaves no headroom
+    rc, out, err = run_cli(capsys, "apply", str(plan))
+    assert rc == 2 and "predicted to miss SLOs" in err and "alpha-0" in err and "--accept-misses" in err
+    assert not load_state(load_plan(plan).state_dir).instances
+    rc, out, _ = run_cli(capsys, "apply", str(plan), "--accept-misses")
+    assert rc == 0 and len(load_state(load_plan(plan).state_dir).instances) == 2
+
+
+def test_predicted_load_adds_each_placements_busy_part_of_its_device(capsys, synthetic_lm, mlp_cluster):
+    plan_path = mlp_cluster.parent / "plan.yaml"
+    assert main(["plan", str(mlp_cluster), "--latency-model", str(synthetic_lm)]) == 0
+    plan = load_plan(plan_path).plan
+    expected = sum(
+        m.rate_of(p) / p.predicted.throughput_rps * p.share / plan.device(p.device).units
+        for m in plan.models
+        for p in m.placements
+    )
+    assert predicted_load(plan) == {"cpu0": pytest.approx(expected)} and 0 < expected < 1
+
+
+def test_calibration_recovers_a_speed_and_batching_factor(synthetic_lm):
+    """Measurements that are 1.6 x batch^0.2 the model's running time give back k = 1.6, gamma = 0.2, and the
+    scaled model predicts them."""
+    from tritonctl.latency.model import load_latency_model
+
+    lm = load_latency_model(synthetic_lm)
+    points = []
+    for batch, share in ((1, 100), (8, 100), (2, 50)):
+        io, before = lm.io_ms("alpha", batch), lm.t_inf("alpha", batch, share)
+        points.append(Point("alpha", batch, share, True, io + (before - io) * 1.6 * batch**0.2, before))
+    (k, gamma) = factors_of(lm, points)["alpha"]
+    assert k == pytest.approx(1.6, rel=1e-6) and gamma == pytest.approx(0.2, abs=1e-6)
+    carried = scaled(lm, {"alpha": (k, gamma), "beta": (1.0, 0.0)}, {"id": "here"}, {"calibrated": {}})
+    io = lm.io_ms("alpha", 4)
+    expected = io + (lm.t_inf("alpha", 4, 75) - io) * 1.6 * 4**0.2
+    assert carried.t_inf("alpha", 4, 75) == pytest.approx(expected, rel=0.02)
+    assert carried.device.fingerprint == {"id": "here"} and carried.t_inf("beta", 4, 75) == lm.t_inf("beta", 4, 75)

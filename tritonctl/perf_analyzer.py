@@ -1,0 +1,203 @@
+"""NVIDIA perf_analyzer as the independent load generator: every model of a plan at once, open-loop Poisson.
+
+The binary is the one in the tritonclient 2.41.1 manylinux wheel (later wheels no longer ship
+it); `make install` puts it under `<venv>/perf-analyzer/bin`. It links `libcudart.so.12` and
+`libb64.so.0d` even for CPU-only use; the nvidia-pytriton wheel ships both under hashed names,
+so a folder of symlinks with the plain names, on LD_LIBRARY_PATH, is all it needs.
+
+One perf_analyzer process per model, started together, each over three measurement windows
+(`-s 1000` takes the first three as stable, so a run lasts about the asked duration). Arrivals
+are Poisson, drawn here (seeded per model) and handed over as `--request-intervals`: then the
+schedule, and so the number of requests sent, is known exactly (perf_analyzer's own
+`--request-rate-range` schedule pauses between windows and exports only answered requests).
+Each process writes a profile export (every request's send and response timestamps), read back
+into the same `LoadResult` as tritonctl's own client, so both tools report alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tritonctl.client import Endpoint, LoadResult
+from tritonctl.errors import TritonctlError
+
+VERSION = "2.41.1"  # the last tritonclient wheel with bin/perf_analyzer
+INSTALL_HINT = (
+    "install it with `make install` (it runs: pip install --no-deps --target <venv>/perf-analyzer "
+    f"tritonclient=={VERSION}), or put perf_analyzer on PATH, or set TRITONCTL_PERF_ANALYZER"
+)
+WINDOWS = 3
+LIBS = {"libcudart.so.12": "libcudart-*.so.12*", "libb64.so.0d": "libb64-*.so.0d*"}
+
+
+@dataclass(frozen=True)
+class PerfAnalyzer:
+    binary: Path
+    env: dict[str, str]
+
+
+def _binary() -> Path:
+    configured = os.environ.get("TRITONCTL_PERF_ANALYZER")
+    candidates = [configured] if configured else [
+        str(Path(sys.prefix) / "perf-analyzer" / "bin" / "perf_analyzer"),
+        shutil.which("perf_analyzer"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    where = f"TRITONCTL_PERF_ANALYZER={configured} is not an executable file" if configured else "not found"
+    raise TritonctlError(f"perf_analyzer: {where}; {INSTALL_HINT}")
+
+
+def _lib_dir() -> Path | None:
+    """A folder of plain-named links to the libraries perf_analyzer links, from nvidia-pytriton's bundle."""
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    bundle = Path(pytriton.__file__).resolve().parent.parent / "nvidia_pytriton.libs"
+    folder = Path(tempfile.gettempdir()) / f"tritonctl-perf-analyzer-libs-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    for name, pattern in LIBS.items():
+        found = sorted(bundle.glob(pattern))
+        link = folder / name
+        if found and not (link.is_symlink() and link.resolve() == found[0].resolve()):
+            link.unlink(missing_ok=True)
+            link.symlink_to(found[0])
+    return folder
+
+
+def find_perf_analyzer() -> PerfAnalyzer:
+    """perf_analyzer, checked to start here (its libraries found), or a clear error saying what to install."""
+    binary = _binary()
+    libs = _lib_dir()
+    ld_path = os.pathsep.join(p for p in (str(libs) if libs else "", os.environ.get("LD_LIBRARY_PATH", "")) if p)
+    env = {"LD_LIBRARY_PATH": ld_path}
+    try:
+        probe = subprocess.run([str(binary)], capture_output=True, text=True, env={**os.environ, **env}, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TritonctlError(f"perf_analyzer ({binary}) does not start: {exc}; {INSTALL_HINT}") from None
+    if "error while loading shared libraries" in probe.stderr:
+        missing = probe.stderr.split("error while loading shared libraries:", 1)[1].split(":", 1)[0].strip()
+        raise TritonctlError(
+            f"perf_analyzer ({binary}) cannot load {missing}: it comes with nvidia-pytriton "
+            "(pip install nvidia-pytriton==0.7.0); libb64.so.0d also from Debian's libb64-0d"
+        )
+    return PerfAnalyzer(binary, env)
+
+
+def window_ms(duration_s: float) -> int:
+    return max(1000, round(1000 * duration_s / WINDOWS))
+
+
+def arrivals(rate: float, horizon_s: float, seed: int) -> np.ndarray:
+    """Poisson arrival times (s) up to `horizon_s`."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1 / rate, size=int(rate * horizon_s * 1.5) + 100)
+    times = np.cumsum(gaps)
+    while times[-1] < horizon_s:  # rare: draw on until the horizon is covered
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(1 / rate, size=len(times)))])
+    return times[times < horizon_s]
+
+
+def write_intervals(path: Path, times: np.ndarray) -> None:
+    """perf_analyzer's --request-intervals file: microseconds between successive requests, one per line."""
+    gaps_us = np.diff(np.concatenate([[0.0], times])) * 1e6
+    path.write_text("\n".join(str(max(1, round(g))) for g in gaps_us) + "\n")
+
+
+def command(pa: PerfAnalyzer, target: Endpoint, intervals: Path, duration_s: float, export: Path) -> list[str]:
+    return [
+        str(pa.binary),
+        "-m", target.model,
+        "-u", target.url,
+        "-i", "grpc",
+        "--async",
+        "--request-intervals", str(intervals),
+        "--measurement-interval", str(window_ms(duration_s)),
+        "--stability-percentage", "1000",
+        "--max-trials", str(WINDOWS),
+        "--profile-export-file", str(export),
+    ]  # fmt: skip
+
+
+def read_export(path: Path, target: Endpoint, schedule: np.ndarray) -> LoadResult:
+    """A LoadResult from perf_analyzer's profile export and the arrival schedule it was given.
+
+    The export holds the requests answered within the measurement windows only: requests still
+    queued when perf_analyzer stops are missing from it. They count as unanswered (the
+    schedule's arrivals within the windows less the answered ones), so an overloaded model is
+    not reported better than it was.
+    """
+    try:
+        data = json.loads(path.read_text())
+        experiment = data["experiments"][-1]
+        start_ns, end_ns = experiment["window_boundaries"][0], experiment["window_boundaries"][-1]
+        requests = experiment["requests"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise TritonctlError(f"unreadable perf_analyzer export ({type(exc).__name__}: {exc})", file=path) from None
+    result = LoadResult(target.model, target.slo_ms, (end_ns - start_ns) / 1e9)
+    for request in sorted(requests, key=lambda r: r["timestamp"]):
+        sent = request["timestamp"]
+        if not start_ns <= sent < end_ns:
+            continue
+        result.sent_at_s.append((sent - start_ns) / 1e9)
+        answers = request.get("response_timestamps") or []
+        if answers:
+            result.latencies_ms.append((answers[0] - sent) / 1e6)
+            result.answered_at_s.append((answers[0] - start_ns) / 1e9)
+        else:
+            result.errors.append("no response")
+            result.failed_at_s.append((sent - start_ns) / 1e9)
+    result.unanswered = max(0, int(np.sum(schedule < result.duration_s)) - len(result.sent_at_s))
+    return result
+
+
+def run_perf_analyzer(
+    pa: PerfAnalyzer, targets: list[Endpoint], duration_s: float, rate_scale: float, out_dir: Path, seed: int = 0
+) -> list[LoadResult]:
+    """Load every endpoint at once at rate x scale for about `duration_s`; perf_analyzer's logs stay in out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    schedules = {}
+    for i, target in enumerate(targets):
+        schedules[target.model] = arrivals(max(target.rate * rate_scale, 0.1), 2 * duration_s + 60, seed + i)
+        intervals = out_dir / f"{target.model}.intervals"
+        write_intervals(intervals, schedules[target.model])
+        export = out_dir / f"{target.model}.json"
+        export.unlink(missing_ok=True)
+        log = (out_dir / f"{target.model}.log").open("w")
+        cmd = command(pa, target, intervals, duration_s, export)
+        env = {**os.environ, **pa.env}
+        procs.append((target, export, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
+    results = []
+    try:
+        for target, export, log, proc in procs:
+            try:
+                rc = proc.wait(timeout=3 * duration_s + 120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = "killed after a time-out"
+            log.close()
+            if rc != 0 or not export.is_file():
+                tail = (out_dir / f"{target.model}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                raise TritonctlError(
+                    f"perf_analyzer for {target.model} failed ({rc}): {' / '.join(tail)}",
+                    file=out_dir / f"{target.model}.log",
+                )
+            results.append(read_export(export, target, schedules[target.model]))
+    finally:
+        for _, _, log, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
+    return results
