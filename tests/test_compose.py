@@ -93,8 +93,11 @@ def test_project_is_valid_compose_and_every_reference_resolves(gpu_plan, tmp_pat
     assert "/var/run/docker.sock" in [v["target"] for v in sidecar["volumes"]]
     assert sidecar["command"][:3] == [f"${{PLAN_FILE:-{gpu_plan}}}", "--runtime", "compose"]
     assert sidecar["depends_on"]["router"]["condition"] == "service_healthy"
-    work = Path(env["WORK_DIR"])  # the sidecar sees the plan, its state and the project at their host paths
-    assert all(p.is_relative_to(work) for p in (gpu_plan, out, load_plan(gpu_plan).state_dir))
+    mounts = {Path(v["source"]): v.get("read_only", False) for v in sidecar["volumes"] if v["type"] == "bind"}
+    mounts.pop(Path("${DOCKER_SOCKET:-/var/run/docker.sock}"))
+    # the sidecar sees the plan (read-only), the project and the state (read-write) at their host paths
+    assert mounts == {gpu_plan.parent: True, out: False, load_plan(gpu_plan).state_dir: False}
+    assert sidecar["working_dir"] == str(gpu_plan.parent)
     router = services["router"]
     assert router["network_mode"] == "host" and "profiles" not in router
     assert router["entrypoint"] == ["python", "-m", "tritonctl.router"]

@@ -4,8 +4,9 @@ Triton service per placement at its MPS share, and the tritonctl sidecar.
 Output folder:
 
     compose.yaml            the project (tests validate it against the Compose Specification schema)
-    .env                    what operators change: images and tags, bind addresses, host paths, sidecar access;
-                            kept across re-renders (delete it to get the defaults back)
+    .env                    what operators change: images and tags, bind addresses, host paths, sidecar access,
+                            and the deployment's Triton control key (so mode 0600); kept across re-renders
+                            (delete it to get the defaults back, and a new key)
     repository/<instance>/  each instance's model repository (render.py), mounted read-only
 
 Decisions (docker/README.md gives the reasons and trade-offs):
@@ -16,7 +17,9 @@ Decisions (docker/README.md gives the reasons and trade-offs):
   router and the sidecar, and the instances are started (and swapped) by apply, by name.
 - Router and Triton services use `network_mode: host`, so every port is a host port; instance
   ports (gRPC, HTTP, metrics) and the router's control port bind to 127.0.0.1 unless .env says
-  otherwise, and only the router's model ports listen on all interfaces.
+  otherwise, and only the router's model ports listen on all interfaces. Triton's control APIs
+  (runtime/base.py RESTRICTED_APIS) answer only requests carrying TRITON_CONTROL_KEY.
+- The sidecar mounts exactly the folders it reads and writes, each at its host path (`sidecar_mounts`).
 - IPC: the MPS daemon's IPC namespace is `shareable` and every Triton service joins it
   (`ipc: service:mps-daemon`), rather than `ipc: host`; pipe and log directories are named volumes.
 - One service name per instance and process hash, so a shadow instance and the one it replaces
@@ -31,6 +34,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +43,7 @@ import yaml
 from tritonctl.errors import TritonctlError
 from tritonctl.plan import LoadedPlan, Plan, relative_to
 from tritonctl.render import TEMPLATES, Launch, render
+from tritonctl.runtime.base import restriction_flags
 from tritonctl.runtime.local import EXIT_TIMEOUT_S
 
 COMPOSE_FILE = "compose.yaml"
@@ -54,13 +59,22 @@ MODELS_DIR = "/models"
 PORT_BASE = 18100  # first per-instance port; clear of Triton's 8000-8002 and node_exporter's 9100
 LABEL = "tritonctl"
 SOURCE = TEMPLATES.parent  # the repository the sidecar image is built from
+DOCKER_SOCKET = "/var/run/docker.sock"
+KEY = "TRITON_CONTROL_KEY"
+# Never bind-mounted into the sidecar: these folders themselves, and anything inside SYSTEM_TREES.
+SYSTEM_DIRS = frozenset(
+    ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
+     "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")
+)  # fmt: skip
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
 
 # (variable, default, what it is): the only values compose.yaml takes from the environment.
 SETTINGS = [
     ("TRITON_IMAGE", "nvcr.io/nvidia/tritonserver", "Triton image (NGC); the MPS daemon runs from it too"),
     ("TRITON_TAG", "24.10-py3", "Triton 24.10 is Triton 2.51 (the release tritonctl is tested with, on CPU)"),
     ("TRITON_GRPC_ADDRESS", "127.0.0.1", "each instance's own gRPC port: only the router connects to it"),
-    ("TRITON_HTTP_ADDRESS", "127.0.0.1", "HTTP (health, model control: no authentication) stays on loopback"),
+    ("TRITON_HTTP_ADDRESS", "127.0.0.1", "HTTP (health, inference; model control asks for the key) stays on loopback"),
+    (KEY, "", "the value Triton's control APIs ask for (model load/unload, shared memory, trace, logging): secret"),
     ("TRITON_METRICS_ADDRESS", "127.0.0.1", "Prometheus metrics; 0.0.0.0 to scrape from another host"),
     ("TRITON_SHM_SIZE", "1gb", "/dev/shm of the MPS daemon's IPC namespace, shared by every Triton service"),
     ("MODEL_REPOSITORY", f"./{REPOSITORY}", "rendered model repositories, one folder per instance"),
@@ -69,16 +83,21 @@ SETTINGS = [
     ("ROUTER_CONTROL_PORT", "18090", "the router's control port (tritonctl apply and the sidecar switch routes here)"),
     ("DEPLOY_DIR", "", "this folder's absolute path on the host"),
     (
-        "WORK_DIR",
+        "PLAN_FILE",
         "",
-        "a host folder holding this folder, the plan, its cluster file, exports and state folder "
-        "(the sidecar sees it at the same path)",
+        "the plan the sidecar's controller follows (applies again when it changes); the sidecar mounts the\n"
+        "folders of the plan it was rendered from: re-render after pointing this elsewhere",
     ),
-    ("PLAN_FILE", "", "the plan the sidecar's controller follows (applies again when it changes)"),
     ("TRITONCTL_SRC", "", "the tritonctl source tree the tritonctl image is built from"),
     ("TRITONCTL_IMAGE", "tritonctl:0.1.0", "the tritonctl image (docker/Dockerfile): the router and the sidecar"),
-    ("DOCKER_SOCKET", "/var/run/docker.sock", "the Docker engine's socket on the host"),
-    ("SOCKET_PROXY_IMAGE", "tecnativa/docker-socket-proxy:latest", "pin a tag or digest you have reviewed"),
+    ("DOCKER_SOCKET", DOCKER_SOCKET, "the Docker engine's socket on the host"),
+    (
+        "SIDECAR_USER",
+        "0:0",
+        "uid:gid the sidecar runs as: the owner of this folder and the state folder (it writes both, reads .env)",
+    ),
+    ("DOCKER_GID", "0", "the group owning DOCKER_SOCKET on the host (stat -c %g): the sidecar joins it"),
+    ("SOCKET_PROXY_IMAGE", "tecnativa/docker-socket-proxy:v0.3.0", "a tag you have reviewed (or a digest)"),
     ("SOCKET_PROXY_PORT", "2375", "loopback port of the socket proxy (profile sidecar-proxied)"),
     (
         "COMPOSE_PROFILES",
@@ -259,11 +278,48 @@ def read_env(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
 
 
-def work_dir(loaded: LoadedPlan, deploy: Path) -> str:
-    """The deepest folder holding the deployment folder, the plan and what it names (cluster file, exports, state)."""
+@dataclass(frozen=True)
+class Mount:
+    """A host folder the sidecar sees at the same path."""
+
+    path: Path
+    read_only: bool
+
+
+def check_mount(path: Path) -> None:
+    """Refuse to bind-mount `path` into the sidecar when it is a system folder or lies in one."""
+    if str(path) in SYSTEM_DIRS or any(path.is_relative_to(tree) for tree in SYSTEM_TREES):
+        raise TritonctlError(
+            f"the sidecar would mount {path}, a system folder; keep the plan, its cluster file, exports, "
+            "state folder and this project in folders of their own"
+        )
+
+
+def sidecar_mounts(loaded: LoadedPlan, deploy: Path) -> list[Mount]:
+    """What the sidecar mounts: the project and the state folder read-write, the folders of the plan, its
+    cluster file and the exports read-only; a folder inside one already mounted with its access is left out."""
     plan = loaded.plan
-    paths = [deploy, loaded.path.resolve().parent, loaded.state_dir, loaded.resolve(plan.cluster_file).parent]
-    return os.path.commonpath(paths + [loaded.resolve(model.onnx).parent for model in plan.models])
+    wanted = [
+        (deploy, False),
+        (loaded.state_dir, False),
+        (loaded.path.parent, True),
+        (loaded.resolve(plan.cluster_file).parent, True),
+        *((loaded.resolve(model.onnx).parent, True) for model in plan.models),
+    ]
+    mounts: list[Mount] = []
+    for path, read_only in sorted(wanted, key=lambda w: (len(w[0].parts), w[1], w[0])):  # parents first
+        check_mount(path)
+        if not any(path.is_relative_to(m.path) and (read_only or not m.read_only) for m in mounts):
+            mounts.append(Mount(path, read_only))
+    return mounts
+
+
+def docker_gid(socket: str) -> str:
+    """The group owning the Docker socket here, "0" when there is none."""
+    try:
+        return str(os.stat(socket).st_gid)
+    except OSError:
+        return "0"
 
 
 def settings(loaded: LoadedPlan, folder: Path) -> dict[str, str]:
@@ -271,8 +327,10 @@ def settings(loaded: LoadedPlan, folder: Path) -> dict[str, str]:
     deploy = folder.resolve()
     values = {name: default for name, default, _ in SETTINGS}
     values["DEPLOY_DIR"] = str(deploy)
-    values["WORK_DIR"] = work_dir(loaded, deploy)
     values["PLAN_FILE"] = str(loaded.path.resolve())
+    values[KEY] = secrets.token_urlsafe(32)  # per deployment: a re-render keeps the one in .env
+    values["SIDECAR_USER"] = f"{os.getuid()}:{os.getgid()}"
+    values["DOCKER_GID"] = docker_gid(values["DOCKER_SOCKET"])
     # Relative when the project lies inside the source tree, so the two can move to the GPU host together.
     values["TRITONCTL_SRC"] = relative_to(SOURCE, folder) if deploy.is_relative_to(SOURCE) else str(SOURCE)
     kept = read_env(folder / ENV_FILE)
@@ -343,26 +401,32 @@ def _router(ref) -> dict:
     }
 
 
-def _sidecar(ref, profile: str, docker_host: str) -> dict:
-    work = {"type": "bind", "source": ref("WORK_DIR"), "target": ref("WORK_DIR")}
+def _sidecar(ref, profile: str, docker_host: str, mounts: list[Mount], working_dir: Path) -> dict:
+    binds = [{"type": "bind", "source": str(m.path), "target": str(m.path), "read_only": m.read_only} for m in mounts]
     return {
         **_tritonctl_image(ref),
         "profiles": [profile],
         "command": [ref("PLAN_FILE"), "--runtime", "compose", "--compose-dir", ref("DEPLOY_DIR")],
         "network_mode": "host",  # reaches the instances' and the router's loopback ports
-        "working_dir": ref("WORK_DIR"),
+        "user": ref("SIDECAR_USER"),
+        "working_dir": str(working_dir),
         "environment": {"DOCKER_HOST": docker_host},
-        "volumes": [work],
+        "volumes": binds,
         "depends_on": {ROUTER: {"condition": "service_healthy"}},
         "restart": "unless-stopped",
     }
 
 
-def compose_project(plan: Plan, services: list[TritonService], values: dict[str, str]) -> dict:
-    """The Compose project of a plan's Triton services (a pure function: the dict compose.yaml holds)."""
+def compose_project(
+    plan: Plan, services: list[TritonService], values: dict[str, str], mounts: list[Mount], plan_dir: Path
+) -> dict:
+    """The Compose project of a plan's Triton services (a pure function: the dict compose.yaml holds).
+    `mounts`: the sidecar's; `plan_dir`: the plan's folder, where the sidecar works."""
 
     def ref(name: str) -> str:
         return f"${{{name}:-{values[name]}}}"
+
+    key = f"${{{KEY}:?{KEY} is not set: tritonctl writes it to .env}}"  # never written into compose.yaml
 
     image = f"{ref('TRITON_IMAGE')}:{ref('TRITON_TAG')}"
     out: dict = {
@@ -408,6 +472,7 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
                 f"--metrics-port={service.metrics_port}",
                 f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
                 f"--id={launch.instance}",
+                *restriction_flags(key),
             ],
             "profiles": [TRITON_PROFILE],  # started by apply, by name
             "network_mode": "host",
@@ -445,10 +510,11 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
                 f"{LABEL}.metrics-port": str(service.metrics_port),
             },
         }
-    socket = {"type": "bind", "source": ref("DOCKER_SOCKET"), "target": "/var/run/docker.sock"}
-    sidecar = _sidecar(ref, "sidecar", "unix:///var/run/docker.sock")
+    socket = {"type": "bind", "source": ref("DOCKER_SOCKET"), "target": DOCKER_SOCKET}
+    sidecar = _sidecar(ref, "sidecar", f"unix://{DOCKER_SOCKET}", mounts, plan_dir)
     sidecar["volumes"].append(socket)
-    proxied = _sidecar(ref, "sidecar-proxied", f"tcp://127.0.0.1:{ref('SOCKET_PROXY_PORT')}")
+    sidecar["group_add"] = [ref("DOCKER_GID")]
+    proxied = _sidecar(ref, "sidecar-proxied", f"tcp://127.0.0.1:{ref('SOCKET_PROXY_PORT')}", mounts, plan_dir)
     proxied["depends_on"]["docker-socket-proxy"] = {"condition": "service_started"}
     out["services"]["tritonctl-sidecar"] = sidecar
     out["services"]["tritonctl-sidecar-proxied"] = proxied
@@ -466,6 +532,14 @@ def compose_project(plan: Plan, services: list[TritonService], values: dict[str,
     out["volumes"] = {"mps-pipe": {}, "mps-log": {}, "router-state": {}}
     out["networks"] = {"socket-proxy": {}}
     return out
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by its owner alone (mode 0600), also when the file existed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -503,7 +577,8 @@ def write_compose(
         instance: TritonService(name, launch, plan.device(launch.device).index, *ports[name])
         for (instance, launch), name in zip(launches.items(), names, strict=True)
     }
-    project = compose_project(plan, list(services.values()), values)
+    mounts = sidecar_mounts(loaded, folder.resolve())
+    project = compose_project(plan, list(services.values()), values, mounts, loaded.path.parent)
     if write:
         if repositories:
             render(local)
@@ -513,5 +588,5 @@ def write_compose(
             "# Settings: .env   Decisions and trade-offs: docker/README.md\n"
         )
         (folder / COMPOSE_FILE).write_text(header + yaml.dump(project, Dumper=_Dumper, sort_keys=False, width=120))
-        (folder / ENV_FILE).write_text(env_text(values))
+        write_private(folder / ENV_FILE, env_text(values))
     return ComposeProject(project["name"], services, local, control_url(values))

@@ -15,9 +15,10 @@ such refused streams on a new connection, transparently), waits for the forwarde
 to finish and closes. The old instance can then be stopped with nothing in flight.
 
 Run as `python -m tritonctl.router --host H --control-port P --routes FILE`: model ports
-listen on H, the control endpoint on P of `--control-host` (H unless given). It takes
-`PUT /routes/<port>` with {"backends": ["host:port", ...]} and answers once the connections
-to removed backends have drained, with what it did.
+listen on H, the control endpoint on P of `--control-host` (127.0.0.1 unless given: it has no
+authentication). It takes `PUT /routes/<port>` with {"backends": ["host:port", ...]} and answers
+once the connections to removed backends have drained, with what it did. Ports are 1024-65535
+and backends are on this machine (127.0.0.1, localhost or H); anything else is answered 400.
 Routes are saved to FILE, so a restarted router serves the same addresses.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http
 import itertools
 import json
 import signal
@@ -41,6 +43,8 @@ HEADER = struct.Struct(">I B I")  # length (24 bits) and type packed in the firs
 DATA, HEADERS, RST_STREAM, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x0, 0x1, 0x3, 0x7, 0x8, 0x9
 END_STREAM, END_HEADERS = 0x1, 0x4
 DRAIN_TIMEOUT_S = 30.0
+PORTS = range(1024, 65536)  # what a route or a backend may use
+MAX_BODY = 1 << 16  # bytes of a control request's body
 READ_SIZE = 1 << 18  # bytes asked of a connection per read
 
 
@@ -187,6 +191,31 @@ async def drain(conn: Connection, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
         conn.backend_w.close()
 
 
+def _port(text: str, what: str) -> int:
+    port = int(text) if text.isdigit() else -1
+    if port not in PORTS:
+        raise ValueError(f"{what} {text!r} is not a port in {PORTS.start}-{PORTS.stop - 1}")
+    return port
+
+
+def parse_route(path: str, body: bytes, local_hosts: set[str]) -> tuple[int, list[str]]:
+    """The port and backends of a `PUT /routes/<port>` request; ValueError (one line) for anything else:
+    a port outside PORTS, a backend not `host:port` with its host in `local_hosts`."""
+    port = _port(path.removeprefix("/routes/"), "route port")
+    try:
+        backends = json.loads(body)["backends"]
+    except (ValueError, TypeError, KeyError):
+        raise ValueError('the body must be JSON {"backends": ["host:port", ...]}') from None
+    if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
+        raise ValueError('"backends" must be a list of "host:port"')
+    for backend in backends:
+        host, _, backend_port = backend.rpartition(":")
+        if host not in local_hosts:
+            raise ValueError(f"backend {backend!r} is not on {' or '.join(sorted(local_hosts))}")
+        _port(backend_port, f"backend {backend!r}:")
+    return port, backends
+
+
 @dataclass(eq=False)
 class Route:
     port: int
@@ -293,22 +322,24 @@ class Router:
             while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
                 key, _, value = line.decode().partition(":")
                 headers[key.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(headers.get("content-length", 0)))
+            length = int(headers.get("content-length", 0))
+            if not 0 <= length <= MAX_BODY:
+                raise ValueError(f"Content-Length {length} is not 0-{MAX_BODY}")
+            body = await reader.readexactly(length)
             method, path = request[0], request[1]
             if method == "GET" and path == "/routes":
                 status, answer = 200, self.describe()
             elif method == "PUT" and path.startswith("/routes/"):
-                backends = json.loads(body)["backends"]
-                if not isinstance(backends, list) or not all(isinstance(b, str) and ":" in b for b in backends):
-                    raise ValueError('"backends" must be a list of "host:port"')
-                status, answer = 200, await self.set_backends(int(path.split("/")[2]), backends)
+                port, backends = parse_route(path, body, {"127.0.0.1", "localhost", self.host})
+                status, answer = 200, await self.set_backends(port, backends)
             else:
                 status, answer = 404, {"error": f"no such endpoint: {method} {path}"}
-        except (ValueError, KeyError, IndexError, TypeError, OSError) as exc:
-            status, answer = 400, {"error": str(exc)}
+        except (ValueError, KeyError, IndexError, TypeError, OSError, EOFError) as exc:
+            status, answer = 400, {"error": " ".join(str(exc).split()) or type(exc).__name__}
         payload = json.dumps(answer).encode()
         writer.write(
-            f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n"
             f"Connection: close\r\n\r\n".encode()
             + payload
         )
@@ -317,10 +348,10 @@ class Router:
         writer.close()
 
 
-async def run(host: str, control_port: int, routes_file: Path, control_host: str | None = None) -> None:
+async def run(host: str, control_port: int, routes_file: Path, control_host: str = "127.0.0.1") -> None:
     router = Router(host, routes_file)
     await router.restore()
-    control = await asyncio.start_server(router.control, control_host or host, control_port, reuse_address=True)
+    control = await asyncio.start_server(router.control, control_host, control_port, reuse_address=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -332,7 +363,9 @@ async def run(host: str, control_port: int, routes_file: Path, control_host: str
 def main() -> None:
     parser = argparse.ArgumentParser(description="tritonctl's per-model gRPC router (started by `tritonctl apply`)")
     parser.add_argument("--host", default="127.0.0.1", help="address of the model ports (clients connect here)")
-    parser.add_argument("--control-host", help="address of the control endpoint (default: --host)")
+    parser.add_argument(
+        "--control-host", default="127.0.0.1", help="address of the control endpoint (no authentication)"
+    )
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--routes", type=Path, required=True, help="routes file (read at start, written on change)")
     args = parser.parse_args()

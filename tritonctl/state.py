@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
+import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +16,7 @@ from tritonctl.files import write_json_atomic
 from tritonctl.runtime.base import InstanceRecord
 
 STATE_FILE = "state.json"
+KEY_FILE = "control.key"
 
 
 @dataclass
@@ -41,6 +44,26 @@ def load_state(state_dir: Path) -> State:
 def save_state(state_dir: Path, state: State) -> None:
     """Write atomically, so a crash never leaves half a state file."""
     write_json_atomic(state_dir / STATE_FILE, asdict(state))
+
+
+def control_key(state_dir: Path) -> str:
+    """The deployment's key to Triton's control APIs (runtime/base.py RESTRICTED_APIS): created on first
+    use with mode 0600, then kept, since the instances running were started with it."""
+    path = state_dir / KEY_FILE
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=f".{KEY_FILE}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32) + "\n")
+        os.link(tmp, path)  # atomic, and never replaces a key already there
+    except FileExistsError:
+        os.chmod(path, 0o600)
+    finally:
+        os.unlink(tmp)
+    key = path.read_text().strip()
+    if not key:
+        raise TritonctlError("empty control key: remove it, then restart the instances (down, apply)", file=path)
+    return key
 
 
 @contextmanager

@@ -13,6 +13,13 @@ from typing import Protocol
 from tritonctl.plan import LoadedPlan
 from tritonctl.render import Launch
 
+CONTROL_HEADER = "tritonctl-key"  # the HTTP header; gRPC clients send GRPC_CONTROL_HEADER
+GRPC_CONTROL_HEADER = f"triton-grpc-protocol-{CONTROL_HEADER}"  # Triton prefixes the key it checks over gRPC
+# Triton's APIs that answer only requests carrying the deployment's key: those that load code or touch the
+# host (model load with file overrides, shared-memory regions, trace and log files). Inference, health,
+# metadata, model configuration and statistics stay open: read-only, and perf_analyzer needs them.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+
 
 class StartError(Exception):
     """An instance did not come up; the runtime has already cleaned up after it. `crashed`: its process died
@@ -70,13 +77,22 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def load_model(url: str, model: str, timeout_s: float) -> str | None:
-    """Ask Triton (explicit model control) to (re)load `model` from its repository; the error, or None.
+def restriction_flags(key: str) -> list[str]:
+    """tritonserver flags restricting RESTRICTED_APIS, over gRPC and HTTP, to requests carrying `key`."""
+    rule = f"{','.join(RESTRICTED_APIS)}:{CONTROL_HEADER}={key}"
+    return [f"--grpc-restricted-protocol={rule}", f"--http-restricted-api={rule}"]
+
+
+def load_model(url: str, model: str, timeout_s: float, key: str) -> str | None:
+    """Ask Triton (explicit model control) to (re)load `model` from its repository, sending the control
+    `key`; the error, or None.
 
     Triton keeps serving the loaded version until the new one is ready (warm-up included),
     and keeps it when the new one fails to load.
     """
-    request = urllib.request.Request(f"{url}/v2/repository/models/{model}/load", data=b"{}", method="POST")
+    request = urllib.request.Request(
+        f"{url}/v2/repository/models/{model}/load", data=b"{}", headers={CONTROL_HEADER: key}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
             return None

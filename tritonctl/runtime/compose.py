@@ -26,6 +26,7 @@ import yaml
 
 from tritonctl.compose import (
     COMPOSE_FILE,
+    KEY,
     ROUTER,
     TritonService,
     control_url,
@@ -108,12 +109,12 @@ class CommandRunner:
             time.sleep(1)
         return True
 
-    def load(self, url: str, model: str, timeout_s: float) -> str | None:
-        """Reload `model` through Triton's model control; the error, or None."""
+    def load(self, url: str, model: str, timeout_s: float, key: str) -> str | None:
+        """Reload `model` through Triton's model control, with the control `key` (never printed); the error, or None."""
         dry = self._dry(["load", url, model], f"POST {url}/v2/repository/models/{model}/load")
         if dry is not None:
             return None if dry.ok else dry.error
-        return load_model(url, model, timeout_s)
+        return load_model(url, model, timeout_s, key)
 
     def put(self, url: str, body: dict, timeout_s: float) -> Outcome:
         """PUT `body` as JSON; the answer's body as output."""
@@ -239,7 +240,8 @@ class ComposeRuntime:
         return Health(True, server, server and self.runner.probe(self._url(record, f"models/{record.model}/ready")))
 
     def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
-        error = self.runner.load(f"http://{record.host}:{record.http_port}", record.model, timeout_s)
+        key = current_settings(self.folder)[KEY]  # .env's, which the project's services were started with
+        error = self.runner.load(f"http://{record.host}:{record.http_port}", record.model, timeout_s, key)
         if error is not None:
             raise StartError(f"{_service(record)}: reloading {record.model} failed: {error}")
 

@@ -3,7 +3,9 @@
 Clients keep one address per model: the model's port is served by the router
 (tritonctl/router.py, one process per deployment), which forwards to the gRPC ports of the
 model's instances and drains connections when an instance is replaced. Every instance has
-its own gRPC, HTTP (health, model control) and metrics ports.
+its own gRPC, HTTP (health, model control) and metrics ports. Triton's control APIs answer only
+requests carrying the deployment's key (state.py `control_key`); the router's control endpoint
+listens on loopback only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
@@ -34,12 +37,15 @@ from tritonctl.runtime.base import (
     http_ok,
     load_model,
     put_json,
+    restriction_flags,
     route_summary,
 )
 from tritonctl.runtime.binary import TritonBinary
+from tritonctl.state import control_key
 
 EXIT_TIMEOUT_S = 10
 ROUTER_FILE = "router.json"
+LOOPBACK = "127.0.0.1"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -118,6 +124,11 @@ def _answers(record: InstanceRecord) -> Health:
     return Health(True, server, server and http_ok(f"{base}/models/{record.model}/ready"))
 
 
+def _control_url(router: dict) -> str:
+    """The router's control endpoint, from its record (one without `control_host` listens on its `host`)."""
+    return f"http://{router.get('control_host', router['host'])}:{router['control_port']}"
+
+
 class LocalRuntime:
     name = "local"
     rehearses = False
@@ -130,6 +141,11 @@ class LocalRuntime:
         """`binary` may be None for a runtime that only probes and stops instances."""
         self.binary = binary
         self.state_dir = state_dir
+
+    @cached_property
+    def control_key(self) -> str:
+        """The key the instances' control APIs ask for (created with the deployment's first start)."""
+        return control_key(self.state_dir)
 
     def command(
         self, launch: Launch, folder: Path, host: str, grpc_port: int, http_port: int, metrics_port: int
@@ -147,6 +163,7 @@ class LocalRuntime:
             f"--metrics-port={metrics_port}",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             f"--id={launch.instance}",
+            *restriction_flags(self.control_key),
         ]
         if self.binary.backend_dir is not None:
             cmd.append(f"--backend-directory={self.binary.backend_dir}")
@@ -247,7 +264,7 @@ class LocalRuntime:
         return _answers(record)
 
     def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
-        error = load_model(f"http://{record.host}:{record.http_port}", record.model, timeout_s)
+        error = load_model(f"http://{record.host}:{record.http_port}", record.model, timeout_s, self.control_key)
         if error is not None:
             raise StartError(f"{record.instance}: reloading {record.model} failed: {error}")
 
@@ -294,22 +311,23 @@ class LocalRuntime:
         if rec is None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             (self.state_dir / "logs").mkdir(exist_ok=True)
-            port = free_port(host)
+            port = free_port(LOOPBACK)
             with (self.state_dir / "logs" / "router.log").open("ab") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "tritonctl.router", "--host", host, "--control-port", str(port),
-                     "--routes", str(self.state_dir / "routes.json")],
+                    [sys.executable, "-m", "tritonctl.router", "--host", host, "--control-host", LOOPBACK,
+                     "--control-port", str(port), "--routes", str(self.state_dir / "routes.json")],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 )  # fmt: skip
             stat = _proc_stat(proc.pid)
-            rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "control_port": port}
+            rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "control_host": LOOPBACK,
+                   "control_port": port}  # fmt: skip
             write_json_atomic(self.state_dir / ROUTER_FILE, rec)
             deadline = time.monotonic() + 10
-            while not http_ok(f"http://{host}:{port}/routes"):
+            while not http_ok(f"{_control_url(rec)}/routes"):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise TritonctlError("the router did not start", file=self.state_dir / "logs" / "router.log")
                 time.sleep(0.05)
-        return f"http://{rec['host']}:{rec['control_port']}"
+        return _control_url(rec)
 
     def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
         backends = backends_of(records)
@@ -320,7 +338,7 @@ class LocalRuntime:
 
     def router_ok(self) -> bool:
         rec = self._router_record()
-        return rec is not None and http_ok(f"http://{rec['host']}:{rec['control_port']}/routes")
+        return rec is not None and http_ok(f"{_control_url(rec)}/routes")
 
     def shutdown(self) -> None:
         """Stop the router (after `down` closed every route): SIGTERM, SIGKILL if it is still there after 5 s."""
