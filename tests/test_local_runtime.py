@@ -22,6 +22,7 @@ import yaml
 from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.client import endpoints, run_load
+from tritonctl.files import sha256_file
 from tritonctl.plan import load_plan
 from tritonctl.runtime import share
 from tritonctl.runtime.local import LocalRuntime, proc_stat_fields, process_alive
@@ -183,7 +184,7 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
     (old,) = state_of(plan).instances.values()
     data = yaml.safe_load(plan.read_text())
     data["models"][0]["onnx"] = "broken.onnx"  # a new model version that onnxruntime cannot load
-    data["models"][0]["onnx_sha256"] = "0" * 64
+    data["models"][0]["onnx_sha256"] = sha256_file(tmp_path / "broken.onnx")
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     assert main(["apply", str(plan)]) == 2
     assert "rolled back (the running instances keep serving)" in capsys.readouterr().err

@@ -17,8 +17,8 @@ from pathlib import Path
 import onnx
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import sha256_file
-from tritonctl.spec import DTYPES, Cluster, ModelSpec
+from tritonctl.files import check_output_dir, excerpt, sha256_file
+from tritonctl.spec import DTYPES, MAX_DIM, Cluster, ModelSpec, plain_text
 
 OPSET = 17
 SEED = 0
@@ -61,6 +61,18 @@ def _sig(value: onnx.ValueInfoProto) -> tuple[TensorSig, bool]:
     return TensorSig(value.name, dtype, shape), dynamic_batch
 
 
+def _check_sig(sig: TensorSig, path: Path) -> None:
+    """Refuse a tensor whose name or dimensions a Triton model configuration cannot take."""
+    try:
+        if not 1 <= len(sig.name) <= 256:
+            raise ValueError("must have 1-256 characters")
+        plain_text(sig.name)
+    except ValueError as exc:
+        raise TritonctlError(f"tensor name {excerpt(sig.name)} {exc}", file=path) from None
+    if len(sig.shape) > 8 or not all(d == -1 or 0 < d <= MAX_DIM for d in sig.shape):
+        raise TritonctlError(f"tensor {sig.name!r} has shape {excerpt(list(sig.shape))}", file=path)
+
+
 def inspect_onnx(path: Path) -> Artifact:
     """Read an ONNX file's signature and weight size; refuse one without a dynamic batch."""
     try:
@@ -75,6 +87,7 @@ def inspect_onnx(path: Path) -> Artifact:
             if value.name in weight_names:
                 continue
             sig, dynamic = _sig(value)
+            _check_sig(sig, path)
             if not dynamic:
                 raise TritonctlError(
                     f"tensor {value.name!r} has no dynamic batch dimension (its first dimension is fixed)", file=path
@@ -150,6 +163,8 @@ def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
 def materialize(cluster: Cluster, log=print) -> dict[str, Artifact]:
     """Make an ONNX artifact for every model of the cluster and check it against the spec."""
     export_dir = cluster.resolve(cluster.spec.runtime.export_dir)
+    if not all(model.is_onnx_file for model in cluster.spec.models):
+        check_output_dir(export_dir, file=cluster.path, field="runtime.export_dir", writable=True)
     artifacts: dict[str, Artifact] = {}
     for i, model in enumerate(cluster.spec.models):
         field = f"models[{i}].source"

@@ -1,4 +1,9 @@
-"""Read the files users hand tritonctl (YAML, JSON), or fail naming the file and what is wrong."""
+"""Read the files users hand tritonctl (YAML, JSON), or fail naming the file and what is wrong.
+
+Every input is bounded before it is parsed: its size, its encoding (UTF-8 text), and for YAML
+its nesting and the number of nodes it stands for once aliases are expanded, so a small file
+cannot stand for a huge document. Errors quote at most a short excerpt of the input.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,21 @@ from tritonctl.errors import TritonctlError
 
 M = TypeVar("M", bound=BaseModel)
 
+MAX_INPUT_BYTES = 1 << 20  # a cluster or plan file is a few KiB
+MAX_DEPTH = 64  # nesting of mappings and sequences
+MAX_NODES = 100_000  # nodes of the document, every alias expanded
+EXCERPT_CHARS = 80
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Folders tritonctl never writes into: `/` and these, and for the first group anything below them.
+SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/proc", "/sys", "/dev", "/boot")
+SYSTEM_DIRS = ("/", "/root", "/var")
+
+
+def excerpt(value, limit: int = EXCERPT_CHARS) -> str:
+    """`repr(value)` cut to `limit` characters, for quoting user input in a message."""
+    text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 def field_path(loc: tuple) -> str:
     """('models', 1, 'slo_ms') -> 'models[1].slo_ms'."""
@@ -24,28 +44,132 @@ def field_path(loc: tuple) -> str:
     return out
 
 
-def load_validated(path: Path, schema: type[M]) -> M:
+def read_text(path: Path, limit: int = MAX_INPUT_BYTES) -> str:
+    """The content of a user's text file: UTF-8 (a BOM allowed), at most `limit` bytes."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
     except OSError as exc:
-        raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
+        raise TritonctlError(f"cannot read: {exc.strerror or exc}", file=path) from None
+    if len(data) > limit:
+        raise TritonctlError(f"larger than {limit // 1024} KiB: not a file tritonctl reads", file=path)
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise TritonctlError("UTF-16 text: save it as UTF-8", file=path)
+    if b"\x00" in data:
+        raise TritonctlError("binary content (NUL bytes): expected UTF-8 text", file=path)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TritonctlError(f"not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x})", file=path) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    """The parser's complaint, where it is, and an excerpt of that line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = " ".join((getattr(exc, "problem", None) or str(exc)).split())[:200]
+    if mark is None:
+        return problem
+    lines = text.splitlines()
+    line = excerpt(lines[mark.line].strip()) if mark.line < len(lines) else "end of file"
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1}: {line})"
+
+
+def check_yaml_shape(text: str) -> str | None:
+    """Why this YAML is too deep, too large once its aliases are expanded, or repeats a key; None if it is not.
+
+    Reads the event stream (no document is built), so a small file that stands for a huge document
+    costs no more than its own size.
+    """
+    sizes: dict[str, int] = {}  # anchor -> nodes of the anchored node, expanded
+    stack: list[list] = []  # per open collection: [anchor, nodes, keys seen (mappings) or None, next is a key]
+    total = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(stack) >= MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            mapping = isinstance(event, yaml.MappingStartEvent)
+            stack.append([event.anchor, 0, set() if mapping else None, True])
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, nodes, _, _ = stack.pop()
+            size = nodes + 1
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, size = event.anchor, 1
+            if stack and stack[-1][2] is not None and stack[-1][3]:
+                if event.value in stack[-1][2]:
+                    return f"key {excerpt(event.value)} appears twice in one mapping (line {event.start_mark.line + 1})"
+                stack[-1][2].add(event.value)
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, size = None, sizes.get(event.anchor, 1)
+        else:
+            continue
+        total += size if not isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)) else 1
+        if total > MAX_NODES:
+            return f"stands for more than {MAX_NODES} values once its aliases are expanded"
+        if anchor is not None:
+            sizes[anchor] = size
+        if stack:
+            stack[-1][1] += size
+            stack[-1][3] = not stack[-1][3]
+    return None
+
+
+def load_yaml(path: Path):
+    """The parsed content of a YAML file, its size, nesting and aliases bounded first."""
+    text = read_text(path)
+    try:
+        problem = check_yaml_shape(text)
+        if problem is None:
+            return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
-        raise TritonctlError(f"not valid YAML: {exc}", file=path) from None
+        problem = f"not valid YAML: {_yaml_problem(exc, text)}"
+    raise TritonctlError(problem, file=path)
+
+
+def load_validated(path: Path, schema: type[M]) -> M:
+    """A YAML file validated against `schema`; the first problem is raised naming the file and the field."""
+    raw = load_yaml(path)
     if not isinstance(raw, dict):
-        raise TritonctlError("must be a YAML mapping", file=path)
+        raise TritonctlError(f"must be a YAML mapping, not {type(raw).__name__}", file=path)
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         err = errors[0]
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = " ".join(err["msg"].removeprefix("Value error, ").split())
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
-        elif err["type"] != "missing" and err["loc"]:
-            msg = f"{msg} (got {err['input']!r})"
+        elif err["type"] != "missing" and err["loc"] and not isinstance(err["input"], dict):
+            msg = f"{msg} (got {excerpt(err['input'])})"
         if len(errors) > 1:
             msg += f" (and {len(errors) - 1} more problem(s))"
-        raise TritonctlError(msg, file=path, field=field_path(err["loc"]) or None) from None
+        raise TritonctlError(msg, file=path, field=_field_text(err["loc"])) from None
+
+
+def _field_text(loc: tuple) -> str | None:
+    """The field path of an error, quoted when user-chosen keys make it long or unprintable."""
+    text = field_path(loc)
+    return text if len(text) <= EXCERPT_CHARS and text.isprintable() else excerpt(text) if text else None
+
+
+def check_output_dir(path: Path, *, file: str | Path | None, field: str | None, writable: bool = False) -> Path:
+    """`path` resolved, refused when it is `/` or a system folder, or it (or a parent) is not a folder;
+    with `writable`, also when tritonctl could not create or write into it."""
+    resolved = path.resolve()
+    text = str(resolved)
+    if text in SYSTEM_DIRS or any(text == tree or text.startswith(tree + "/") for tree in SYSTEM_TREES):
+        raise TritonctlError(
+            f"{resolved} is a system folder: choose a folder of the deployment's own", file=file, field=field
+        )
+    for folder in (resolved, *resolved.parents):
+        if not folder.exists():
+            continue
+        if not folder.is_dir():
+            raise TritonctlError(f"{folder} is not a folder", file=file, field=field)
+        if writable and not os.access(folder, os.W_OK | os.X_OK):
+            raise TritonctlError(f"{folder} is not writable", file=file, field=field)
+        break
+    return resolved
 
 
 def read_json(path: Path):

@@ -13,33 +13,59 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from tritonctl.files import load_validated
-from tritonctl.spec import MODEL_NAME, Dtype
+from tritonctl.errors import TritonctlError
+from tritonctl.files import check_output_dir, load_validated
+from tritonctl.spec import (
+    MAX_BATCH,
+    MAX_DIM,
+    Dtype,
+    Host,
+    MemoryMb,
+    Name,
+    PathText,
+    Port,
+    Rate,
+    SloMs,
+    Text,
+    TimeoutS,
+    plain_text,
+)
 
 PLAN_VERSION = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+Number = Annotated[float, Field(ge=0, le=1e9)]
+
+
+def _dim(size: int) -> int:
+    if size != -1 and not 1 <= size <= MAX_DIM:
+        raise ValueError(f"a dimension is -1 (dynamic) or 1 to {MAX_DIM}")
+    return size
 
 
 class Device(_Strict):
     """One device: `units` of share to hand out, `cores` a CPU device's units stand for."""
 
-    id: str
+    id: Name
     kind: Literal["gpu", "cpu"]
-    index: Annotated[int, Field(ge=0)]
-    memory_mb: Annotated[int, Field(gt=0)]
-    units: Annotated[int, Field(ge=1)]
-    cores: float | None = None
+    index: Annotated[int, Field(ge=0, le=63)]
+    memory_mb: MemoryMb
+    units: Annotated[int, Field(ge=1, le=1000)]
+    cores: Annotated[float, Field(gt=0, le=4096)] | None = None
 
 
 class Tensor(_Strict):
-    name: str
+    """A tensor of the model's signature as the ONNX file names it; `shape` without the batch (-1: dynamic)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=256), AfterValidator(plain_text)]
     dtype: Dtype
-    shape: list[int]
+    shape: list[Annotated[int, AfterValidator(_dim)]] = Field(max_length=8)
 
 
 class Prediction(_Strict):
@@ -52,11 +78,11 @@ class Prediction(_Strict):
     rate where the placement serves the model only in part).
     """
 
-    exec_ms: float
-    latency_ms: float | None = None
-    throughput_rps: float
+    exec_ms: Number
+    latency_ms: Number | None = None
+    throughput_rps: Number
     meets_slo: bool
-    in_slo_rps: float | None = None
+    in_slo_rps: Number | None = None
 
 
 class Placement(_Strict):
@@ -66,32 +92,26 @@ class Placement(_Strict):
     model's other replicas (equal unless a policy sizes replicas unequally).
     """
 
-    instance: Annotated[str, Field(pattern=MODEL_NAME.pattern)]
-    device: str
-    share: Annotated[int, Field(ge=1)]
-    batch: Annotated[int, Field(ge=1)]
-    queue_delay_us: Annotated[int, Field(ge=0)] = 0
-    weight: Annotated[float, Field(gt=0)] = 1.0
+    instance: Name
+    device: Name
+    share: Annotated[int, Field(ge=1, le=1000)]
+    batch: Annotated[int, Field(ge=1, le=MAX_BATCH)]
+    queue_delay_us: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    weight: Annotated[float, Field(gt=0, le=1e6)] = 1.0
     predicted: Prediction | None = None
 
 
 class PlannedModel(_Strict):
-    name: str
-    onnx: str
-    onnx_sha256: str
-    inputs: list[Tensor] = Field(min_length=1)
-    outputs: list[Tensor] = Field(min_length=1)
-    memory_mb: Annotated[int, Field(gt=0)]
-    slo_ms: Annotated[float, Field(gt=0)]
-    rate: Annotated[float, Field(ge=0)]
-    port: Annotated[int, Field(ge=1, le=65535)]
-    placements: list[Placement] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _name(self) -> PlannedModel:
-        if not MODEL_NAME.match(self.name):
-            raise ValueError(f"{self.name!r} is not a name Triton accepts")
-        return self
+    name: Name
+    onnx: PathText
+    onnx_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]
+    inputs: list[Tensor] = Field(min_length=1, max_length=64)
+    outputs: list[Tensor] = Field(min_length=1, max_length=64)
+    memory_mb: MemoryMb
+    slo_ms: SloMs
+    rate: Rate
+    port: Port
+    placements: list[Placement] = Field(min_length=1, max_length=1024)
 
     def rate_of(self, placement: Placement) -> float:
         """The arrival rate `placement` is planned for: the model's rate split by the replicas' weights."""
@@ -101,16 +121,16 @@ class PlannedModel(_Strict):
 class Unserved(_Strict):
     """A model of the cluster the plan does not serve, and why."""
 
-    name: str
-    reason: str
+    name: Name
+    reason: Text
 
 
 class RuntimeSettings(_Strict):
-    repository_dir: str
-    state_dir: str
-    host: str
-    tritonserver: str | None = None
-    startup_timeout_s: float = 120.0
+    repository_dir: PathText
+    state_dir: PathText
+    host: Host
+    tritonserver: PathText | None = None
+    startup_timeout_s: TimeoutS = 120.0
     reject_late: bool = False  # Triton rejects a request that can no longer meet its SLO (render.queue_timeout_us)
 
 
@@ -121,15 +141,15 @@ class Plan(_Strict):
     spatial plan that are shared in turns all the same (a policy may choose per device)."""
 
     version: Literal[1] = PLAN_VERSION
-    cluster: str
-    cluster_file: str
-    policy: str
+    cluster: Name
+    cluster_file: PathText
+    policy: Name
     target: Literal["gpu", "cpu"]
     sharing: Literal["spatial", "temporal"] = "spatial"
-    devices: list[Device] = Field(min_length=1)
-    models: list[PlannedModel] = Field(min_length=1)
-    unserved: list[Unserved] = Field(default_factory=list)
-    turns: list[str] = Field(default_factory=list)
+    devices: list[Device] = Field(min_length=1, max_length=1024)
+    models: list[PlannedModel] = Field(min_length=1, max_length=256)
+    unserved: list[Unserved] = Field(default_factory=list, max_length=256)
+    turns: list[Name] = Field(default_factory=list, max_length=1024)
     runtime: RuntimeSettings
 
     def takes_turns(self, device_id: str) -> bool:
@@ -139,6 +159,8 @@ class Plan(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
         devices = {d.id: d for d in self.devices}
+        if len(devices) < len(self.devices):
+            raise ValueError("two devices have the same id")
         for device_id in self.turns:
             if device_id not in devices:
                 raise ValueError(f"turns: unknown device {device_id!r}")
@@ -148,7 +170,11 @@ class Plan(_Strict):
         used: dict[str, int] = {}
         instances: set[str] = set()
         ports: set[int] = set()
+        names: set[str] = set()
         for model in self.models:
+            if model.name.lower() in names:
+                raise ValueError(f"model {model.name!r} appears twice")
+            names.add(model.name.lower())
             if model.port in ports:
                 raise ValueError(f"models {model.name!r}: port {model.port} is used by another model")
             ports.add(model.port)
@@ -209,6 +235,9 @@ _PlanDumper.add_representer(
 
 
 def save_plan(plan: Plan, path: Path) -> None:
+    check_output_dir(path.parent, file=path, field=None, writable=True)
+    if path.is_dir():
+        raise TritonctlError("is a folder, not a plan file", file=path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.dump(plan.model_dump(mode="json", exclude_none=True), Dumper=_PlanDumper, sort_keys=False, width=100)
     path.write_text("# tritonctl plan: generated; safe to read, diff and edit.\n" + text)
@@ -217,4 +246,7 @@ def save_plan(plan: Plan, path: Path) -> None:
 def load_plan(path: str | Path) -> LoadedPlan:
     """Read and validate a plan file; problems name the file and the field."""
     path = Path(path)
-    return LoadedPlan(load_validated(path, Plan), path)
+    loaded = LoadedPlan(load_validated(path, Plan), path)
+    for field in ("repository_dir", "state_dir"):
+        check_output_dir(loaded.resolve(getattr(loaded.plan.runtime, field)), file=path, field=f"runtime.{field}")
+    return loaded

@@ -24,6 +24,7 @@ from pathlib import Path
 import jinja2
 
 from tritonctl.errors import TritonctlError
+from tritonctl.files import check_output_dir, sha256_file
 from tritonctl.plan import Device, LoadedPlan, Placement, PlannedModel
 from tritonctl.spec import DTYPES
 
@@ -43,6 +44,19 @@ _ENV = jinja2.Environment(
     keep_trailing_newline=True,
     undefined=jinja2.StrictUndefined,
 )
+
+
+def pbtxt_string(text: str) -> str:
+    """`text` as a quoted protobuf text-format string: quotes, backslashes and every byte outside
+    printable ASCII escaped, so no name can end the string or the line it is on."""
+    out = []
+    for byte in str(text).encode():
+        char = chr(byte)
+        out.append("\\" + char if char in '"\\' else char if 0x20 <= byte < 0x7F else f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+_ENV.filters["pbtxt"] = pbtxt_string
 
 
 @dataclass(frozen=True)
@@ -204,24 +218,59 @@ def render_instance(
     return launch
 
 
+def verified_onnx(loaded: LoadedPlan, model: PlannedModel) -> Path:
+    """The model's ONNX file, refused unless it is a file whose SHA-256 is the plan's `onnx_sha256`."""
+    path = loaded.resolve(model.onnx)
+    field = f"models.{model.name}.onnx"
+    if not path.is_file():
+        raise TritonctlError(f"ONNX file not found: {path}", file=loaded.path, field=field)
+    stat = path.stat()
+    if _sha256(path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != model.onnx_sha256:
+        raise TritonctlError(
+            f"{path} is not the file the plan was made for: its SHA-256 differs from onnx_sha256 "
+            "(plan again, or restore the file)",
+            file=loaded.path,
+            field=field,
+        )
+    return path
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: Path, *identity: int) -> str:
+    """SHA-256 of a file, cached while its device, inode, size and modification time stay the same."""
+    return sha256_file(path)
+
+
 def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Launch]]:
-    """Render every instance of the plan; returns instance name -> (folder, launch settings)."""
+    """Render every instance of the plan; returns instance name -> (folder, launch settings).
+
+    Everything is checked (ONNX files and their hashes, every instance's settings) before the first file is written.
+    """
     plan = loaded.plan
     out_root = loaded.resolve(plan.runtime.repository_dir)
+    onnx = {model.name: verified_onnx(loaded, model) for model in plan.models}
+
+    def instance(model: PlannedModel, placement: Placement, write: bool) -> Launch:
+        device = plan.device(placement.device)
+        folder = out_root / placement.instance
+        return render_instance(folder, plan.cluster, model, placement, device, onnx[model.name], write, reject_late)
+
+    reject_late = plan.runtime.reject_late
     rendered: dict[str, tuple[Path, Launch]] = {}
     for model, placement in plan.instances():
-        onnx_path = loaded.resolve(model.onnx)
-        if not onnx_path.is_file():
-            raise TritonctlError(
-                f"ONNX file not found: {onnx_path}", file=loaded.path, field=f"models.{model.name}.onnx"
-            )
-        folder = out_root / placement.instance
         try:
-            device = plan.device(placement.device)
-            launch = render_instance(
-                folder, plan.cluster, model, placement, device, onnx_path, write, plan.runtime.reject_late
-            )
+            rendered[placement.instance] = (out_root / placement.instance, instance(model, placement, False))
         except TritonctlError as exc:
             raise TritonctlError(exc.message, file=loaded.path, field=exc.field) from None
-        rendered[placement.instance] = (folder, launch)
+    if write:
+        check_output_dir(out_root, file=loaded.path, field="runtime.repository_dir", writable=True)
+        for model, placement in plan.instances():
+            try:
+                instance(model, placement, True)
+            except OSError as exc:
+                raise TritonctlError(
+                    f"cannot write {exc.filename or out_root}: {exc.strerror or exc}",
+                    file=loaded.path,
+                    field="runtime.repository_dir",
+                ) from None
     return rendered

@@ -12,13 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import load_validated
+from tritonctl.files import check_output_dir, load_validated
 
-# Triton takes a model name as a directory name and as a URL path segment.
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Triton takes a model name as a directory name and as a URL path segment (match with fullmatch).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+ARCHITECTURE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")  # a torchvision model builder's name
+HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45}")  # a host name, IPv4 or IPv6 address
+MAX_BATCH = 32  # the largest batch tritonctl plans, profiles and serves (InSS Algorithm 1 searches 1..32)
+MAX_DIM = 1 << 20  # one dimension of a tensor
+MAX_ELEMENTS = 1 << 26  # elements of one sample of an input (256 MiB of float32)
 Dtype = Literal["float32", "float16", "int64", "int32", "uint8"]  # the keys of DTYPES
 DTYPES = {  # numpy dtype name -> Triton data type
     "float32": "TYPE_FP32",
@@ -27,6 +32,39 @@ DTYPES = {  # numpy dtype name -> Triton data type
     "int32": "TYPE_INT32",
     "uint8": "TYPE_UINT8",
 }
+
+
+def triton_name(name: str) -> str:
+    """`name` if Triton accepts it as a model (or instance, cluster, device) name; ValueError if not."""
+    if not MODEL_NAME.fullmatch(name):
+        raise ValueError(
+            "not a name Triton accepts: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
+        )
+    return name
+
+
+def plain_text(text: str) -> str:
+    """`text` if it has no control characters (no line breaks, no NUL); ValueError if it has."""
+    if not text.isprintable():
+        raise ValueError("has control characters (a line break, a tab, NUL ...)")
+    return text
+
+
+def host_name(host: str) -> str:
+    if not HOST.fullmatch(host):
+        raise ValueError("not a host name or IP address")
+    return host
+
+
+Name = Annotated[str, AfterValidator(triton_name)]
+Text = Annotated[str, Field(max_length=4096), AfterValidator(plain_text)]
+PathText = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(plain_text)]
+Host = Annotated[str, AfterValidator(host_name)]
+SloMs = Annotated[float, Field(gt=0, le=3_600_000, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=0, le=1_000_000, allow_inf_nan=False)]
+MemoryMb = Annotated[int, Field(gt=0, le=1 << 24)]
+Port = Annotated[int, Field(ge=1024, le=65535)]
+TimeoutS = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -74,29 +112,32 @@ class DeviceGroup(_Strict):
 class TensorSpec(_Strict):
     """One input tensor, without the batch dimension."""
 
-    shape: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    shape: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(min_length=1, max_length=8)
     dtype: Dtype = "float32"
+
+    @model_validator(mode="after")
+    def _size(self) -> TensorSpec:
+        if math.prod(self.shape) > MAX_ELEMENTS:
+            raise ValueError(f"shape {self.shape} has more than {MAX_ELEMENTS} elements per sample")
+        return self
 
 
 class ModelSpec(_Strict):
     """A model to serve: where it comes from, its input, its SLO and expected load."""
 
-    name: str
-    source: str = Field(min_length=1)
+    name: Name
+    source: PathText
     input: TensorSpec
-    slo_ms: Annotated[float, Field(gt=0)]
-    rate: Annotated[float, Field(ge=0)]
-    memory_mb: Annotated[int, Field(gt=0)] | None = None
+    slo_ms: SloMs
+    rate: Rate
+    memory_mb: MemoryMb | None = None
 
-    @field_validator("name")
+    @field_validator("source")
     @classmethod
-    def _triton_name(cls, name: str) -> str:
-        if not MODEL_NAME.match(name):
-            raise ValueError(
-                f"{name!r} is not a name Triton accepts: 1-64 letters, digits, '_', '.', '-', "
-                "starting with a letter or digit"
-            )
-        return name
+    def _source(cls, source: str) -> str:
+        if not source.endswith(".onnx") and not ARCHITECTURE.fullmatch(source):
+            raise ValueError("neither an .onnx path nor a torchvision architecture name (letters, digits, '_')")
+        return source
 
     @property
     def is_onnx_file(self) -> bool:
@@ -106,30 +147,27 @@ class ModelSpec(_Strict):
 class RuntimeSpec(_Strict):
     """Where generated files go and which ports the deployment uses."""
 
-    repository_dir: str = "model_repository"
-    state_dir: str = ".tritonctl"
-    export_dir: str = "model_repository/exports"
-    host: str = "127.0.0.1"
+    repository_dir: PathText = "model_repository"
+    state_dir: PathText = ".tritonctl"
+    export_dir: PathText = "model_repository/exports"
+    host: Host = "127.0.0.1"
     base_port: Annotated[int, Field(ge=1024, le=65000)] = 8100
-    tritonserver: str | None = None
-    startup_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    tritonserver: PathText | None = None
+    startup_timeout_s: TimeoutS = 120.0
     # Reject a request in Triton's queue once it can no longer meet its SLO, rather than serve it late (and make
     # the requests behind it late). Off by default: a rejected request is an error to its client.
     reject_late: bool = False
 
+    def folders(self) -> dict[str, str]:
+        """The folders tritonctl writes into, by field name."""
+        return {"repository_dir": self.repository_dir, "state_dir": self.state_dir, "export_dir": self.export_dir}
+
 
 class ClusterSpec(_Strict):
-    name: str
-    devices: list[DeviceGroup] = Field(min_length=1)
-    models: list[ModelSpec] = Field(min_length=1)
+    name: Name
+    devices: list[DeviceGroup] = Field(min_length=1, max_length=64)
+    models: list[ModelSpec] = Field(min_length=1, max_length=256)
     runtime: RuntimeSpec = RuntimeSpec()
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if not MODEL_NAME.match(name):
-            raise ValueError(f"{name!r}: use 1-64 letters, digits, '_', '.', '-'")
-        return name
 
 
 class Cluster:
@@ -164,6 +202,8 @@ def load_cluster(path: str | Path) -> Cluster:
     cluster = Cluster(spec, path.resolve())
     if len({group.kind for group in spec.devices}) > 1:
         raise TritonctlError("mixing gpu and cpu devices in one cluster is not supported", file=path, field="devices")
+    for name, folder in spec.runtime.folders().items():
+        check_output_dir(cluster.resolve(folder), file=path, field=f"runtime.{name}")
     seen: set[str] = set()
     for i, model in enumerate(spec.models):
         if model.name.lower() in seen:

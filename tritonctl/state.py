@@ -8,11 +8,11 @@ import os
 import secrets
 import tempfile
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import write_json_atomic
+from tritonctl.files import MAX_INPUT_BYTES, check_output_dir, excerpt, read_text, write_json_atomic
 from tritonctl.runtime.base import InstanceRecord
 
 STATE_FILE = "state.json"
@@ -27,15 +27,43 @@ class State:
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
 
 
+_JSON_TYPES = {"int": int, "str": str, "str | None": (str, type(None))}  # InstanceRecord's field types
+
+
+def _is(value, expected) -> bool:
+    return isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+
+
+def _record(uid: str, raw) -> InstanceRecord:
+    """One instance of the state file, every field present and of its type; ValueError naming what is not."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"instance {excerpt(uid)} is {excerpt(raw)}, not a mapping")
+    for f in fields(InstanceRecord):
+        if f.name not in raw:
+            if f.default is MISSING:
+                raise ValueError(f"instance {excerpt(uid)} has no {f.name!r}")
+        elif not _is(raw[f.name], _JSON_TYPES.get(f.type, object)):
+            raise ValueError(f"instance {excerpt(uid)}: {f.name} is {excerpt(raw[f.name])}, not {f.type}")
+    unknown = set(raw) - {f.name for f in fields(InstanceRecord)}
+    if unknown:
+        raise ValueError(f"instance {excerpt(uid)}: unknown field {excerpt(sorted(unknown)[0])}")
+    return InstanceRecord(**raw)
+
+
 def load_state(state_dir: Path) -> State:
     path = state_dir / STATE_FILE
     if not path.exists():
         return State()
     try:
-        raw = json.loads(path.read_text())
-        records = {uid: InstanceRecord(**rec) for uid, rec in raw.pop("instances").items()}
+        raw = json.loads(read_text(path, limit=16 * MAX_INPUT_BYTES))
+        if not isinstance(raw, dict) or not isinstance(raw.get("instances"), dict):
+            raise ValueError("no `instances` mapping")
+        records = {uid: _record(uid, rec) for uid, rec in raw.pop("instances").items()}
+        for name, value in raw.items():
+            if name not in State.__dataclass_fields__ or not isinstance(value, str):
+                raise ValueError(f"{excerpt(name)}: {excerpt(value)}")
         return State(**raw, instances=records)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except ValueError as exc:
         raise TritonctlError(
             f"corrupt state file ({exc}); stop stray tritonserver processes and remove it", file=path
         ) from None
@@ -69,6 +97,7 @@ def control_key(state_dir: Path) -> str:
 @contextmanager
 def apply_lock(state_dir: Path):
     """Hold the deployment's lock; refuse at once when another apply holds it."""
+    check_output_dir(state_dir, file=state_dir, field=None, writable=True)
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "apply.lock", "a+") as fh:
         try:

@@ -8,6 +8,7 @@ say so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -31,21 +32,31 @@ def mechanism() -> str:
 
 
 def create(group: str, quota_us: int, period_us: int) -> Path | None:
-    """Create cgroup `tritonctl/<group>` with the quota; None where cgroups are not writable."""
+    """Create cgroup `tritonctl/<group>` with the quota; None where cgroups are not writable.
+
+    Raises OSError when the kernel refuses the quota, after removing the cgroup it created for it.
+    """
     kind = mechanism()
     if kind == "none":
         return None
     if kind == "cgroup-v1":
         path = V1_ROOT / "tritonctl" / group
-        path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     else:
         parent = V2_ROOT / "tritonctl"
         parent.mkdir(exist_ok=True)
         (V2_ROOT / "cgroup.subtree_control").write_text("+cpu")
         (parent / "cgroup.subtree_control").write_text("+cpu")
         path = parent / group
-        path.mkdir(exist_ok=True)
-    set_quota(path, quota_us, period_us)
+    created = not path.exists()
+    path.mkdir(exist_ok=True)
+    try:
+        set_quota(path, quota_us, period_us)
+    except OSError:
+        if created:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
     return path
 
 
