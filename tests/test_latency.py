@@ -173,7 +173,7 @@ def fitted(tmp_path) -> Path:
 def test_plan_carries_predictions_from_the_latency_model(tmp_path, fitted, capsys):
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=50, slo_ms=200), mlp_model("beta", rate=5)])
-    assert main(["plan", str(cluster), "--latency-model", str(fitted)]) == 0
+    assert main(["plan", str(cluster), "--policy", "spread", "--latency-model", str(fitted)]) == 0
     out = capsys.readouterr().out
     assert "ONNX file changed since it was profiled" in out  # the synthetic profile's hashes are zeros
     plan = load_plan(tmp_path / "plan.yaml").plan

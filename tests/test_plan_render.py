@@ -117,15 +117,17 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
 def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluster):
     from tritonctl.cli import main
 
+    data = yaml.safe_load(mlp_cluster.read_text())
+    data["runtime"]["reject_late"] = False
+    mlp_cluster.write_text(yaml.safe_dump(data))
     assert main(["plan", str(mlp_cluster)]) == 0
     loaded = load_plan(mlp_cluster.parent / "plan.yaml")
     folder, plain = render(loaded)["alpha-0"]
     assert not parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.HasField(
         "default_queue_policy"
-    )  # off by default: a rejected request is an error to its client
+    )  # turned off: every request is served, late or not
 
-    data = yaml.safe_load(mlp_cluster.read_text())
-    data["runtime"]["reject_late"] = True
+    del data["runtime"]["reject_late"]  # on by default
     mlp_cluster.write_text(yaml.safe_dump(data))
     assert main(["plan", str(mlp_cluster)]) == 0
     loaded = load_plan(mlp_cluster.parent / "plan.yaml")

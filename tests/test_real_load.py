@@ -45,6 +45,9 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("served")
     make_mlp(folder / "mlp.onnx")
     cluster = write_cluster(folder, [mlp_model("alpha", rate=40), mlp_model("beta", rate=40)])
+    spec = yaml.safe_load(cluster.read_text())
+    spec["runtime"]["reject_late"] = False  # perf_analyzer stops at a refused request (tested below)
+    cluster.write_text(yaml.safe_dump(spec))
     plan = folder / "plan.yaml"
     assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
     yield plan
@@ -73,9 +76,22 @@ def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served
     assert after == before
 
 
+def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys):
+    """With reject_late (the default), Triton refuses what would be late; perf_analyzer stops at the first."""
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=2000, slo_ms=0.05)])
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
+    rc, _, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3")
+    assert rc == 2 and "the server refused a request" in err and "--tool tritonctl" in err
+    rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1")
+    (alpha,) = [line.split() for line in out.splitlines() if line.startswith("alpha")]
+    assert int(alpha[3]) > 0  # tritonctl's client counts the refused requests as failed and goes on
+
+
 def test_requests_missing_from_the_export_count_as_unanswered(tmp_path):
     """perf_analyzer exports answered requests only: the schedule says how many were sent."""
-    schedule = np.array([0.1, 0.2, 0.3, 0.4, 1.5])  # 4 arrivals within the 1 s of windows, one after
+    schedule = np.array([0.1, 0.2, 0.3, 0.4, 0.95, 1.5])  # 4 due by the end less the SLO, 1 later, 1 after the end
     ns = 10**9
     export = {
         "experiments": [

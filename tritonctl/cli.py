@@ -25,7 +25,7 @@ from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
 from tritonctl.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from tritonctl.plan import LoadedPlan, load_plan, save_plan
-from tritonctl.planner import HEADROOM, check_latency_model, make_plan, predicted_load
+from tritonctl.planner import HEADROOM, check_latency_model, make_plan, predicted_load, servable_scale
 from tritonctl.policies import POLICIES
 from tritonctl.policies.inss import default_policy_file
 from tritonctl.render import render
@@ -35,7 +35,7 @@ from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
 from tritonctl.runtime.local import LocalRuntime, port_is_free
 from tritonctl.simulate import format_sim, read_trace, simulate
-from tritonctl.spec import load_cluster
+from tritonctl.spec import Cluster, load_cluster
 from tritonctl.state import State, load_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def cmd_export(args) -> int:
 
 
 def _plan(
-    cluster_arg: str,
+    cluster_arg: str | Cluster,
     policy: str,
     output: str | None,
     latency_model: str | None = None,
@@ -63,7 +63,7 @@ def _plan(
     policy_file: str | None = None,
     margin: float = 0.0,
 ) -> Path:
-    cluster = load_cluster(cluster_arg)
+    cluster = cluster_arg if isinstance(cluster_arg, Cluster) else load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
     _say(f"models of {cluster.spec.name}:")
     artifacts = materialize(cluster, log=_say)
@@ -467,7 +467,23 @@ def cmd_demo(args) -> int:
             _calibrate(str(cluster), Path(latency_model), here)
         latency_model = str(here)
     _say(f"== 1/4 plan ({args.policy}" + (f", latency model {latency_model})" if latency_model else ")"))
-    plan_path = _plan(str(cluster), args.policy, None, latency_model=latency_model)
+    spec = load_cluster(cluster)
+    if latency_model:
+        artifacts = materialize(spec, log=lambda _: None)
+        scale = servable_scale(spec, artifacts, load_latency_model(latency_model), args.policy)
+        if scale == 0:
+            raise TritonctlError(
+                f"this CPU cannot serve the demo's models within their SLOs even at a tenth of their rates "
+                f"(latency model {latency_model})",
+                file=cluster,
+            )
+        if scale < 1:
+            _say(
+                f"this CPU serves the demo within its SLOs at {scale:g} x its rates, not at 1 x (the plan at 1 x is "
+                f"predicted to miss): planning for {scale:g} x"
+            )
+            spec = spec.with_rates(lambda m: m.rate * scale)
+    plan_path = _plan(spec, args.policy, None, latency_model=latency_model)
     _say("== 2/4 apply")
     _apply(plan_path)
     _say("== 3/4 endpoints")

@@ -39,6 +39,10 @@ WINDOWS = 3
 LIBS = {"libcudart.so.12": "libcudart-*.so.12*", "libb64.so.0d": "libb64-*.so.0d*"}
 
 
+class RequestsRefused(TritonctlError):
+    """perf_analyzer stopped at a request the server refused (it has no way to count errors and go on)."""
+
+
 @dataclass(frozen=True)
 class PerfAnalyzer:
     binary: Path
@@ -134,9 +138,11 @@ def read_export(path: Path, target: Endpoint, schedule: np.ndarray) -> LoadResul
     """A LoadResult from perf_analyzer's profile export and the arrival schedule it was given.
 
     The export holds the requests answered within the measurement windows only: requests still
-    queued when perf_analyzer stops are missing from it. They count as unanswered (the
-    schedule's arrivals within the windows less the answered ones), so an overloaded model is
-    not reported better than it was.
+    queued when perf_analyzer stops are missing from it. The schedule's arrivals after the last
+    exported one, up to one SLO before the end (an answer due later could still be on time),
+    count as unanswered, so an overloaded model is not reported better than it was. (A few
+    requests in flight at a window boundary are missing from the export too; they are not
+    counted either way.)
     """
     try:
         data = json.loads(path.read_text())
@@ -158,7 +164,9 @@ def read_export(path: Path, target: Endpoint, schedule: np.ndarray) -> LoadResul
         else:
             result.errors.append("no response")
             result.failed_at_s.append((sent - start_ns) / 1e9)
-    result.unanswered = max(0, int(np.sum(schedule < result.duration_s)) - len(result.sent_at_s))
+    last = result.sent_at_s[-1] if result.sent_at_s else 0.0
+    cutoff = result.duration_s - target.slo_ms / 1000
+    result.unanswered = int(np.sum((schedule > last + 1e-6) & (schedule < cutoff)))
     return result
 
 
@@ -189,7 +197,17 @@ def run_perf_analyzer(
                 rc = "killed after a time-out"
             log.close()
             if rc != 0 or not export.is_file():
-                tail = (out_dir / f"{target.model}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                text = (out_dir / f"{target.model}.log").read_text(errors="replace")
+                if "had error" in text:
+                    first = next(line for line in text.splitlines() if "had error" in line)
+                    raise RequestsRefused(
+                        f"{target.model}: the server refused a request ({first.split('had error:', 1)[1].strip()}) "
+                        "and perf_analyzer stops at the first one: the load is beyond what the deployment serves "
+                        "within the SLO (runtime.reject_late refuses what would be late); tritonctl's own client "
+                        "(--tool tritonctl) counts refused requests and goes on",
+                        file=out_dir / f"{target.model}.log",
+                    )
+                tail = text.strip().splitlines()[-3:]
                 raise TritonctlError(
                     f"perf_analyzer for {target.model} failed ({rc}): {' / '.join(tail)}",
                     file=out_dir / f"{target.model}.log",

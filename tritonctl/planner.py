@@ -356,6 +356,7 @@ def make_plan(
             tritonserver=str(cluster.resolve(runtime.tritonserver)) if runtime.tritonserver else None,
             startup_timeout_s=runtime.startup_timeout_s,
             reject_late=runtime.reject_late,
+            cpu_share=runtime.cpu_share,
         ),
     )
 
@@ -374,3 +375,16 @@ def predicted_load(plan: Plan) -> dict[str, float]:
             held = p.share / plan.device(p.device).units
             load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) / p.predicted.throughput_rps * held
     return load
+
+
+def servable_scale(
+    cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel, policy: str, steps: int = 10
+) -> float:
+    """The largest of 1, 0.9, ..., 0.1 times the cluster's rates that `policy` plans with every model predicted
+    within its SLO (0 if none): what a demo on a slower CPU can show instead of a plan predicted to miss."""
+    for i in range(steps, 0, -1):
+        scaled = cluster.with_rates(lambda m, s=i / steps: m.rate * s)
+        plan = make_plan(scaled, artifacts, policy, cluster.path.parent / "plan.yaml", lm, log=lambda _: None)
+        if not plan.unserved and all(p.predicted is None or p.predicted.meets_slo for _, p in plan.instances()):
+            return i / steps
+    return 0.0

@@ -73,6 +73,7 @@ class Launch:
     env: dict[str, str]
     cpu_quota_us: int | None
     cpu_period_us: int | None
+    cpu_weight: int | None  # a cgroup CPU weight (1-10000, cgroup v2's scale) instead of a quota
     config_hash: str  # everything about the instance: any change needs at least a reload
     process_hash: str  # what the process is started with: a change needs a new process (a swap)
 
@@ -138,9 +139,16 @@ def ort_spinning() -> str:
     return "1" if os.environ.get("TRITONCTL_ORT_SPINNING", "0") == "1" else "0"
 
 
-def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str) -> Launch:
+def cpu_weight(device: Device, share: int) -> int:
+    """A CPU share as a cgroup weight: 10000 (the largest) for the whole device, in proportion below."""
+    return max(1, round(10_000 * share / device.units))
+
+
+def launch_for(
+    cluster: str, model: PlannedModel, placement: Placement, device: Device, config: str, cpu_share: str = "quota"
+) -> Launch:
     env: dict[str, str] = {}
-    quota = period = None
+    quota = period = weight = None
     if device.kind == "gpu":
         env = {
             "CUDA_VISIBLE_DEVICES": str(device.index),
@@ -157,10 +165,15 @@ def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: 
                 f"{MIN_QUOTA_US / period:g} core",
                 field=f"models.{model.name}.placements",
             )
+        if cpu_share == "weight":
+            quota = period = None
+            weight = cpu_weight(device, placement.share)
     # What the process is started with. Batch size, queue delay and queue policy are left out (the config
     # rendered at batch 1 without delay or timeout): Triton reloads a model with them changed in place.
     batchless = render_config(cluster, model, placement.model_copy(update={"batch": 1, "queue_delay_us": 0}), device)
     process = [batchless, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period]
+    if weight is not None:
+        process.append(weight)
     return Launch(
         instance=placement.instance,
         model=model.name,
@@ -172,6 +185,7 @@ def launch_for(cluster: str, model: PlannedModel, placement: Placement, device: 
         env=env,
         cpu_quota_us=quota,
         cpu_period_us=period,
+        cpu_weight=weight,
         config_hash=_digest(config, process),
         process_hash=_digest(process),
     )
@@ -202,10 +216,11 @@ def render_instance(
     onnx_path: Path,
     write: bool = True,
     reject_late: bool = False,
+    cpu_share: str = "quota",
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device, reject_late)
-    launch = launch_for(cluster, model, placement, device, config)
+    launch = launch_for(cluster, model, placement, device, config, cpu_share)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / "1"
@@ -253,7 +268,9 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
     def instance(model: PlannedModel, placement: Placement, write: bool) -> Launch:
         device = plan.device(placement.device)
         folder = out_root / placement.instance
-        return render_instance(folder, plan.cluster, model, placement, device, onnx[model.name], write, reject_late)
+        return render_instance(
+            folder, plan.cluster, model, placement, device, onnx[model.name], write, reject_late, plan.runtime.cpu_share
+        )
 
     reject_late = plan.runtime.reject_late
     rendered: dict[str, tuple[Path, Launch]] = {}

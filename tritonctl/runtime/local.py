@@ -184,11 +184,15 @@ class LocalRuntime:
         mechanism = "none"
         if launch.kind == "cpu":
             try:
-                cgroup = share.create(uid, launch.cpu_quota_us, launch.cpu_period_us)
+                cgroup = share.create(uid, launch.cpu_quota_us, launch.cpu_period_us, launch.cpu_weight)
             except OSError as exc:
                 raise StartError(f"{launch.instance}: cannot set its CPU quota ({exc})") from None
             if cgroup is not None:
-                mechanism = f"{share.mechanism()} quota {launch.cpu_quota_us}/{launch.cpu_period_us} us"
+                mechanism = (
+                    f"{share.mechanism()} weight {launch.cpu_weight}"
+                    if launch.cpu_weight is not None
+                    else f"{share.mechanism()} quota {launch.cpu_quota_us}/{launch.cpu_period_us} us"
+                )
         else:
             mechanism = f"MPS {launch.env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%"
         log_dir.mkdir(parents=True, exist_ok=True)

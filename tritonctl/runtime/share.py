@@ -31,8 +31,9 @@ def mechanism() -> str:
     return "none"
 
 
-def create(group: str, quota_us: int, period_us: int) -> Path | None:
-    """Create cgroup `tritonctl/<group>` with the quota; None where cgroups are not writable.
+def create(group: str, quota_us: int | None, period_us: int | None, weight: int | None = None) -> Path | None:
+    """Create cgroup `tritonctl/<group>` with the quota (or, given `weight`, that CPU weight: 1-10000 on
+    cgroup v2's scale); None where cgroups are not writable.
 
     Raises OSError when the kernel refuses the quota, after removing the cgroup it created for it.
     """
@@ -51,13 +52,25 @@ def create(group: str, quota_us: int, period_us: int) -> Path | None:
     created = not path.exists()
     path.mkdir(exist_ok=True)
     try:
-        set_quota(path, quota_us, period_us)
+        if weight is not None:
+            set_weight(path, weight)
+        else:
+            set_quota(path, quota_us, period_us)
     except OSError:
         if created:
             with contextlib.suppress(OSError):
                 path.rmdir()
         raise
     return path
+
+
+def set_weight(path: Path, weight: int) -> None:
+    """A work-conserving share: `weight` (1-10000) against the other groups, no cap. cgroup v1's cpu.shares
+    scale (2-262144, default 1024) is cgroup v2's cpu.weight (1-10000, default 100) times 10.24."""
+    if (path / "cpu.weight").exists():
+        (path / "cpu.weight").write_text(str(weight))
+    else:
+        (path / "cpu.shares").write_text(str(max(2, round(weight * 10.24))))
 
 
 def set_quota(path: Path, quota_us: int, period_us: int) -> None:

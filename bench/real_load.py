@@ -1,0 +1,266 @@
+"""Deployments of one cluster side by side on the real local Triton, each under perf_analyzer and tritonctl's client.
+
+    python bench/real_load.py CLUSTER --latency-model LM --out DIR
+        [--deployments handwritten naive best] [--scales 0.5 1 1.5 2 3] [--duration 20]
+        [--tools perf_analyzer tritonctl]
+
+Deployments:
+- handwritten: what a user writes by hand: one tritonserver, one Python-backend instance per
+  model running onnxruntime on 1 thread, no batching, no quotas (rendered from the same exports);
+- naive: tritonctl's `spread` plan (equal shares, batch 1);
+- best: tritonctl's default plan with the latency model (`search`);
+- a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-nolate`
+  turns runtime.reject_late off.
+
+Each deployment is loaded at every rate scale (x the cluster's rates, all models at once,
+open-loop Poisson) with every tool in turn, never two at once. Printed and written to
+DIR/results.json and DIR/summary.md: per model offered and answered rate, p50/p95/p99, share
+of requests within the SLO; per deployment and tool the capacity (the highest scale at which
+every model has at least 99% of its requests answered within its SLO: its p99 counting a
+refused or unanswered request as late), goodput at each scale, and at 1x the plan's predicted
+p99 beside the measured one. During the 1x run under perf_analyzer, every process's CPU time
+is read from /proc (DIR/cpu-<deployment>.txt). Run it on a quiet machine; it says which CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from cpu_accounting import every_process, group
+
+from profiler.device import cpu_fingerprint
+from tritonctl.cli import main as tritonctl
+from tritonctl.client import Endpoint, LoadResult, endpoints, run_load
+from tritonctl.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
+from tritonctl.plan import Device, Placement, load_plan, save_plan
+from tritonctl.planner import make_plan
+from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
+from tritonctl.render import _place_file, render_config, _python_glue
+from tritonctl.runtime.binary import find_tritonserver
+from tritonctl.runtime.local import free_ports
+from tritonctl.spec import load_cluster
+
+ANSWERED_IN_SLO = 0.99  # a scale is served when every model answers this part of its requests within the SLO
+
+
+@dataclass
+class Row:
+    deployment: str
+    tool: str
+    scale: float
+    model: str
+    slo_ms: float
+    offered_rps: float
+    ok_rps: float
+    good_rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    in_slo: float
+    failed: int
+    predicted_p99_ms: float | None
+
+
+def row(deployment: str, tool: str, scale: float, r: LoadResult, predicted: float | None) -> Row:
+    return Row(
+        deployment, tool, scale, r.model, r.slo_ms, r.sent / r.duration_s, r.throughput,
+        r.within_slo * r.sent / r.duration_s, r.percentile(50), r.percentile(95), r.percentile(99),
+        r.within_slo, r.sent - r.ok, predicted,
+    )  # fmt: skip
+
+
+def refused_row(deployment: str, scale: float, target: Endpoint, predicted: float | None) -> Row:
+    """A perf_analyzer run that stopped at a refused request: nothing measured, the scale not served."""
+    nan = float("nan")
+    return Row(deployment, "perf_analyzer", scale, target.model, target.slo_ms, target.rate * scale, nan, nan,
+               nan, nan, nan, 0.0, -1, predicted)  # fmt: skip
+
+
+@contextlib.contextmanager
+def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
+    """One tritonserver serving every model of the plan's exports: 1 onnxruntime thread each, batch 1, no quota."""
+    loaded = load_plan(plan_path)
+    one_thread = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=1, cores=1.0)
+    repo = folder / "models"
+    for model in loaded.plan.models:
+        placement = Placement(instance=f"{model.name}-0", device="cpu", share=1, batch=1)
+        version = repo / model.name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        (repo / model.name / "config.pbtxt").write_text(render_config("handwritten", model, placement, one_thread))
+        _place_file(loaded.resolve(model.onnx), version / "model.onnx")
+        (version / "model.py").write_text(_python_glue())
+    binary = find_tritonserver()
+    grpc, http, metrics = free_ports("127.0.0.1", 3)
+    cmd = [str(binary.path), f"--model-repository={repo}", f"--grpc-port={grpc}", f"--http-port={http}",
+           f"--metrics-port={metrics}", "--grpc-address=127.0.0.1", "--http-address=127.0.0.1",
+           "--metrics-address=127.0.0.1"]  # fmt: skip
+    if binary.backend_dir:
+        cmd.append(f"--backend-directory={binary.backend_dir}")
+    with (folder / "tritonserver.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **binary.env})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the hand-written tritonserver did not start: see {folder / 'tritonserver.log'}")
+            time.sleep(0.5)
+        yield [replace(e, url=f"127.0.0.1:{grpc}") for e in endpoints(loaded.plan)]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextlib.contextmanager
+def deployed(name: str, plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
+    if name == "handwritten":
+        with handwritten(plan_path, folder) as targets:
+            yield targets
+        return
+    assert tritonctl(["apply", str(plan_path), "--accept-misses"]) == 0
+    try:
+        yield endpoints(load_plan(plan_path).plan)
+    finally:
+        tritonctl(["down", str(plan_path)])
+
+
+def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path) -> Path:
+    """The plan of deployment `name` (handwritten: the naive plan, for its exports and ports); the naive plan has
+    predictions where the latency model covers the cluster."""
+    base, *options = name.split("-")
+    cluster = load_cluster(cluster_path)
+    changes = {}
+    for option in options:
+        changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
+                        "nolate": {"reject_late": False}, "late": {"reject_late": True}}[option])  # fmt: skip
+    cluster = cluster.with_runtime(**changes)
+    lm = load_latency_model(lm_path) if lm_path else None
+    if lm is not None and not {m.name for m in cluster.spec.models} <= set(lm.models):
+        lm = None
+    if base == "best" and lm is None:
+        raise SystemExit(f"the best plan needs a latency model of every model of {cluster_path}")
+    policy = "search" if base == "best" else "spread"
+    path = out / f"plan-{name}.yaml"
+    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), policy, path, lm, log=print)
+    save_plan(plan, path)
+    return path
+
+
+def predicted_p99(plan_path: Path) -> dict[str, float | None]:
+    """Per model, the plan's predicted p99 (the worst of its placements), None without a prediction."""
+    out = {}
+    for model in load_plan(plan_path).plan.models:
+        values = [p.predicted.latency_ms for p in model.placements if p.predicted and p.predicted.latency_ms]
+        out[model.name] = max(values) if values else None
+    return out
+
+
+def capacity(rows: list[Row], deployment: str, tool: str) -> float:
+    """The highest scale up to which every scale had every model within ANSWERED_IN_SLO (0 if none)."""
+    best = 0.0
+    for scale in sorted({r.scale for r in rows if r.deployment == deployment and r.tool == tool}):
+        cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, scale)]
+        if not all(r.in_slo >= ANSWERED_IN_SLO for r in cells):
+            break
+        best = scale
+    return best
+
+
+def summary(rows: list[Row], cpu: str) -> str:
+    lines = [f"CPU: {cpu}", "", "| deployment | tool | capacity (x rates) | " + " | ".join(
+        f"goodput x{s:g}" for s in sorted({r.scale for r in rows})) + " |"]  # fmt: skip
+    lines.append("|" + "---|" * (3 + len({r.scale for r in rows})))
+    for deployment in dict.fromkeys(r.deployment for r in rows):
+        for tool in dict.fromkeys(r.tool for r in rows):
+            goods = []
+            for scale in sorted({r.scale for r in rows}):
+                cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, scale)]
+                goods.append(f"{sum(r.good_rps for r in cells):.1f}/{sum(r.offered_rps for r in cells):.1f}")
+            lines.append(f"| {deployment} | {tool} | {capacity(rows, deployment, tool):g} | " + " | ".join(goods) + " |")
+    lines += ["", "Per model at 1x: p99 ms measured (predicted), % in SLO", "",
+              "| deployment | tool | " + " | ".join(dict.fromkeys(r.model for r in rows)) + " |",
+              "|" + "---|" * (2 + len(dict.fromkeys(r.model for r in rows)))]  # fmt: skip
+    for deployment in dict.fromkeys(r.deployment for r in rows):
+        for tool in dict.fromkeys(r.tool for r in rows):
+            cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, 1.0)]
+            text = [f"{r.p99_ms:.0f} ({r.predicted_p99_ms:.0f}) {100 * r.in_slo:.0f}%" if r.predicted_p99_ms
+                    else f"{r.p99_ms:.0f} {100 * r.in_slo:.0f}%" for r in cells]  # fmt: skip
+            if cells:
+                lines.append(f"| {deployment} | {tool} | " + " | ".join(text) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_table(before: dict, after: dict, seconds: float) -> str:
+    used: dict[str, float] = {}
+    for pid, (cmd, cpu) in after.items():
+        start = before.get(pid, (cmd, 0.0))[1]
+        name = group(cmd)
+        if name == "other":
+            name = "perf_analyzer" if "perf_analyzer" in cmd else ("this script" if pid == os.getpid() else "other")
+        used[name] = used.get(name, 0.0) + cpu - start
+    return "\n".join(f"{name:40} {value / seconds:6.2f} cores" for name, value in sorted(used.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cluster", type=Path)
+    parser.add_argument("--latency-model", type=Path, help="profiled or calibrated on this CPU (for `best`)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--deployments", nargs="+", default=["handwritten", "naive", "best"])
+    parser.add_argument("--scales", nargs="+", type=float, default=[0.5, 1.0, 1.5, 2.0, 3.0])
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
+    parser.add_argument("--tools", nargs="+", default=["perf_analyzer", "tritonctl"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    pa = find_perf_analyzer()
+    cpu = cpu_fingerprint()["model"]
+    print(f"CPU: {cpu}")
+    rows: list[Row] = []
+    for name in args.deployments:
+        plan_path = plan_for("naive" if name == "handwritten" else name, args.cluster, args.latency_model, args.out)
+        predicted = predicted_p99(plan_path) if name != "handwritten" else {}
+        folder = args.out / name
+        folder.mkdir(exist_ok=True)
+        with deployed(name, plan_path, folder) as targets:
+            for scale in args.scales:
+                for tool in args.tools:
+                    before, started = every_process(), time.monotonic()
+                    if tool == "perf_analyzer":
+                        try:
+                            results = run_perf_analyzer(pa, targets, args.duration, scale, folder / f"pa-{scale:g}")
+                        except RequestsRefused as exc:  # refused requests: this scale is not served
+                            print(f"{name:14} {tool:13} x{scale:<4g} stopped: {exc.message[:120]}")
+                            rows += [refused_row(name, scale, t, predicted.get(t.model)) for t in targets]
+                            continue
+                    else:
+                        results = run_load(targets, args.duration, scale)
+                    if scale == 1.0 and tool == "perf_analyzer":
+                        table = cpu_table(before, every_process(), time.monotonic() - started)
+                        (args.out / f"cpu-{name}.txt").write_text(table + "\n")
+                    for r in results:
+                        rows.append(row(name, tool, scale, r, predicted.get(r.model)))
+                        print(f"{name:14} {tool:13} x{scale:<4g} {r.model:16} ok {r.throughput:6.1f}/s "
+                              f"p99 {r.percentile(99):8.1f} ms  in SLO {100 * r.within_slo:5.1f}%", flush=True)  # fmt: skip
+        (args.out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    text = summary(rows, cpu)
+    (args.out / "summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
