@@ -40,12 +40,12 @@ from cpu_accounting import every_process, group
 from profiler.device import cpu_fingerprint
 from tritonctl.cli import main as tritonctl
 from tritonctl.client import Endpoint, LoadResult, endpoints, run_load
+from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
 from tritonctl.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
 from tritonctl.plan import Device, Placement, load_plan, save_plan
 from tritonctl.planner import make_plan
-from tritonctl.export import materialize
-from tritonctl.latency.model import load_latency_model
-from tritonctl.render import _place_file, render_config, _python_glue
+from tritonctl.render import _place_file, _python_glue, render_config
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import free_ports
 from tritonctl.spec import load_cluster
@@ -191,7 +191,9 @@ def summary(rows: list[Row], cpu: str) -> str:
             for scale in sorted({r.scale for r in rows}):
                 cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, scale)]
                 goods.append(f"{sum(r.good_rps for r in cells):.1f}/{sum(r.offered_rps for r in cells):.1f}")
-            lines.append(f"| {deployment} | {tool} | {capacity(rows, deployment, tool):g} | " + " | ".join(goods) + " |")
+            lines.append(
+                f"| {deployment} | {tool} | {capacity(rows, deployment, tool):g} | " + " | ".join(goods) + " |"
+            )
     lines += ["", "Per model at 1x: p99 ms measured (predicted), % in SLO", "",
               "| deployment | tool | " + " | ".join(dict.fromkeys(r.model for r in rows)) + " |",
               "|" + "---|" * (2 + len(dict.fromkeys(r.model for r in rows)))]  # fmt: skip
@@ -214,6 +216,29 @@ def cpu_table(before: dict, after: dict, seconds: float) -> str:
             name = "perf_analyzer" if "perf_analyzer" in cmd else ("this script" if pid == os.getpid() else "other")
         used[name] = used.get(name, 0.0) + cpu - start
     return "\n".join(f"{name:40} {value / seconds:6.2f} cores" for name, value in sorted(used.items()))
+
+
+def run_once(name: str, tool: str, scale: float, targets, predicted, args, pa, folder: Path) -> list[Row]:
+    """One deployment loaded at one scale by one tool: its rows (and, at 1x under perf_analyzer, CPU by process)."""
+    before, started = every_process(), time.monotonic()
+    if tool == "perf_analyzer":
+        try:
+            results = run_perf_analyzer(pa, targets, args.duration, scale, folder / f"pa-{scale:g}")
+        except RequestsRefused as exc:  # refused requests: this scale is not served
+            print(f"{name:14} {tool:13} x{scale:<4g} stopped: {exc.message[:120]}")
+            return [refused_row(name, scale, t, predicted.get(t.model)) for t in targets]
+    else:
+        results = run_load(targets, args.duration, scale)
+    if scale == 1.0 and tool == "perf_analyzer":
+        table = cpu_table(before, every_process(), time.monotonic() - started)
+        (args.out / f"cpu-{name}.txt").write_text(table + "\n")
+    for r in results:
+        print(
+            f"{name:14} {tool:13} x{scale:<4g} {r.model:16} ok {r.throughput:6.1f}/s "
+            f"p99 {r.percentile(99):8.1f} ms  in SLO {100 * r.within_slo:5.1f}%",
+            flush=True,
+        )
+    return [row(name, tool, scale, r, predicted.get(r.model)) for r in results]
 
 
 def main() -> None:
@@ -239,23 +264,7 @@ def main() -> None:
         with deployed(name, plan_path, folder) as targets:
             for scale in args.scales:
                 for tool in args.tools:
-                    before, started = every_process(), time.monotonic()
-                    if tool == "perf_analyzer":
-                        try:
-                            results = run_perf_analyzer(pa, targets, args.duration, scale, folder / f"pa-{scale:g}")
-                        except RequestsRefused as exc:  # refused requests: this scale is not served
-                            print(f"{name:14} {tool:13} x{scale:<4g} stopped: {exc.message[:120]}")
-                            rows += [refused_row(name, scale, t, predicted.get(t.model)) for t in targets]
-                            continue
-                    else:
-                        results = run_load(targets, args.duration, scale)
-                    if scale == 1.0 and tool == "perf_analyzer":
-                        table = cpu_table(before, every_process(), time.monotonic() - started)
-                        (args.out / f"cpu-{name}.txt").write_text(table + "\n")
-                    for r in results:
-                        rows.append(row(name, tool, scale, r, predicted.get(r.model)))
-                        print(f"{name:14} {tool:13} x{scale:<4g} {r.model:16} ok {r.throughput:6.1f}/s "
-                              f"p99 {r.percentile(99):8.1f} ms  in SLO {100 * r.within_slo:5.1f}%", flush=True)  # fmt: skip
+                    rows += run_once(name, tool, scale, targets, predicted, args, pa, folder)
         (args.out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     text = summary(rows, cpu)
     (args.out / "summary.md").write_text(text)

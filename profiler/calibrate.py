@@ -94,7 +94,9 @@ def calibrate(
         if name not in lm.models:
             raise TritonctlError(f"model {name!r} is not in the latency model: profile it", file=source)
         if lm.models[name].onnx_sha256 != artifact.sha256:
-            raise TritonctlError(f"model {name!r}: its ONNX file differs from the profiled one: profile it", file=source)
+            raise TritonctlError(
+                f"model {name!r}: its ONNX file differs from the profiled one: profile it", file=source
+            )
     device = devices_of(cluster)[0]
     plan = [(name, batch, max(1, round(frac * device.units)), fitted)
             for name in artifacts

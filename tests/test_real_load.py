@@ -45,9 +45,6 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("served")
     make_mlp(folder / "mlp.onnx")
     cluster = write_cluster(folder, [mlp_model("alpha", rate=40), mlp_model("beta", rate=40)])
-    spec = yaml.safe_load(cluster.read_text())
-    spec["runtime"]["reject_late"] = False  # perf_analyzer stops at a refused request (tested below)
-    cluster.write_text(yaml.safe_dump(spec))
     plan = folder / "plan.yaml"
     assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
     yield plan
@@ -80,6 +77,9 @@ def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys):
     """With reject_late (the default), Triton refuses what would be late; perf_analyzer stops at the first."""
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=2000, slo_ms=0.05)])
+    spec = yaml.safe_load(cluster.read_text())
+    del spec["runtime"]["reject_late"]  # the default: on
+    cluster.write_text(yaml.safe_dump(spec))
     plan = tmp_path / "plan.yaml"
     assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
     rc, _, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3")
@@ -178,7 +178,7 @@ def test_apply_refuses_a_plan_predicted_to_miss_unless_told(capsys, synthetic_lm
 
 def test_predicted_load_adds_each_placements_busy_part_of_its_device(capsys, synthetic_lm, mlp_cluster):
     plan_path = mlp_cluster.parent / "plan.yaml"
-    assert main(["plan", str(mlp_cluster), "--latency-model", str(synthetic_lm)]) == 0
+    assert main(["plan", str(mlp_cluster), "--policy", "spread", "--latency-model", str(synthetic_lm)]) == 0
     plan = load_plan(plan_path).plan
     expected = sum(
         m.rate_of(p) / p.predicted.throughput_rps * p.share / plan.device(p.device).units
@@ -205,3 +205,22 @@ def test_calibration_recovers_a_speed_and_batching_factor(synthetic_lm):
     expected = io + (lm.t_inf("alpha", 4, 75) - io) * 1.6 * 4**0.2
     assert carried.t_inf("alpha", 4, 75) == pytest.approx(expected, rel=0.02)
     assert carried.device.fingerprint == {"id": "here"} and carried.t_inf("beta", 4, 75) == lm.t_inf("beta", 4, 75)
+
+
+def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tmp_path, synthetic_lm):
+    """Two (or four) instances taking turns with 2 cores get one onnxruntime thread each (a share of 50 units
+    runs like one of them alone, two run at once); one instance alone keeps both threads."""
+    from tritonctl.render import render, turn_share, turn_slots, turn_threads
+
+    make_mlp(tmp_path / "mlp.onnx")
+    two_cores = devices_of(load_cluster(write_cluster(tmp_path, [mlp_model("alpha")])))[0]
+    assert [turn_threads(two_cores, n) for n in (1, 2, 4)] == [2, 1, 1]
+    assert [turn_share(two_cores, n) for n in (1, 2, 4)] == [100, 50, 50]
+    assert [turn_slots(two_cores, n) for n in (1, 2, 4)] == [1, 2, 2]
+    for names, threads in ((["alpha", "beta"], "1"), (["alpha"], "2")):
+        cluster = write_cluster(tmp_path, [mlp_model(n, rate=5) for n in names])
+        plan = tmp_path / "plan.yaml"
+        assert main(["plan", str(cluster), "--policy", "time-sharing", "--latency-model", str(synthetic_lm)]) == 0
+        for folder, launch in render(load_plan(plan)).values():
+            config = (folder / "models" / launch.model / "config.pbtxt").read_text()
+            assert f'string_value: "{threads}"' in config and launch.share == 100

@@ -24,7 +24,9 @@ def lm(tmp_path_factory):
     return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
 
 
-def plan_of(*models: tuple[str, float, float, int, int, int], sharing: str = "spatial", kind: str = "cpu") -> Plan:
+def plan_of(
+    *models: tuple[str, float, float, int, int, int], sharing: str = "spatial", kind: str = "cpu", cores: float = 2.0
+) -> Plan:
     """Plan with (name, rate, slo_ms, share, batch, queue_delay_us) models on one device (a CPU unless told)."""
     tensor = [Tensor(name="x", dtype="float32", shape=[16])]
     return Plan(
@@ -33,7 +35,9 @@ def plan_of(*models: tuple[str, float, float, int, int, int], sharing: str = "sp
         policy="test",
         target="cpu",
         sharing=sharing,
-        devices=[Device(id="cpu0", kind=kind, index=0, memory_mb=4096, units=100, cores=2.0)],
+        devices=[
+            Device(id="cpu0", kind=kind, index=0, memory_mb=4096, units=100, cores=cores if kind == "cpu" else None)
+        ],
         models=[
             PlannedModel(
                 name=n,
@@ -104,8 +108,9 @@ def test_a_gpu_in_turns_runs_one_batch_at_a_time(lm):
 @pytest.mark.parametrize("kind", ["gpu", "cpu"])
 def test_a_short_batch_beside_a_long_one_in_turns(lm, kind):
     """Beta's batch of 8 starts at 0 ms, alpha's single request arrives at 1 ms. A GPU queues alpha behind
-    beta; a CPU's scheduler runs both at half speed until alpha is done, then beta alone."""
-    plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal", kind=kind)
+    beta; a 1-core CPU's scheduler runs both at half speed until alpha is done, then beta alone."""
+    models = (("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0))
+    plan = plan_of(*models, sharing="temporal", kind=kind, cores=1.0)
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
     alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
     t_alpha, t_beta = lm.t_inf("alpha", 1, 100), lm.t_inf("beta", 8, 100)
@@ -122,9 +127,18 @@ def test_a_cpu_in_turns_shares_its_time_without_losing_or_making_any(lm):
     rates = [0.75 * 1000 / lm.t_inf(m, 1, 100) for m in ("alpha", "beta")]
     models = [(name, rate, 50, 100, 1, 0) for name, rate in zip(("alpha", "beta"), rates, strict=True)]
     for kind in ("cpu", "gpu"):
-        result = simulate(plan_of(*models, sharing="temporal", kind=kind), lm, duration_s=200)
+        result = simulate(plan_of(*models, sharing="temporal", kind=kind, cores=1.0), lm, duration_s=200)
         busy_s = sum(m.served * lm.t_inf(m.model, 1, 100) for m in result.models) / 1000
         assert busy_s == pytest.approx(200, rel=0.01), kind
+
+
+def test_two_cpu_instances_in_turns_on_two_cores_run_at_once_on_a_thread_each(lm):
+    """Each of two instances taking turns with 2 cores has one thread (never more threads than cores), so both
+    batches run at once at their one-thread speed: the share of 1 core, 50 units."""
+    plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal")
+    trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
+    alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
+    assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((lm.t_inf("alpha", 1, 50), lm.t_inf("beta", 8, 50)))
 
 
 def test_the_same_seed_gives_the_same_run_in_every_process(lm, tmp_path):

@@ -197,7 +197,13 @@ def rebatch(plan: Plan, lm: LatencyModel) -> tuple[Plan | None, str]:
     models = [
         m.model_copy(update={"placements": [m.placements[0].model_copy(update=sized[m.name])]}) for m in plan.models
     ]
-    return plan.model_copy(update={"models": predict(models, lm, log=lambda _: None, sharing=plan.sharing)}), ""
+    return plan.model_copy(
+        update={
+            "models": predict(
+                models, lm, log=lambda _: None, sharing=plan.sharing, turns=frozenset(plan.turns), devices=plan.devices
+            )
+        }
+    ), ""
 
 
 def rebase(plan: Plan, old_dir: Path, new_dir: Path) -> Plan:

@@ -51,10 +51,14 @@ class PerfAnalyzer:
 
 def _binary() -> Path:
     configured = os.environ.get("TRITONCTL_PERF_ANALYZER")
-    candidates = [configured] if configured else [
-        str(Path(sys.prefix) / "perf-analyzer" / "bin" / "perf_analyzer"),
-        shutil.which("perf_analyzer"),
-    ]
+    candidates = (
+        [configured]
+        if configured
+        else [
+            str(Path(sys.prefix) / "perf-analyzer" / "bin" / "perf_analyzer"),
+            shutil.which("perf_analyzer"),
+        ]
+    )
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)

@@ -25,6 +25,8 @@ from tritonctl.plan import (
 )
 from tritonctl.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
 from tritonctl.policies.inss import default_policy_file, load_trained
+from tritonctl.policies.timesharing import turn_service_ms
+from tritonctl.render import turn_share
 from tritonctl.spec import Cluster, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
@@ -123,20 +125,29 @@ def predict(
     log: Callable[[str], None],
     sharing: str = "spatial",
     turns: frozenset[str] = frozenset(),
+    devices: list[Device] = (),
 ) -> list[PlannedModel]:
     """The plan's models with a prediction on every placement, given everything else on its device.
 
     Spatial sharing: the batch runs next to its co-runners (interference), queueing by eq. 2.
     Temporal sharing (the plan's, or a device's in `turns`): instances on a device take turns
-    with the whole device, so a batch
-    runs alone but waits for one round of the others (the duty cycle d): latency is bounded
-    by d + t_inf and throughput is b / d (Nexus's squishy bin packing).
+    with the whole device. On a GPU a batch runs alone but waits for one round of the others
+    (the duty cycle d): latency is bounded by d + t_inf and throughput is b / d (Nexus's
+    squishy bin packing). On a CPU (a device among `devices`) they run at once, each with the
+    threads `render.turn_threads` leaves it, slowed while more are busy than the cores hold
+    (`timesharing.turn_service_ms`), queueing by eq. 2.
     """
     placed = [(m, p) for m in plan_models for p in m.placements]
-    duty: dict[str, float] = {}
-    for m, p in placed:  # devices taken in turns: every share is the whole device
-        if sharing == "temporal" or p.device in turns:
-            duty[p.device] = duty.get(p.device, 0.0) + lm.t_inf(m.name, p.batch, p.share)
+    by_id = {d.id: d for d in devices}
+    in_turns = [(m, p) for m, p in placed if sharing == "temporal" or p.device in turns]
+    turn: dict[str, tuple[float, float]] = {}  # instance in turns -> (its batch's time alone, how long it holds it)
+    for device_id in {p.device for _, p in in_turns}:
+        device = by_id.get(device_id) or Device(id=device_id, kind="gpu", index=0, memory_mb=1, units=lm.device.units)
+        group = [(m, p) for m, p in in_turns if p.device == device_id]
+        held = turn_service_ms([(m.name, p.batch, m.rate_of(p)) for m, p in group], device, lm)
+        share = turn_share(device, len(group))
+        for (m, p), t in zip(group, held, strict=True):
+            turn[p.instance] = (lm.t_inf(m.name, p.batch, share), t)
     out = []
     for model in plan_models:
         placements = []
@@ -148,12 +159,17 @@ def predict(
                     f"(batch {fitted.batch_range}, share {fitted.share_range}); the prediction extrapolates"
                 )
             rate = model.rate_of(p)
-            if p.device in duty:
-                exec_ms = lm.t_inf(model.name, p.batch, p.share)
-                cycle = duty[p.device]
+            if p.instance in turn and (by_id.get(p.device) is None or by_id[p.device].kind != "cpu"):
+                exec_ms, cycle = turn[p.instance]  # a GPU: a batch waits at most a cycle, then runs alone
                 throughput = 1000 * p.batch / cycle
                 latency = cycle + exec_ms if rate <= throughput else None
                 in_slo = rate if latency is not None and latency <= model.slo_ms else 0.0
+            elif p.instance in turn:  # a CPU: a batch server taking its turn's time per batch, queueing by eq. 2
+                exec_ms, held = turn[p.instance]
+                task = task_latency(rate, p.batch, held)
+                throughput = 1000 * p.batch / held
+                latency = task.p99_ms if task.stable else None
+                in_slo = goodput(rate, p.batch, held, model.slo_ms)
             else:
                 corunners = tuple((m.name, q.share, q.batch) for m, q in placed if q.device == p.device and q is not p)
                 exec_ms = lm.t_inf(model.name, p.batch, p.share, corunners)
@@ -318,7 +334,7 @@ def make_plan(
     sharing = POLICIES[policy].sharing
     turns = sorted({c.device for cs in choices.values() for c in cs if c.turns}) if sharing == "spatial" else []
     if lm is not None:
-        planned = predict(planned, lm, log, sharing, frozenset(turns))
+        planned = predict(planned, lm, log, sharing, frozenset(turns), devices)
         misses = [(m, p) for m in planned for p in m.placements if not p.predicted.meets_slo]
         if strict and misses:
             fields = {m.name: f"models[{i}]" for i, m in enumerate(cluster.spec.models)}
@@ -372,7 +388,9 @@ def predicted_load(plan: Plan) -> dict[str, float]:
         for p in model.placements:
             if p.predicted is None or not p.predicted.throughput_rps:
                 continue
-            held = p.share / plan.device(p.device).units
+            device = plan.device(p.device)
+            mates = sum(q.device == p.device for _, q in plan.instances())
+            held = (turn_share(device, mates) if plan.takes_turns(p.device) else p.share) / device.units
             load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) / p.predicted.throughput_rps * held
     return load
 

@@ -60,6 +60,7 @@ import numpy as np
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.plan import Plan
+from tritonctl.render import turn_share, turn_slots
 
 
 @dataclass
@@ -205,11 +206,16 @@ def _serve(inst: _Instance, take: int, start: float, exec_ms: float, drop: bool)
 
 
 def _share_cores(
-    instances: list[_Instance], draw: Callable[[_Instance, int, tuple, float], float], horizon_ms: float, drop: bool
+    instances: list[_Instance],
+    draw: Callable[[_Instance, int, tuple, float], float],
+    horizon_ms: float,
+    drop: bool,
+    slots: int = 1,
 ) -> None:
-    """One CPU device in turns: every instance's batch runs at once, each of n at 1/n of its speed alone.
+    """One CPU device in turns: every instance's batch runs at once; while n run, each runs at min(1, slots / n)
+    of its speed alone (`slots` of them fit the cores at full speed: `render.turn_slots`).
 
-    In virtual time, which advances at 1/n of the wall clock while n batches run, a batch that
+    In virtual time, which advances at min(1, slots / n) of the wall clock while n batches run, a batch that
     starts at virtual time v and takes w alone ends at v + w, whatever starts after it."""
     now = virtual = 0.0
     ready = [(t, k) for k, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
@@ -217,11 +223,12 @@ def _share_cores(
     running: list[tuple[float, int, int, int]] = []  # (virtual end, instance, first served, count)
     while ready or running:
         n = len(running)
-        end = now + (running[0][0] - virtual) * n if n else math.inf
+        speed = min(1.0, slots / n) if n else 1.0
+        end = now + (running[0][0] - virtual) / speed if n else math.inf
         if ready and ready[0][0] < end:
             start, k = heapq.heappop(ready)
             if n:
-                virtual += (start - now) / n
+                virtual += (start - now) * speed
             now = start
             inst = instances[k]
             if start >= horizon_ms + inst.slo_ms:  # what is still queued now could only be late: it stays unserved
@@ -280,15 +287,17 @@ def simulate(
 
     kinds = {d.id: d.kind for d in plan.devices}
     shared = {d.id: _Executor() for d in plan.devices}
+    mates = {d.id: sum(p.device == d.id for _, p in plan.instances()) for d in plan.devices}
     instances: list[_Instance] = []
     for model in plan.models:
         for k, p in enumerate(model.placements):
             gpu_turns = plan.takes_turns(p.device) and kinds[p.device] == "gpu"
+            cpu_turns = plan.takes_turns(p.device) and kinds[p.device] == "cpu"
             instances.append(
                 _Instance(
                     model.name,
                     p.device,
-                    p.share,
+                    turn_share(plan.device(p.device), mates[p.device]) if cpu_turns else p.share,
                     p.batch,
                     p.queue_delay_us / 1000,
                     model.slo_ms,
@@ -302,7 +311,8 @@ def simulate(
     horizon_ms = 1000.0 * duration_s
     cores_in_turns = [d for d in by_device if plan.takes_turns(d) and kinds[d] == "cpu"]  # in the plan's order:
     for device in cores_in_turns:  # they draw from one stream, so the same seed gives the same run
-        _share_cores(by_device[device], draw, horizon_ms, drop)
+        slots = turn_slots(plan.device(device), mates[device])
+        _share_cores(by_device[device], draw, horizon_ms, drop, slots)
     heap = [
         (t, i)
         for i, inst in enumerate(instances)

@@ -294,7 +294,8 @@ def scaled(lm: LatencyModel, factors: dict[str, tuple[float, float]], fingerprin
 
     def times(name: str, p: ModelParams) -> ModelParams:
         k, gamma = factors[name]
-        return dataclasses.replace(p, lwr_y=[y * k * 2 ** (gamma * x[0]) for x, y in zip(p.lwr_X, p.lwr_y)])
+        lwr_y = [y * k * 2 ** (gamma * x[0]) for x, y in zip(p.lwr_X, p.lwr_y, strict=True)]
+        return dataclasses.replace(p, lwr_y=lwr_y)
 
     models = {name: times(name, p) for name, p in lm.models.items() if name in factors}
     device = dataclasses.replace(lm.device, fingerprint=fingerprint)

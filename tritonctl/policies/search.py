@@ -41,7 +41,8 @@ from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
 from tritonctl.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
 from tritonctl.policies.spread import spread
-from tritonctl.policies.timesharing import schedule, time_sharing
+from tritonctl.policies.timesharing import schedule, time_sharing, turn_service_ms
+from tritonctl.render import turn_share
 
 STEP = 5  # share grid, in units
 MOVES = (STEP, 2 * STEP, 5 * STEP)  # share moved between two models at a time: large steps jump over plateaus
@@ -271,18 +272,16 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
             group = [by_name[n] for n, (dev, s) in placement.items() if dev == device.id and s == TURNS]
             if not group:
                 continue
-            plan = schedule(group, device.units, lm)
+            plan = schedule(group, device, lm)
             ok = plan is not None and _memory_fits([d.name for d in group], by_name, device, plan[1], lm)
             cycle, group_batches = plan if plan is not None else (0.0, {d.name: 1 for d in group})
             cycles[device.id] = cycle
             batches.update(group_batches)
-            # a batch waits for at most one cycle and then runs: a batch server taking a cycle per batch,
-            # whose queueing (eq. 2) the duty-cycle bound alone leaves out
-            for d in group:
-                served[d.name], in_turn[d.name] = (
-                    goodputs(d.rate, group_batches[d.name], cycle, d.slo_ms) if ok else (0.0, 0.0)
-                )
-            capacity += sum(1000 * group_batches[d.name] / cycle for d in group) if ok else 0.0
+            # a batch server taking its turn's time per batch (turn_service_ms), with its queueing (eq. 2)
+            service = turn_service_ms([(d.name, group_batches[d.name], d.rate) for d in group], device, lm)
+            for d, t in zip(group, service, strict=True):
+                served[d.name], in_turn[d.name] = goodputs(d.rate, group_batches[d.name], t, d.slo_ms) if ok else (0, 0)
+            capacity += sum(1000 * group_batches[d.name] / t for d, t in zip(group, service, strict=True)) if ok else 0
         score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), -capacity)
         judged[key] = (score, (batches, served, cycles))
         return judged[key]
@@ -316,7 +315,8 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         device, share = placement[d.name]
         if share == TURNS:
             units = by_id[device].units
-            exec_ms = lm.t_inf(d.name, batches[d.name], units)
+            mates = sum(dev == device and s == TURNS for dev, s in placement.values())
+            exec_ms = lm.t_inf(d.name, batches[d.name], turn_share(by_id[device], mates))
             # as time-sharing does: the batcher waits at most what one cycle leaves of the SLO
             delay = int(1000 * max(0.0, d.slo_ms - cycles[device] - exec_ms)) if batches[d.name] > 1 else 0
             out[d.name] = [Choice(device, units, batches[d.name], delay, turns=True)]

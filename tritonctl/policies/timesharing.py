@@ -16,13 +16,18 @@ import math
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.plan import Device
 from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.render import turn_share, turn_slots
 
 
-def schedule(group: list[Demand], units: int, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
-    """The duty cycle and batches that keep every model of `group` at its rate and SLO, or None."""
+def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
+    """The duty cycle and batches that keep every model of `group` at its rate and SLO on `device`, or None.
+
+    On a CPU each instance has the threads `turn_threads` leaves it and `turn_slots` of them run at once, so a
+    cycle is their batches' time over the slots."""
     batches = {d.name: 1 for d in group}
+    share, slots = turn_share(device, len(group)), turn_slots(device, len(group))
     for _ in range(100):
-        cycle = sum(lm.t_inf(d.name, batches[d.name], units) for d in group)
+        cycle = sum(lm.t_inf(d.name, batches[d.name], share) for d in group) / slots
         needed = {d.name: max(1, math.ceil(d.rate * cycle / 1000)) for d in group}
         if any(b > MAX_BATCH for b in needed.values()):
             return None
@@ -31,14 +36,31 @@ def schedule(group: list[Demand], units: int, lm: LatencyModel) -> tuple[float, 
         batches = {n: max(b, needed[n]) for n, b in batches.items()}  # batches only grow: the point is reached
     else:
         return None
-    if any(cycle + lm.t_inf(d.name, batches[d.name], units) > d.slo_ms for d in group):
+    if any(cycle + lm.t_inf(d.name, batches[d.name], share) > d.slo_ms for d in group):
         return None
     return cycle, batches
 
 
-def _slack(group: list[Demand], planned: tuple[float, dict[str, int]], units: int, lm: LatencyModel) -> float:
+def turn_service_ms(members: list[tuple[str, int, float]], device: Device, lm: LatencyModel) -> list[float]:
+    """How long one batch of each (model, batch, rate) member, taking turns with `device`, holds its instance.
+
+    A GPU runs the turns one after another: a batch waits for the others' (the duty cycle), so
+    the cycle is what each batch costs. A CPU runs them at once, `turn_slots` at full speed:
+    a batch takes its time alone (`turn_share`), stretched while more instances are busy than
+    there are slots, by the expected number busy beside it (each other instance busy for the
+    part of the time its own rate and batches keep it so) over the slots."""
+    share, slots = turn_share(device, len(members)), turn_slots(device, len(members))
+    alone = [lm.t_inf(model, batch, share) for model, batch, _ in members]
+    if device.kind != "cpu":
+        return [sum(alone)] * len(members)
+    busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate), t in zip(members, alone, strict=True)]
+    return [t * max(1.0, (1 + sum(busy) - b) / slots) for t, b in zip(alone, busy, strict=True)]
+
+
+def _slack(group: list[Demand], planned: tuple[float, dict[str, int]], device: Device, lm: LatencyModel) -> float:
     cycle, batches = planned
-    return min(d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], units) for d in group)
+    share = turn_share(device, len(group))
+    return min(d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], share) for d in group)
 
 
 def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
@@ -49,7 +71,7 @@ def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel 
     for d in demands:
         for replicas in range(1, len(devices) + 1):
             piece = Demand(d.name, d.slo_ms, d.rate / replicas, d.memory_mb)
-            if schedule([piece], units, lm) is not None:
+            if schedule([piece], devices[0], lm) is not None:
                 pieces.extend([piece] * replicas)
                 break
         else:
@@ -62,22 +84,24 @@ def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel 
             group = groups[x.id]
             if memory[x.id] < piece.memory_mb or any(g.name == piece.name for g in group):
                 continue
-            planned = schedule([*group, piece], units, lm)
+            planned = schedule([*group, piece], x, lm)
             if planned is not None:
-                options.append((-_slack([*group, piece], planned, units, lm), x.index, x.id))
+                options.append((-_slack([*group, piece], planned, x, lm), x.index, x.id))
         if not options:
             raise PlacementError(f"time sharing finds no device with time left for {piece.name}")
         device_id = min(options)[2]
         groups[device_id].append(piece)
         memory[device_id] -= piece.memory_mb
     out: dict[str, list[Choice]] = {}
+    by_id = {x.id: x for x in devices}
     for device_id, group in groups.items():
         if not group:
             continue
-        cycle, batches = schedule(group, units, lm)
+        cycle, batches = schedule(group, by_id[device_id], lm)
+        share = turn_share(by_id[device_id], len(group))
         for d in group:
             # Triton's batcher waits at most what one cycle leaves of the SLO for a batch to fill.
-            delay = int(1000 * max(0.0, d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], units)))
+            delay = int(1000 * max(0.0, d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], share)))
             batch = batches[d.name]
             out.setdefault(d.name, []).append(Choice(device_id, units, batch, delay if batch > 1 else 0))
     return out
