@@ -363,24 +363,31 @@ def burst(url: str, model: str, n: int) -> list[str]:
     return outcomes
 
 
-def test_reject_late_has_triton_reject_what_waited_past_its_slo(tmp_path):
-    """A burst of 200 requests to a model with a 3 ms SLO: with reject_late, Triton rejects those that have
-    waited in its queue past the SLO; without it, every request is answered (late)."""
+def test_reject_late_has_triton_refuse_what_finds_its_queue_full(tmp_path):
+    """A burst of 200 requests to a model with a 10 ms SLO and (SYNTHETIC latency model) 3 ms batches: with
+    reject_late, Triton refuses those that find the queue longer than the SLO allows; without it, every request
+    is answered (late)."""
+    from synthetic import synthetic_dataset
+    from tritonctl.latency.fit import fit_latency_model
+
     make_mlp(tmp_path / "mlp.onnx")
+    lm = tmp_path / "latency-model.json"
+    fit_latency_model(synthetic_dataset(tmp_path / "profile"), log=lambda _: None).save(lm)
     plan = tmp_path / "plan.yaml"
     outcomes = {}
     for reject_late in (False, True):
-        cluster = write_cluster(tmp_path, [mlp_model("alpha", slo_ms=3)])
+        cluster = write_cluster(tmp_path, [mlp_model("alpha", slo_ms=10)])
         spec = yaml.safe_load(cluster.read_text())
         spec["runtime"]["reject_late"] = reject_late
         cluster.write_text(yaml.safe_dump(spec))
-        assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
+        assert main(["plan", str(cluster), "-o", str(plan), "--policy", "spread", "--latency-model", str(lm)]) == 0
+        assert main(["apply", str(plan), "--accept-misses"]) == 0
         (record,) = state_of(plan).instances.values()
         outcomes[reject_late] = burst(f"127.0.0.1:{record.grpc_port}", "alpha", 200)
         assert main(["down", str(plan)]) == 0
     assert outcomes[False] == [""] * 200
     rejected = [e for e in outcomes[True] if e]
-    assert rejected and all("timeout" in e.lower() for e in rejected) and len(rejected) < 200
+    assert rejected and all("queue size" in e.lower() for e in rejected) and len(rejected) < 200
 
 
 def test_shutdown_kills_a_router_that_ignores_sigterm(tmp_path):

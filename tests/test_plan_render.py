@@ -114,7 +114,7 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
     assert launch.share == 50 and launch.env == {"TRITONCTL_ORT_SPINNING": "0"}  # no MPS variables on a CPU
 
 
-def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluster):
+def test_reject_late_renders_a_queue_limit_that_a_reload_can_change(mlp_cluster):
     from tritonctl.cli import main
 
     data = yaml.safe_load(mlp_cluster.read_text())
@@ -132,26 +132,26 @@ def test_reject_late_renders_a_queue_timeout_that_a_reload_can_change(mlp_cluste
     loaded = load_plan(mlp_cluster.parent / "plan.yaml")
     alpha = loaded.plan.models[0]
     folder, first = render(loaded)["alpha-0"]
-    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
-    assert policy.default_timeout_microseconds == 1000 * alpha.slo_ms  # no prediction: the SLO itself
-    assert first.process_hash == plain.process_hash  # turning reject_late on is a reload, not a new process
+    batching = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching
+    assert not batching.HasField("default_queue_policy")  # no prediction to size the queue by: no limit
+    assert first.process_hash == plain.process_hash  # the queue policy is a reload, not a new process
 
-    predicted = Prediction(exec_ms=40.0, latency_ms=60.0, throughput_rps=25.0, meets_slo=True, in_slo_rps=alpha.rate)
+    predicted = Prediction(exec_ms=10.0, latency_ms=30.0, throughput_rps=100.0, meets_slo=True, in_slo_rps=alpha.rate)
     placement = alpha.placements[0].model_copy(update={"predicted": predicted})
     changed = loaded.plan.model_copy(
         update={"models": [alpha.model_copy(update={"placements": [placement]}), *loaded.plan.models[1:]]}
     )
     folder, second = render(LoadedPlan(changed, loaded.path))["alpha-0"]
     policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert policy.default_timeout_microseconds == 1000 * (alpha.slo_ms - 40)  # what is left after the batch
+    assert alpha.slo_ms == 50 and policy.max_queue_size == 4  # 10 ms batches: 4 fit the SLO after one
+    assert policy.default_timeout_microseconds == 0  # no timeout
     assert second.process_hash == first.process_hash and second.config_hash != first.config_hash  # a reload
     beyond = Prediction(exec_ms=80.0, latency_ms=None, throughput_rps=12.5, meets_slo=False, in_slo_rps=0.0)
     slow = alpha.placements[0].model_copy(update={"predicted": beyond})
     slower = loaded.plan.model_copy(update={"models": [alpha.model_copy(update={"placements": [slow]})]})
     folder, _ = render(LoadedPlan(slower, loaded.path))["alpha-0"]
     policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert policy.default_timeout_microseconds == 1000 * alpha.slo_ms  # a batch predicted past the SLO: no guess
+    assert policy.max_queue_size == 1  # a batch predicted past the SLO: one batch waits, no more
 
 
 @pytest.fixture(scope="module")

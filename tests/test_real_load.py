@@ -73,18 +73,21 @@ def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served
     assert after == before
 
 
-def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys):
+def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys, synthetic_lm):
     """With reject_late (the default), Triton refuses what would be late; perf_analyzer stops at the first."""
     make_mlp(tmp_path / "mlp.onnx")
-    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=2000, slo_ms=0.05)])
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=100, slo_ms=10)])
     spec = yaml.safe_load(cluster.read_text())
     del spec["runtime"]["reject_late"]  # the default: on
     cluster.write_text(yaml.safe_dump(spec))
     plan = tmp_path / "plan.yaml"
-    assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
-    rc, _, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3")
+    assert (
+        main(["plan", str(cluster), "-o", str(plan), "--policy", "spread", "--latency-model", str(synthetic_lm)]) == 0
+    )
+    assert main(["apply", str(plan), "--accept-misses"]) == 0
+    rc, _, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30")
     assert rc == 2 and "the server refused a request" in err and "--tool tritonctl" in err
-    rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1")
+    rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1", "--rate-scale", "30")
     (alpha,) = [line.split() for line in out.splitlines() if line.startswith("alpha")]
     assert int(alpha[3]) > 0  # tritonctl's client counts the refused requests as failed and goes on
 
@@ -224,3 +227,26 @@ def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tm
         for folder, launch in render(load_plan(plan)).values():
             config = (folder / "models" / launch.model / "config.pbtxt").read_text()
             assert f'string_value: "{threads}"' in config and launch.share == 100
+
+
+def test_a_weight_share_is_a_work_conserving_cgroup_weight_without_quota(tmp_path):
+    from tritonctl.runtime import share
+
+    if share.mechanism() == "none":
+        pytest.skip("no writable cgroup on this machine: shares are not enforced (apply says so)")
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    spec = yaml.safe_load(cluster.read_text())
+    spec["runtime"]["cpu_share"] = "weight"
+    cluster.write_text(yaml.safe_dump(spec))
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0 and main(["apply", str(plan)]) == 0
+    for record in load_state(load_plan(plan).state_dir).instances.values():
+        group = Path(record.cgroup)
+        assert "weight 5000" in record.share_mechanism  # 50 of 100 units
+        assert share.quota(group)[0] == -1  # no cap
+        weight = group / "cpu.weight"
+        assert (weight.read_text() if weight.exists() else (group / "cpu.shares").read_text()).strip() in {
+            "5000",
+            str(round(5000 * 10.24)),
+        }

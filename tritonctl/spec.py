@@ -154,9 +154,10 @@ class RuntimeSpec(_Strict):
     base_port: Annotated[int, Field(ge=1024, le=65000)] = 8100
     tritonserver: PathText | None = None
     startup_timeout_s: TimeoutS = 120.0
-    # Refuse a request in Triton's queue once it can no longer meet its SLO, rather than serve it late and make
-    # the requests behind it late: under overload the admitted requests keep their SLO and goodput plateaus
-    # instead of collapsing into seconds-long queues. A refused request is an error to its client.
+    # Refuse a request that finds Triton's queue so long that it could only be late (render.queue_limit), rather
+    # than serve it late and make the requests behind it late: under overload the admitted requests keep their
+    # SLO and goodput plateaus instead of collapsing into seconds-long queues. A refused request is an error to
+    # its client.
     reject_late: bool = True
     # How a CPU share is enforced: `weight`, a cgroup CPU weight in proportion to the share (work-conserving: an
     # instance gets at least its share when every instance is busy, and idle cores when others are not), or
