@@ -104,9 +104,6 @@ def write_cluster(folder: Path, models: list[dict], **overrides) -> Path:
             "state_dir": "state",
             "base_port": free_base_port(),
             "startup_timeout_s": 60,
-            # The tests count every answer (swaps lose none); a busy 2-core test machine makes a 50 ms SLO miss
-            # now and then, and refusing late requests (on by default) is tested on its own.
-            "reject_late": False,
         },
     }
     for key, value in overrides.items():

@@ -118,7 +118,7 @@ def test_reject_late_renders_a_queue_limit_that_a_reload_can_change(mlp_cluster)
     from tritonctl.cli import main
 
     data = yaml.safe_load(mlp_cluster.read_text())
-    assert data["runtime"]["reject_late"] is False  # the test clusters turn it off
+    assert "reject_late" not in data["runtime"]  # off by default
     assert main(["plan", str(mlp_cluster)]) == 0
     loaded = load_plan(mlp_cluster.parent / "plan.yaml")
     folder, plain = render(loaded)["alpha-0"]
@@ -126,7 +126,7 @@ def test_reject_late_renders_a_queue_limit_that_a_reload_can_change(mlp_cluster)
         "default_queue_policy"
     )  # turned off: every request is served, late or not
 
-    del data["runtime"]["reject_late"]  # on by default
+    data["runtime"]["reject_late"] = True
     mlp_cluster.write_text(yaml.safe_dump(data))
     assert main(["plan", str(mlp_cluster)]) == 0
     loaded = load_plan(mlp_cluster.parent / "plan.yaml")

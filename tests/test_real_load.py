@@ -74,11 +74,11 @@ def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served
 
 
 def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys, synthetic_lm):
-    """With reject_late (the default), Triton refuses what would be late; perf_analyzer stops at the first."""
+    """With reject_late, Triton refuses what could only be late; perf_analyzer stops at the first."""
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=100, slo_ms=10)])
     spec = yaml.safe_load(cluster.read_text())
-    del spec["runtime"]["reject_late"]  # the default: on
+    spec["runtime"]["reject_late"] = True
     cluster.write_text(yaml.safe_dump(spec))
     plan = tmp_path / "plan.yaml"
     assert (

@@ -155,10 +155,10 @@ class RuntimeSpec(_Strict):
     tritonserver: PathText | None = None
     startup_timeout_s: TimeoutS = 120.0
     # Refuse a request that finds Triton's queue so long that it could only be late (render.queue_limit), rather
-    # than serve it late and make the requests behind it late: under overload the admitted requests keep their
-    # SLO and goodput plateaus instead of collapsing into seconds-long queues. A refused request is an error to
-    # its client.
-    reject_late: bool = True
+    # than serve it late and make the requests behind it late. A refused request is an error to its client. Off
+    # by default: measured through today's router, refused requests stalled the other models' answers
+    # (docs/real-load.md).
+    reject_late: bool = False
     # How a CPU share is enforced: `weight`, a cgroup CPU weight in proportion to the share (work-conserving: an
     # instance gets at least its share when every instance is busy, and idle cores when others are not), or
     # `quota`, a CFS quota of exactly the share (never more, even on an idle machine; what profiles measure).
