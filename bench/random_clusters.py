@@ -12,6 +12,7 @@ a table of what was drawn go to DIR.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
@@ -56,10 +57,11 @@ def main() -> None:
     for i in range(args.count):
         name = f"random-{args.seed}-{i}"
         cluster, load = draw(base, lm, rng, name)
-        cluster["runtime"] = {  # absolute paths (the file lives elsewhere), folders and ports of its own
-            "repository_dir": str(base_cluster.resolve(runtime.repository_dir).with_name(name)),
-            "export_dir": str(base_cluster.resolve(runtime.export_dir)),
-            "state_dir": str(base_cluster.resolve(runtime.state_dir).with_name(name)),
+        here = args.out.resolve()
+        cluster["runtime"] = {  # the base's folders as seen from the new file, named after it; ports of its own
+            "repository_dir": os.path.relpath(base_cluster.resolve(runtime.repository_dir).with_name(name), here),
+            "export_dir": os.path.relpath(base_cluster.resolve(runtime.export_dir), here),
+            "state_dir": os.path.relpath(base_cluster.resolve(runtime.state_dir).with_name(name), here),
             "base_port": runtime.base_port + 10 * (i + 1),
         }
         (args.out / f"{name}.yaml").write_text(

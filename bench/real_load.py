@@ -9,8 +9,9 @@ Deployments:
   model running onnxruntime on 1 thread, no batching, no quotas (rendered from the same exports);
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: tritonctl's default plan with the latency model (`search`);
-- a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-nolate`
-  turns runtime.reject_late off.
+- a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
+  turns runtime.reject_late on, `-direct` sends the requests straight to the instances' own
+  ports instead of the model ports (the router).
 
 Each deployment is loaded at every rate scale (x the cluster's rates, all models at once,
 open-loop Poisson) with every tool in turn, never two at once. Printed and written to
@@ -29,6 +30,7 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -39,7 +41,7 @@ from cpu_accounting import every_process, group
 
 from profiler.device import cpu_fingerprint
 from tritonctl.cli import main as tritonctl
-from tritonctl.client import Endpoint, LoadResult, endpoints, run_load
+from tritonctl.client import Endpoint, LoadResult, endpoints, run_load, straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
@@ -134,7 +136,9 @@ def deployed(name: str, plan_path: Path, folder: Path) -> Iterator[list[Endpoint
         return
     assert tritonctl(["apply", str(plan_path), "--accept-misses"]) == 0
     try:
-        yield endpoints(load_plan(plan_path).plan)
+        loaded = load_plan(plan_path)
+        targets = endpoints(loaded.plan)
+        yield straight_to_instances(targets, loaded.state_dir) if name.endswith("-direct") else targets
     finally:
         tritonctl(["down", str(plan_path)])
 
@@ -147,7 +151,7 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path) -> 
     changes = {}
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
-                        "nolate": {"reject_late": False}, "late": {"reject_late": True}}[option])  # fmt: skip
+                        "late": {"reject_late": True}, "direct": {}}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes)
     lm = load_latency_model(lm_path) if lm_path else None
     if lm is not None and not {m.name for m in cluster.spec.models} <= set(lm.models):
@@ -253,14 +257,15 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     pa = find_perf_analyzer()
+    raw = Path(tempfile.mkdtemp(prefix="real-load-"))
     cpu = cpu_fingerprint()["model"]
     print(f"CPU: {cpu}")
     rows: list[Row] = []
     for name in args.deployments:
         plan_path = plan_for("naive" if name == "handwritten" else name, args.cluster, args.latency_model, args.out)
         predicted = predicted_p99(plan_path) if name != "handwritten" else {}
-        folder = args.out / name
-        folder.mkdir(exist_ok=True)
+        folder = raw / name  # the hand-written repository, perf_analyzer's logs and exports: not kept
+        folder.mkdir()
         with deployed(name, plan_path, folder) as targets:
             for scale in args.scales:
                 for tool in args.tools:

@@ -102,8 +102,9 @@ def _plan(
     return out
 
 
-def _calibrated_path(source: Path, state_dir: Path) -> Path:
-    return state_dir / f"{source.stem}.{cpu_fingerprint()['id']}.json"
+def _calibrated_path(source: Path, folder: Path) -> Path:
+    """Where `source` calibrated to this CPU goes in `folder`: named after this CPU's fingerprint."""
+    return folder / f"{source.stem}.{cpu_fingerprint()['id']}.json"
 
 
 def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
@@ -125,8 +126,7 @@ def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
 
 def cmd_calibrate(args) -> int:
     source = Path(args.latency_model)
-    output = Path(args.output) if args.output else source.with_name(f"{source.stem}.{cpu_fingerprint()['id']}.json")
-    _calibrate(args.cluster, source, output)
+    _calibrate(args.cluster, source, Path(args.output) if args.output else _calibrated_path(source, source.parent))
     return 0
 
 
@@ -458,31 +458,16 @@ def cmd_demo(args) -> int:
                 "or profile and fit the cluster first (tritonctl profile, tritonctl fit)",
                 file=committed,
             )
+    spec = load_cluster(cluster)
     if latency_model and load_latency_model(latency_model).device.fingerprint.get("id") != cpu_fingerprint()["id"]:
-        state_dir = load_cluster(cluster).resolve(load_cluster(cluster).spec.runtime.state_dir)
-        here = _calibrated_path(Path(latency_model), state_dir)
-        if not here.is_file():
+        here = _calibrated_path(Path(latency_model), spec.resolve(spec.spec.runtime.state_dir))
+        if not here.is_file():  # calibrated once per CPU, kept in the state folder
             _say(f"== 0/4 calibrate {latency_model}: it was profiled on another CPU")
             _calibrate(str(cluster), Path(latency_model), here)
         latency_model = str(here)
     _say(f"== 1/4 plan ({args.policy}" + (f", latency model {latency_model})" if latency_model else ")"))
-    spec = load_cluster(cluster)
     if latency_model:
-        artifacts = materialize(spec, log=lambda _: None)
-        headroom = load_latency_model(latency_model).with_margin(DEMO_MARGIN)  # rates it serves with room to spare
-        scale = servable_scale(spec, artifacts, headroom, args.policy)
-        if scale == 0:
-            raise TritonctlError(
-                f"this CPU cannot serve the demo's models within their SLOs even at a tenth of their rates "
-                f"(latency model {latency_model})",
-                file=cluster,
-            )
-        if scale < 1:
-            _say(
-                f"this CPU serves the demo within its SLOs (with {100 * DEMO_MARGIN:g}% to spare) at {scale:g} x its "
-                f"rates, not at 1 x (the plan at 1 x is predicted to miss): planning for {scale:g} x"
-            )
-            spec = spec.with_rates(lambda m: m.rate * scale)
+        spec = _demo_rates(spec, latency_model, args.policy)
     plan_path = _plan(spec, args.policy, None, latency_model=latency_model)
     _say("== 2/4 apply")
     _apply(plan_path)
@@ -500,6 +485,25 @@ def cmd_demo(args) -> int:
             f"  stop it:        tritonctl down {plan_path}"
         )
     return rc
+
+
+def _demo_rates(cluster: Cluster, latency_model: str, policy: str) -> Cluster:
+    """The demo cluster at the largest tenth of its rates this CPU serves with DEMO_MARGIN to spare (saying so)."""
+    artifacts = materialize(cluster, log=lambda _: None)
+    headroom = load_latency_model(latency_model).with_margin(DEMO_MARGIN)
+    scale = servable_scale(cluster, artifacts, headroom, policy)
+    if scale == 0:
+        raise TritonctlError(
+            f"this CPU cannot serve the demo's models within their SLOs even at a tenth of their rates "
+            f"(latency model {latency_model})",
+            file=cluster.path,
+        )
+    if scale < 1:
+        _say(
+            f"this CPU serves the demo within its SLOs (with {100 * DEMO_MARGIN:g}% to spare) at {scale:g} x its "
+            f"rates, not at 1 x (the plan at 1 x is predicted to miss): planning for {scale:g} x"
+        )
+    return cluster.with_rates(lambda m: m.rate * scale)
 
 
 def _margin(text: str) -> float:
@@ -589,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate",
         cmd_calibrate,
         "carry a CPU latency model profiled on another CPU to this one: a short measurement through Triton "
-        "(about 20 s a model), one running-time factor per model, its error on held-out points printed",
+        "(about 20 s a model), running time x k * batch^gamma per model, its error on held-out points printed",
     )
     p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
     p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from tritonctl.client import Endpoint, LoadResult
 from tritonctl.errors import TritonctlError
+from tritonctl.runtime.binary import cache_dir
 
 VERSION = "2.41.1"  # the last tritonclient wheel with bin/perf_analyzer
 INSTALL_HINT = (
@@ -73,8 +73,8 @@ def _lib_dir() -> Path | None:
     except ImportError:
         return None
     bundle = Path(pytriton.__file__).resolve().parent.parent / "nvidia_pytriton.libs"
-    folder = Path(tempfile.gettempdir()) / f"tritonctl-perf-analyzer-libs-{os.getuid()}"
-    folder.mkdir(exist_ok=True)
+    folder = cache_dir() / "perf-analyzer-libs"  # the user's own, not a shared /tmp: libraries load from it
+    folder.mkdir(parents=True, exist_ok=True)
     for name, pattern in LIBS.items():
         found = sorted(bundle.glob(pattern))
         link = folder / name

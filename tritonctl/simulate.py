@@ -12,14 +12,14 @@ to whichever co-runners on the device are busy when the batch starts. Under temp
 (the whole plan, or the devices it lists under `turns`) the instances of a device have the
 whole device each. A GPU gives it to one batch at a time: the instances share one executor
 and take turns. A CPU runs every instance's batch at once and the kernel's scheduler shares
-the cores among them: processor sharing, each of the n batches in flight progressing at 1/n
-of its speed alone, so a short batch that starts beside a long one is slowed, not queued
-behind it (on the CPU demo, queued turns put MnasNet's p99 50% above real Triton's at half
-load; with shared cores every p99 of that run is within 17%: `bench/sim_vs_real.py`).
+the cores among them: processor sharing, each instance on the threads `render.turn_threads`
+leaves it, `render.turn_slots` of them at full speed and each of n > slots batches in flight
+at slots/n of its speed alone, so a short batch that starts beside a long one is slowed, not
+queued behind it.
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served (knowing the batch's drawn latency, or under processor sharing its time
-alone: an oracle; Triton's queue timeout, `runtime.reject_late`, can only go by the
+alone: an oracle; Triton's queue bound, `runtime.reject_late`, can only go by the
 prediction). Requests arrive for `duration_s`; batches go on starting for one SLO after that,
 so that the last requests are judged like the others (a batched instance holds its last
 requests for up to its queue delay). What is still queued then counts as arrived but neither

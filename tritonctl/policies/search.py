@@ -3,10 +3,11 @@
 InSS decides placement and shares with a trained SAC-Discrete agent and batch sizes with
 BDA. Until that agent exists (the `inss` policy), this policy searches the same space
 directly, widened by one choice per device: split it into shares (spatial sharing, MPS or
-CPU quotas) or let its models take turns with all of it (temporal sharing, the duty cycles
-of `timesharing`). On a device whose share buys few distinct speeds - a 2-core CPU, where a
-quota gives one thread up to 1.4 cores and two from 1.5 - taking turns can serve two models
-that no split can; elsewhere splitting wins. Every plan of `spread` and `time-sharing`
+CPU quotas) or let its models take turns with all of it (temporal sharing: on a GPU the duty
+cycles of `timesharing`; on a CPU every instance at once on the threads `render.turn_threads`
+leaves it, without a quota that idles cores another instance could use). On a device whose
+share buys few distinct speeds taking turns can serve models that no split can; elsewhere
+splitting wins. Every plan of `spread` and `time-sharing`
 (without replicas) is a point of this space, and both are among the starting points.
 
 From the starts (LPT by work, spread, time-sharing, everything alone where it fits) it

@@ -23,9 +23,15 @@ def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[flo
     """The duty cycle and batches that keep every model of `group` at its rate and SLO on `device`, or None.
 
     On a CPU each instance has the threads `turn_threads` leaves it and `turn_slots` of them run at once, so a
-    cycle is their batches' time over the slots."""
-    batches = {d.name: 1 for d in group}
+    cycle is their batches' time over the slots, and batches do not wait for each other's turns: the SLO is left
+    to the queueing of `turn_service_ms` (a GPU's batch waits up to a cycle, so the cycle bounds it)."""
     share, slots = turn_share(device, len(group)), turn_slots(device, len(group))
+    if device.kind == "cpu":  # each instance keeps up on its own: the smallest batch that does
+        batches = {d.name: _keeps_up(d, share, lm) for d in group}
+        if any(b is None for b in batches.values()):
+            return None
+        return sum(lm.t_inf(n, b, share) for n, b in batches.items()) / slots, batches
+    batches = {d.name: 1 for d in group}
     for _ in range(100):
         cycle = sum(lm.t_inf(d.name, batches[d.name], share) for d in group) / slots
         needed = {d.name: max(1, math.ceil(d.rate * cycle / 1000)) for d in group}
@@ -39,6 +45,14 @@ def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[flo
     if any(cycle + lm.t_inf(d.name, batches[d.name], share) > d.slo_ms for d in group):
         return None
     return cycle, batches
+
+
+def _keeps_up(d: Demand, share: int, lm: LatencyModel) -> int | None:
+    """The smallest batch at which one instance at `share` is busy less than 90% of the time at the model's rate."""
+    for batch in range(1, MAX_BATCH + 1):
+        if d.rate * lm.t_inf(d.name, batch, share) < 0.9 * 1000 * batch:
+            return batch
+    return None
 
 
 def turn_service_ms(members: list[tuple[str, int, float]], device: Device, lm: LatencyModel) -> list[float]:

@@ -28,7 +28,8 @@ class TritonBinary:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """tritonctl's folder in the user's cache."""
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tritonctl"
 
 
@@ -63,7 +64,7 @@ def _embedded() -> TritonBinary | None:
             f"the Triton Python backend stub cannot find {', '.join(missing)}; "
             f"on Debian/Ubuntu: apt-get install libpython{version}"
         )
-    backend_dir = _cache_dir() / f"backends-py{version}"
+    backend_dir = cache_dir() / f"backends-py{version}"
     python = backend_dir / "python"
     python.mkdir(parents=True, exist_ok=True)
     for target in (
