@@ -488,13 +488,13 @@ def cmd_demo(args) -> int:
 
 
 def _demo_rates(cluster: Cluster, latency_model: str, policy: str) -> Cluster:
-    """The demo cluster at the largest tenth of its rates this CPU serves with DEMO_MARGIN to spare (saying so)."""
+    """The demo cluster at the largest of 1, 0.95, ..., 0.05 times its rates this CPU serves with DEMO_MARGIN to spare (saying so)."""
     artifacts = materialize(cluster, log=lambda _: None)
     headroom = load_latency_model(latency_model).with_margin(DEMO_MARGIN)
     scale = servable_scale(cluster, artifacts, headroom, policy)
     if scale == 0:
         raise TritonctlError(
-            f"this CPU cannot serve the demo's models within their SLOs even at a tenth of their rates "
+            f"this CPU cannot serve the demo's models within their SLOs even at 0.05 times their rates "
             f"(latency model {latency_model})",
             file=cluster.path,
         )

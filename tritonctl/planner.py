@@ -396,9 +396,9 @@ def predicted_load(plan: Plan) -> dict[str, float]:
 
 
 def servable_scale(
-    cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel, policy: str, steps: int = 10
+    cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel, policy: str, steps: int = 20
 ) -> float:
-    """The largest of 1, 0.9, ..., 0.1 times the cluster's rates that `policy` plans with every model predicted
+    """The largest of 1, 0.95, ..., 0.05 times the cluster's rates that `policy` plans with every model predicted
     within its SLO (0 if none): what a demo on a slower CPU can show instead of a plan predicted to miss."""
     for i in range(steps, 0, -1):
         scaled = cluster.with_rates(lambda m, s=i / steps: m.rate * s)
