@@ -47,7 +47,7 @@ from tritonctl.latency.model import load_latency_model
 from tritonctl.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
 from tritonctl.plan import Device, Placement, load_plan, save_plan
 from tritonctl.planner import make_plan
-from tritonctl.render import _place_file, _python_glue, render_config
+from tritonctl.render import place_file, python_glue, render_config
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import free_ports
 from tritonctl.spec import load_cluster
@@ -99,8 +99,8 @@ def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
         version = repo / model.name / "1"
         version.mkdir(parents=True, exist_ok=True)
         (repo / model.name / "config.pbtxt").write_text(render_config("handwritten", model, placement, one_thread))
-        _place_file(loaded.resolve(model.onnx), version / "model.onnx")
-        (version / "model.py").write_text(_python_glue())
+        place_file(loaded.resolve(model.onnx), version / "model.onnx")
+        (version / "model.py").write_text(python_glue())
     binary = find_tritonserver()
     grpc, http, metrics = free_ports("127.0.0.1", 3)
     cmd = [str(binary.path), f"--model-repository={repo}", f"--grpc-port={grpc}", f"--http-port={http}",

@@ -79,7 +79,7 @@ class Launch:
 
 
 @functools.cache
-def _python_glue() -> str:
+def python_glue() -> str:
     """The Python-backend model.py of CPU instances, read once."""
     return (TEMPLATES / "python_onnx_model.py").read_text()
 
@@ -236,7 +236,7 @@ def launch_for(
     )
 
 
-def _place_file(source: Path, dest: Path) -> None:
+def place_file(source: Path, dest: Path) -> None:
     """Hard-link (or copy across file systems) `source` to `dest` unless it is already there."""
     if dest.exists() and os.path.samefile(source, dest):
         return
@@ -272,9 +272,9 @@ def render_instance(
     version_dir = folder / "models" / model.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     _write(folder / "models" / model.name / "config.pbtxt", config)
-    _place_file(onnx_path, version_dir / "model.onnx")
+    place_file(onnx_path, version_dir / "model.onnx")
     if device.kind == "cpu":
-        _write(version_dir / "model.py", _python_glue())
+        _write(version_dir / "model.py", python_glue())
     _write(folder / "launch.json", json.dumps(launch.__dict__, indent=2, sort_keys=True) + "\n")
     return launch
 
