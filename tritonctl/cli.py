@@ -488,7 +488,8 @@ def cmd_demo(args) -> int:
 
 
 def _demo_rates(cluster: Cluster, latency_model: str, policy: str) -> Cluster:
-    """The demo cluster at the largest of 1, 0.95, ..., 0.05 times its rates this CPU serves with DEMO_MARGIN to spare (saying so)."""
+    """The demo cluster at the largest of 1, 0.95, ..., 0.05 times its rates that this CPU serves with DEMO_MARGIN
+    to spare (saying so)."""
     artifacts = materialize(cluster, log=lambda _: None)
     headroom = load_latency_model(latency_model).with_margin(DEMO_MARGIN)
     scale = servable_scale(cluster, artifacts, headroom, policy)
