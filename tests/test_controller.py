@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -196,3 +197,51 @@ def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path)
     assert "resuming" in log.read_text()
     assert [r.errors[:1] for r in results] == [[], []] and all(r.ok == r.sent > 10 for r in results)
     assert main(["down", str(plan)]) == 0
+
+
+def _served_again(endpoint, timeout_s: float) -> float:
+    """Seconds until a request for the endpoint's model is answered (a new connection each try)."""
+    import tritonclient.grpc as grpcclient
+
+    from tritonctl.client import random_request
+
+    request = random_request(endpoint, np.random.default_rng(0))
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        try:
+            with grpcclient.InferenceServerClient(endpoint.url) as client:
+                client.infer(endpoint.model, [request], client_timeout=1.0)
+            return time.monotonic() - began
+        except Exception:  # noqa: BLE001 (refused, unavailable, deadline: all mean not yet)
+            time.sleep(0.1)
+    raise AssertionError(f"{endpoint.model} not served again within {timeout_s} s")
+
+
+def test_controller_restarts_a_killed_instance_and_a_killed_router(tmp_path):
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    state_dir = tmp_path / "state"
+    ctl = start_controller(plan, tmp_path / "controller.log")
+    try:
+        wait_for(lambda: controller_json(state_dir).get("applies") == 1, what="the first apply")
+        (endpoint,) = endpoints(load_plan(plan).plan)
+        (old,) = load_state(state_dir).instances.values()
+        os.kill(old.pid, signal.SIGKILL)
+        assert _served_again(endpoint, 10.0) < 10.0
+        heal = controller_json(state_dir)["decisions"][-1]
+        assert heal["kind"] == "heal" and f"{old.uid} (alpha) died" in heal["reason"], heal
+        (new,) = load_state(state_dir).instances.values()
+        assert new.uid != old.uid and LocalRuntime(None, state_dir).health(new).label == "ready"
+
+        router = json.loads((state_dir / "router.json").read_text())
+        os.kill(router["pid"], signal.SIGKILL)
+        assert _served_again(endpoint, 10.0) < 10.0
+        heal = controller_json(state_dir)["decisions"][-1]
+        assert heal["kind"] == "heal" and "router" in heal["reason"], heal
+        assert json.loads((state_dir / "router.json").read_text())["pid"] != router["pid"]
+        assert list(load_state(state_dir).instances.values()) == [new]  # the instance was kept
+    finally:
+        ctl.terminate()
+        ctl.wait()
+        assert main(["down", str(plan)]) == 0

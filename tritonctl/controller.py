@@ -10,6 +10,11 @@ re-plan placement and shares (shadow swaps). Each applied plan is saved in the s
 folder; `controller.json` there says what the controller runs and has decided, and the
 same is served as JSON (/state) and Prometheus metrics (/metrics).
 
+Dead parts are healed: an instance whose process died, or a router that stopped answering,
+is noticed at the next tick and the plan applied last is applied again (the same start path
+as `apply`, warm-up included); the affected models' rates are unknown (None) until a new
+window of samples has come in, so a gap in traffic is never taken for a fall in load.
+
 The operator keeps control: when the plan file the controller was started with changes
 (a new `tritonctl plan`, an edit), the controller applies it and sizes from there. Without
 a latency model it only follows that file and reports rates.
@@ -48,6 +53,8 @@ from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
 
 CONTROLLER_FILE = "controller.json"
+HTTP_TIMEOUT_S = 5.0  # the state endpoint closes a connection that sends nothing for this long
+HTTP_MAX_CLIENTS = 16  # connections the state endpoint serves at once; more are closed unanswered
 PENDING = "nv_inference_pending_request_count"  # requests queued or running in the instance (a gauge)
 _SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
 
@@ -171,6 +178,28 @@ def changed_rates(
     return out
 
 
+@dataclass(frozen=True)
+class Outage:
+    """What is down: instances whose process is gone, and whether the router does not answer."""
+
+    dead: tuple[InstanceRecord, ...] = ()
+    router: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.dead or self.router)
+
+    def __str__(self) -> str:
+        lines = [f"{r.uid} ({r.model}) died" for r in self.dead]
+        return "; ".join(lines + ["the router does not answer"] * self.router)
+
+
+def outage(silent: list[InstanceRecord], runtime: Runtime, routed: bool) -> Outage:
+    """Among `silent` instances (their metrics did not answer), those whose process is gone; the router
+    when `routed` (the deployment has instances) and it does not answer."""
+    dead = tuple(r for r in silent if not runtime.health(r).alive)
+    return Outage(dead, routed and not runtime.router_ok())
+
+
 def with_rates(plan: Plan, rates: dict[str, float]) -> Plan:
     return plan.model_copy(
         update={"models": [m.model_copy(update={"rate": round(rates.get(m.name, m.rate), 2)}) for m in plan.models]}
@@ -238,7 +267,8 @@ def _digest(path: Path) -> str:
 @dataclass
 class Decision:
     time: float
-    kind: str  # "batch" (BDA, reloads), "replan" (policy, swaps), "operator" (plan file), "adopt", "error", "deferred"
+    kind: str  # "batch" (BDA, reloads), "replan" (policy, swaps), "operator" (plan file), "adopt", "heal",
+    # "error", "deferred"
     reason: str
     plan: str = ""
     took_s: float = 0.0
@@ -296,6 +326,28 @@ def prometheus(state: ControllerState) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading HTTP server serving at most HTTP_MAX_CLIENTS connections at once; more are closed."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]):
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(HTTP_MAX_CLIENTS)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
 class Controller:
     def __init__(
         self,
@@ -314,6 +366,7 @@ class Controller:
         self.lock = threading.Lock()  # guards self.state between the loop and the HTTP thread
         self.current: LoadedPlan | None = None  # the plan applied last, as loaded then
         self.refused_digest = ""  # an operator plan that failed to apply, not retried until it changes
+        self.heal_after = 0.0  # monotonic time before which no heal is tried (after one that failed)
         source = str(loaded.path.resolve())
         previous = load_controller_state(self.state_dir)
         if previous is not None and previous.source == source and Path(previous.target or previous.plan).exists():
@@ -395,7 +448,8 @@ class Controller:
         return make_plan(scaled, artifacts, self.state.policy, current.path, self.lm, log=lambda _: None)
 
     # -- one tick
-    def observe(self) -> dict[str, float | None]:
+    def observe(self) -> tuple[dict[str, float | None], Outage]:
+        """Each model's estimated rate (None: unknown), and what is down."""
         records = load_state(self.state_dir).instances
         counters = {}
         for uid, record in records.items():
@@ -403,17 +457,34 @@ class Controller:
             if values is not None:
                 counters[uid] = (record.model, values)
         self.estimator.update(time.monotonic(), counters)
+        broken = outage([r for uid, r in records.items() if uid not in counters], self.runtime, bool(records))
+        hit = {r.model for r in (records.values() if broken.router else broken.dead)}
+        for model in hit:  # its samples span the outage: start again once it serves
+            self.estimator.samples.pop(model, None)
         models = {r.model for r in records.values()}
-        estimated = {m: self.estimator.rate(m) for m in models}
+        estimated = {m: None if m in hit else self.estimator.rate(m) for m in models}
         with self.lock:
             self.state.estimated_rates = {m: None if r is None else round(r, 2) for m, r in estimated.items()}
             self.state.queue_ms = {
                 m: None if (q := self.estimator.queue_ms(m)) is None else round(q, 2) for m in models
             }
-        return estimated
+        return estimated, broken
+
+    def heal(self, broken: Outage) -> Decision | None:
+        """Apply the plan applied last again when something is down; after a failed try, wait the cooldown."""
+        if not broken or time.monotonic() < self.heal_after:
+            return None
+        decision = Decision(time.time(), "heal", f"{broken}: applying {Path(self.state.plan).name} again")
+        self.log(f"decision: {decision.reason}")
+        if not self._apply(Path(self.state.plan), decision):  # "deferred": another apply holds the lock
+            wait = self.cfg.interval_s if decision.kind == "deferred" else self.cfg.cooldown_s
+            self.heal_after = time.monotonic() + wait
+        return decision
 
     def tick(self) -> Decision | None:
-        estimated = self.observe()
+        estimated, broken = self.observe()
+        if (healed := self.heal(broken)) is not None:
+            return healed
         digest = _digest(Path(self.state.source))
         if digest and digest not in (self.state.source_digest, self.refused_digest):
             decision = Decision(time.time(), "operator", f"{self.state.source} changed: applying it")
@@ -493,7 +564,8 @@ class Controller:
             def log_message(self, *args) -> None:
                 pass
 
-        server = ThreadingHTTPServer((host, port), Handler)
+        Handler.timeout = HTTP_TIMEOUT_S
+        server = _BoundedServer((host, port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 

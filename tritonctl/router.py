@@ -20,6 +20,14 @@ authentication). It takes `PUT /routes/<port>` with {"backends": ["host:port", .
 once the connections to removed backends have drained, with what it did. Ports are 1024-65535
 and backends are on this machine (127.0.0.1, localhost or H); anything else is answered 400.
 Routes are saved to FILE, so a restarted router serves the same addresses.
+
+Limits (`Limits`, each a flag): at most `--max-connections` client connections at once (one
+more is closed before a backend connection is opened for it); a connection that carries no
+frame either way for `--idle-timeout` seconds is drained (GOAWAY, then closed); a frame
+longer than `--max-frame` bytes ends its connection (HTTP/2 frames are 16 KiB unless the
+server allows more, which Triton does not). A control request must arrive whole within 5
+seconds, with at most 64 header lines. The open-files limit is raised to its hard limit, and
+the connection limit kept under it.
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ import contextlib
 import http
 import itertools
 import json
+import resource
 import signal
 import struct
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +56,22 @@ DRAIN_TIMEOUT_S = 30.0
 PORTS = range(1024, 65536)  # what a route or a backend may use
 MAX_BODY = 1 << 16  # bytes of a control request's body
 READ_SIZE = 1 << 18  # bytes asked of a connection per read
+CONTROL_TIMEOUT_S = 5.0  # a control request must arrive whole within this
+MAX_CONTROL_HEADERS = 64
+IDLE_DRAIN_S = 5.0  # an idle connection's streams (if any) get this long to finish after its GOAWAY
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold of the router."""
+
+    max_connections: int = 512
+    idle_timeout_s: float = 300.0
+    max_frame: int = 1 << 20
+
+
+class FrameTooLarge(ConnectionError):
+    """A peer sent a frame header announcing more than the limit: its connection ends."""
 
 
 def parse_header(raw: bytes, offset: int = 0) -> tuple[int, int, int, int]:
@@ -77,6 +103,8 @@ class Connection:
     server_started: asyncio.Event = field(default_factory=asyncio.Event)  # the server's preface went out
     to_client: asyncio.Lock = field(default_factory=asyncio.Lock)  # frames to the client go out whole
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+    active: float = field(default_factory=time.monotonic)  # when a frame last went either way
+    idle: bool = False  # drained for idleness (once)
 
     def settle(self) -> None:
         if self.last_stream is not None and not self.open_streams:
@@ -89,8 +117,9 @@ async def _pump(coroutine) -> None:
         await coroutine
 
 
-async def _frames(reader: asyncio.StreamReader):
-    """The whole frames that each read completes, as lists of (frame, type, flags, stream id).
+async def _frames(reader: asyncio.StreamReader, max_frame: int):
+    """The whole frames that each read completes, as lists of (frame, type, flags, stream id);
+    FrameTooLarge for a frame announcing more than `max_frame` bytes (never buffered).
 
     Reading what has arrived, up to READ_SIZE, and cutting it into frames takes a few reads per
     request where reading frame by frame took two per frame (a 600 KB tensor comes as about 40
@@ -105,6 +134,8 @@ async def _frames(reader: asyncio.StreamReader):
         frames, pos = [], 0
         while len(data) - pos >= 9:
             length, ftype, flags, stream = parse_header(data, pos)
+            if length > max_frame:
+                raise FrameTooLarge(f"a frame of {length} bytes, over the limit of {max_frame}")
             end = pos + 9 + length
             if end > len(data):
                 break
@@ -115,9 +146,10 @@ async def _frames(reader: asyncio.StreamReader):
             yield frames
 
 
-async def _client_to_backend(conn: Connection, reader: asyncio.StreamReader) -> None:
+async def _client_to_backend(conn: Connection, reader: asyncio.StreamReader, max_frame: int) -> None:
     conn.backend_w.write(await reader.readexactly(len(PREFACE)))
-    async for frames in _frames(reader):
+    async for frames in _frames(reader, max_frame):
+        conn.active = time.monotonic()
         for frame, ftype, _, stream in frames:
             if conn.last_stream is not None and stream > conn.last_stream:
                 # Opened after our GOAWAY: refused, the client retries it elsewhere. Its DATA still
@@ -136,13 +168,14 @@ async def _client_to_backend(conn: Connection, reader: asyncio.StreamReader) -> 
         await conn.backend_w.drain()
 
 
-async def _backend_to_client(conn: Connection, reader: asyncio.StreamReader) -> None:
+async def _backend_to_client(conn: Connection, reader: asyncio.StreamReader, max_frame: int) -> None:
     """Forward whole frames; a header block (HEADERS and its CONTINUATIONs) goes out without a
     GOAWAY between its frames, and ends its stream only once complete."""
     ending: int | None = None  # the stream a header block in progress ends, if it does
     held = False  # the client side's lock: held from a read's first frame to its last, across a header block
     try:
-        async for frames in _frames(reader):
+        async for frames in _frames(reader, max_frame):
+            conn.active = time.monotonic()
             if not held:
                 await conn.to_client.acquire()
                 held = True
@@ -229,10 +262,14 @@ class Route:
 
 
 class Router:
-    def __init__(self, host: str, routes_file: Path):
+    def __init__(self, host: str, routes_file: Path, limits: Limits = Limits()):
         self.host = host
         self.routes_file = routes_file
+        self.limits = limits
         self.routes: dict[int, Route] = {}
+        self.clients = 0  # client connections open now, on every route
+        self.refused = 0  # client connections closed at once for the connection limit, since the last report
+        self.reported = 0.0  # when the refusals were last written to the log
 
     async def restore(self) -> None:
         """Serve the saved routes again; a port that cannot be bound is reported and left out."""
@@ -263,7 +300,30 @@ class Router:
             writer.close()
         return None
 
+    def _refuse(self, client_w: asyncio.StreamWriter) -> None:
+        """Close a client connection over the limit; say so in the log at most every 10 seconds."""
+        client_w.close()
+        self.refused += 1
+        if time.monotonic() - self.reported >= 10:
+            print(
+                f"router: {self.refused} connection(s) refused: {self.clients} open, "
+                f"the limit is {self.limits.max_connections}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.refused, self.reported = 0, time.monotonic()
+
     async def _serve(self, route: Route, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.clients >= self.limits.max_connections:
+            self._refuse(client_w)
+            return
+        self.clients += 1
+        try:
+            await self._forward(route, client_r, client_w)
+        finally:
+            self.clients -= 1
+
+    async def _forward(self, route: Route, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         connected = await self._connect(route)
         if connected is None:
             client_w.close()
@@ -272,8 +332,8 @@ class Router:
         conn = Connection(backend, client_w, backend_w)
         route.connections.add(conn)
         pumps = [
-            asyncio.create_task(_pump(_client_to_backend(conn, client_r))),
-            asyncio.create_task(_pump(_backend_to_client(conn, backend_r))),
+            asyncio.create_task(_pump(_client_to_backend(conn, client_r, self.limits.max_frame))),
+            asyncio.create_task(_pump(_backend_to_client(conn, backend_r, self.limits.max_frame))),
         ]
         try:
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
@@ -308,6 +368,20 @@ class Router:
         results = await asyncio.gather(*(drain(c) for c in leaving))
         return {"port": port, "backends": backends, "drained": sum(results), "timed_out": len(results) - sum(results)}
 
+    async def close_idle(self) -> None:
+        """Every second: drain the connections that carried no frame for the idle timeout."""
+        draining: set[asyncio.Task] = set()
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for route in list(self.routes.values()):
+                for conn in list(route.connections):
+                    if now - conn.active > self.limits.idle_timeout_s and not conn.idle:
+                        conn.idle = True
+                        task = asyncio.create_task(drain(conn, IDLE_DRAIN_S))
+                        draining.add(task)
+                        task.add_done_callback(draining.discard)
+
     def describe(self) -> dict:
         return {
             str(p): {"backends": r.backends, "connections": [c.backend for c in r.connections]}
@@ -317,16 +391,7 @@ class Router:
     async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A minimal HTTP/1.1 control endpoint: GET /routes, PUT /routes/<port>."""
         try:
-            request = (await reader.readline()).decode().split()
-            headers = {}
-            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                key, _, value = line.decode().partition(":")
-                headers[key.strip().lower()] = value.strip()
-            length = int(headers.get("content-length", 0))
-            if not 0 <= length <= MAX_BODY:
-                raise ValueError(f"Content-Length {length} is not 0-{MAX_BODY}")
-            body = await reader.readexactly(length)
-            method, path = request[0], request[1]
+            method, path, body = await asyncio.wait_for(_read_request(reader), CONTROL_TIMEOUT_S)
             if method == "GET" and path == "/routes":
                 status, answer = 200, self.describe()
             elif method == "PUT" and path.startswith("/routes/"):
@@ -334,6 +399,8 @@ class Router:
                 status, answer = 200, await self.set_backends(port, backends)
             else:
                 status, answer = 404, {"error": f"no such endpoint: {method} {path}"}
+        except TimeoutError:
+            status, answer = 408, {"error": f"the request did not arrive whole within {CONTROL_TIMEOUT_S:g} s"}
         except (ValueError, KeyError, IndexError, TypeError, OSError, EOFError) as exc:
             status, answer = 400, {"error": " ".join(str(exc).split()) or type(exc).__name__}
         payload = json.dumps(answer).encode()
@@ -348,16 +415,49 @@ class Router:
         writer.close()
 
 
-async def run(host: str, control_port: int, routes_file: Path, control_host: str = "127.0.0.1") -> None:
-    router = Router(host, routes_file)
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
+    """Method, path and body of one HTTP/1.1 request; ValueError for one over the limits."""
+    method, path = (await reader.readline()).decode().split()[:2]
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        if len(headers) == MAX_CONTROL_HEADERS:
+            raise ValueError(f"more than {MAX_CONTROL_HEADERS} header lines")
+        key, _, value = line.decode().partition(":")
+        headers[key.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", 0))
+    if not 0 <= length <= MAX_BODY:
+        raise ValueError(f"Content-Length {length} is not 0-{MAX_BODY}")
+    return method, path, await reader.readexactly(length)
+
+
+def raise_open_files(limits: Limits) -> Limits:
+    """Raise the open-files limit to its hard limit; the limits with the connection limit under it
+    (each client connection holds two descriptors, its own and its backend's)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        soft = 1 << 16 if hard == resource.RLIM_INFINITY else hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    fits = max(1, (soft - 64) // 2)
+    if limits.max_connections > fits:
+        print(f"router: at most {fits} connections fit the open-files limit of {soft}", file=sys.stderr, flush=True)
+        return Limits(fits, limits.idle_timeout_s, limits.max_frame)
+    return limits
+
+
+async def run(
+    host: str, control_port: int, routes_file: Path, control_host: str = "127.0.0.1", limits: Limits = Limits()
+) -> None:
+    router = Router(host, routes_file, raise_open_files(limits))
     await router.restore()
     control = await asyncio.start_server(router.control, control_host, control_port, reuse_address=True)
+    reaper = asyncio.create_task(router.close_idle())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with control:
         await stop.wait()
+    reaper.cancel()
 
 
 def main() -> None:
@@ -368,8 +468,17 @@ def main() -> None:
     )
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--routes", type=Path, required=True, help="routes file (read at start, written on change)")
+    default = Limits()
+    parser.add_argument(
+        "--max-connections", type=int, default=default.max_connections, help="client connections at once, all ports"
+    )
+    parser.add_argument(
+        "--idle-timeout", type=float, default=default.idle_timeout_s, help="seconds without a frame before a drain"
+    )
+    parser.add_argument("--max-frame", type=int, default=default.max_frame, help="largest HTTP/2 frame, bytes")
     args = parser.parse_args()
-    asyncio.run(run(args.host, args.control_port, args.routes, args.control_host))
+    limits = Limits(args.max_connections, args.idle_timeout, args.max_frame)
+    asyncio.run(run(args.host, args.control_port, args.routes, args.control_host, limits))
 
 
 if __name__ == "__main__":
