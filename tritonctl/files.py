@@ -123,6 +123,8 @@ def load_yaml(path: Path):
             return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         problem = f"not valid YAML: {_yaml_problem(exc, text)}"
+        if "maximum nesting depth" in problem:  # libyaml's own limit, met while it reads ahead of our count
+            problem = f"nested deeper than {MAX_DEPTH} levels"
     raise TritonctlError(problem, file=path)
 
 
