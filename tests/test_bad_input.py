@@ -146,9 +146,36 @@ def test_unknown_torchvision_architecture(capsys, tmp_path):
     assert rc == 2 and "models[0].source" in err and "neither an .onnx path nor a torchvision architecture" in err
 
 
-def test_unknown_policy(capsys, mlp_cluster):
-    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--policy", "magic")
-    assert rc == 2 and "unknown policy 'magic'" in err and "spread" in err
+def _refused_argument(capsys, *argv: str) -> str:
+    """The one error line argparse prints for a bad argument, after checking it exits 2."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_unknown_policy_is_refused_before_anything_is_exported(capsys, mlp_cluster):
+    line = _refused_argument(capsys, "plan", str(mlp_cluster), "--policy", "magic")
+    assert "invalid choice: 'magic'" in line and "spread" in line
+    assert "models of" not in capsys.readouterr().out  # refused by the parser: no model was even looked at
+
+
+@pytest.mark.parametrize(
+    ("verb", "target", "words"),
+    [
+        ("plan", "folder", "is a folder: name the file to write"),
+        ("plan", "file/plan.yaml", "is a file, not a folder"),
+        ("profile", "file", "is a file, not a folder"),
+        ("plan", "/proc/plan.yaml", "system folder"),
+    ],
+)
+def test_output_paths_are_checked_first(capsys, mlp_cluster, verb, target, words):
+    (mlp_cluster.parent / "folder").mkdir()
+    (mlp_cluster.parent / "file").write_text("x")
+    path = target if target.startswith("/") else str(mlp_cluster.parent / target)
+    line = _refused_argument(capsys, verb, str(mlp_cluster), "-o", path)
+    assert line.startswith(f"tritonctl {verb}: error: argument -o/--output: ") and words in line
 
 
 def test_a_latency_margin_out_of_range_or_without_a_model(capsys, mlp_cluster):

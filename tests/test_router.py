@@ -48,12 +48,14 @@ def test_a_port_that_cannot_be_bound_leaves_no_route(tmp_path):
 
 
 class _Backend(socketserver.BaseRequestHandler):
-    """An HTTP/2 server's first words (SETTINGS), then it reads until the connection ends."""
+    """An HTTP/2 server's first words (SETTINGS), then it reads until the connection ends, counting bytes."""
+
+    received = 0
 
     def handle(self) -> None:
         self.request.sendall(SETTINGS)
-        while self.request.recv(1 << 16):
-            pass
+        while chunk := self.request.recv(1 << 16):
+            _Backend.received += len(chunk)
 
 
 def _client(port: int) -> socket.socket:
@@ -135,13 +137,27 @@ def test_an_idle_connection_is_sent_goaway_and_closed(limited_router):
         assert 2 <= time.monotonic() - began < 6
 
 
-def test_a_frame_over_the_limit_ends_its_connection_unbuffered(limited_router):
+def test_a_headers_frame_over_the_limit_ends_its_connection(limited_router):
     route, _ = limited_router
     with _client(route) as sock:
         assert sock.recv(9) == SETTINGS
-        sock.sendall(HEADER.pack(((1 << 24) - 1) << 8, 0, 1) + b"x" * 1000)  # announces a 16 MiB DATA frame
+        sock.sendall(HEADER.pack((((1 << 24) - 1) << 8) | HEADERS, 0, 1) + b"x" * 1000)  # announces 16 MiB
         began = time.monotonic()
         assert _closed(sock) and time.monotonic() - began < 2
+
+
+def test_a_large_data_frame_is_passed_on_as_it_arrives(limited_router):
+    """A DATA frame far over the limit is legal HTTP/2 (gRPC raises the frame size): the router forwards
+    its start before the rest exists, so it never holds the frame."""
+    route, _ = limited_router
+    with _client(route) as sock:
+        assert sock.recv(9) == SETTINGS
+        _Backend.received = 0
+        sock.sendall(HEADER.pack((8 << 20) << 8, 0, 1) + b"x" * (2 << 20))  # 2 of its 8 MiB
+        deadline = time.monotonic() + 5
+        while _Backend.received < (2 << 20) + 9:  # the header and what came of the payload
+            assert time.monotonic() < deadline, f"only {_Backend.received} bytes passed on"
+            time.sleep(0.01)
 
 
 def test_a_control_request_that_never_ends_is_answered_408(tmp_path):

@@ -20,6 +20,7 @@ from tritonctl.compose import host_gpu_count, write_compose
 from tritonctl.controller import Controller, ControllerConfig, load_controller_state
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
+from tritonctl.files import check_output_dir
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
@@ -45,6 +46,25 @@ DEMO_MARGIN = 0.15  # the demo runs at rates its plan serves with batches 15% sl
 
 def _say(message: str) -> None:
     print(message, flush=True)
+
+
+def _output_file(text: str) -> str:
+    """argparse type of an -o naming a file to write: not a folder, in a folder that can hold it."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: name the file to write")
+    _output_folder(str(Path(text).parent))
+    return text
+
+
+def _output_folder(text: str) -> str:
+    """argparse type of an -o naming a folder to write into: a folder (or none yet) that tritonctl can write."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    try:
+        check_output_dir(Path(text), file=None, field=None, writable=True)
+    except TritonctlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def cmd_export(args) -> int:
@@ -573,14 +593,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("profile", cmd_profile, "measure the models over batch x share, solo and co-located, through Triton")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument(
-        "-o", "--output", help="dataset folder (default: profile/ beside the cluster file); resumes if present"
+        "-o",
+        "--output",
+        type=_output_folder,
+        help="dataset folder (default: profile/ beside the cluster file); resumes if present",
     )
     p.add_argument("--budget", type=float, help="stop after this many seconds (resume later)")
     p = add("plan", cmd_plan, "choose placements, shares and batch sizes and write a plan file")
     p.add_argument("cluster", help="cluster.yaml")
-    p.add_argument("-o", "--output", help="plan file to write (default: plan.yaml beside the cluster file)")
+    p.add_argument(
+        "-o", "--output", type=_output_file, help="plan file to write (default: plan.yaml beside the cluster file)"
+    )
     p.add_argument(
         "--policy",
+        choices=list(POLICIES),
         help="placement policy (see `tritonctl policies`); default: search with --latency-model (the best here), "
         "spread without one (the only policy that needs no latency model)",
     )
@@ -600,15 +626,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
     p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")
-    p.add_argument("-o", "--output", help="where to write it (default: beside it, named after this CPU's id)")
+    p.add_argument(
+        "-o", "--output", type=_output_file, help="where to write it (default: beside it, named after this CPU's id)"
+    )
     p = add("fit", cmd_fit, "fit the interference-aware latency model (InSS section 4) to a profile")
     p.add_argument("profile", help="profile folder (tritonctl profile)")
-    p.add_argument("-o", "--output", help="model file (default: latency-model.json in the profile folder)")
+    p.add_argument(
+        "-o", "--output", type=_output_file, help="model file (default: latency-model.json in the profile folder)"
+    )
     p.add_argument("--report", action="store_true", help="also evaluate on held-out measurements (see report)")
     p = add("report", cmd_report, "evaluate a fitted latency model on held-out measurements, with plots")
     p.add_argument("profile", help="profile folder")
     p.add_argument("--model", help="latency model file (default: latency-model.json in the profile folder)")
-    p.add_argument("-o", "--output", help="report folder (default: report/ in the profile folder)")
+    p.add_argument("-o", "--output", type=_output_folder, help="report folder (default: report/ in the profile folder)")
     add("policies", cmd_policies, "list the placement policies")
     p = add("render", cmd_render, "render a plan into per-instance Triton model repositories")
     p.add_argument("plan", help="plan.yaml")
@@ -618,7 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="repositories",
         help="repositories: the plan's repository_dir (local runtime); compose: a Docker Compose project (GPU plans)",
     )
-    p.add_argument("-o", "--output", help="compose: project folder (default: compose/ beside the plan)")
+    p.add_argument(
+        "-o", "--output", type=_output_folder, help="compose: project folder (default: compose/ beside the plan)"
+    )
     p.add_argument("--gpus", type=int, help="compose: GPUs on the target host (default: count them here, if any)")
     p = add("apply", cmd_apply, "start or change Triton instances to match a plan")
     p.add_argument("plan", help="plan.yaml")
@@ -679,7 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies", nargs="+", help="policies to compare (default: all; inss where a trained policy exists)"
     )
     p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds per policy (default 60)")
-    p.add_argument("-o", "--output", help="output folder (default: bench/ beside the cluster file)")
+    p.add_argument(
+        "-o", "--output", type=_output_folder, help="output folder (default: bench/ beside the cluster file)"
+    )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
     add_margin(p)
     p = add("train", cmd_train, "train the inss policy (SAC-Discrete, InSS Algorithm 2) for a cluster")
@@ -688,7 +722,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, help="episodes in all, resumed ones included (default 400)")
     p.add_argument("--seed", type=int, default=0, help="seed of the agent and the workload (default 0)")
     p.add_argument("--resume", action="store_true", help="go on from the run folder's last checkpoint")
-    p.add_argument("-o", "--output", help="run folder: log, learning curve, checkpoint (default: rl/runs/<cluster>)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=_output_folder,
+        help="run folder: log, learning curve, checkpoint (default: rl/runs/<cluster>)",
+    )
     p.add_argument("--policy-file", help="where the trained policy goes (default: rl/policies/<cluster name>.pt)")
     p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
     p.add_argument("plan", help="plan.yaml")

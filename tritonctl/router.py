@@ -24,10 +24,10 @@ Routes are saved to FILE, so a restarted router serves the same addresses.
 Limits (`Limits`, each a flag): at most `--max-connections` client connections at once (one
 more is closed before a backend connection is opened for it); a connection that carries no
 frame either way for `--idle-timeout` seconds is drained (GOAWAY, then closed); a frame
-longer than `--max-frame` bytes ends its connection (HTTP/2 frames are 16 KiB unless the
-server allows more, which Triton does not). A control request must arrive whole within 5
-seconds, with at most 64 header lines. The open-files limit is raised to its hard limit, and
-the connection limit kept under it.
+other than DATA announcing more than `--max-frame` bytes ends its connection, and DATA
+frames are passed on as they arrive, so no connection holds more than a read. A control
+request must arrive whole within 5 seconds, with at most 64 header lines. The open-files
+limit is raised to its hard limit, and the connection limit kept under it.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Limits:
 
     max_connections: int = 512
     idle_timeout_s: float = 300.0
-    max_frame: int = 1 << 20
+    max_frame: int = 1 << 20  # a frame other than DATA (headers, settings); DATA is passed on in pieces
 
 
 class FrameTooLarge(ConnectionError):
@@ -118,78 +118,97 @@ async def _pump(coroutine) -> None:
 
 
 async def _frames(reader: asyncio.StreamReader, max_frame: int):
-    """The whole frames that each read completes, as lists of (frame, type, flags, stream id);
-    FrameTooLarge for a frame announcing more than `max_frame` bytes (never buffered).
+    """What each read brings, cut at frame boundaries: lists of pieces (bytes, type, flags, stream id,
+    whether the piece starts its frame, whether it ends it).
 
-    Reading what has arrived, up to READ_SIZE, and cutting it into frames takes a few reads per
-    request where reading frame by frame took two per frame (a 600 KB tensor comes as about 40
-    DATA frames): 1.2 ms of the router's CPU per demo request instead of 1.4
-    (`bench/router_overhead.py`)."""
-    pending = b""  # the start of a frame whose end has not arrived yet
+    A frame other than DATA comes whole, once all of it has arrived; one announcing more than
+    `max_frame` bytes raises FrameTooLarge at its header. A DATA frame is passed on as it
+    arrives, in pieces: gRPC raises the frame size as a connection's bandwidth estimate grows
+    (one 602 KB DATA frame per demo ResNet18 request was seen), up to HTTP/2's 16 MiB, and a
+    connection then holds no more than a read, READ_SIZE, whatever the client announces.
+
+    Reading what has arrived, up to READ_SIZE, rather than frame by frame, takes a few reads per
+    request: 1.2 ms of the router's CPU per demo request instead of 1.4 (`bench/router_overhead.py`)."""
+    pending = b""  # the start of a frame whose header or (not DATA) payload has not all arrived
+    passing: tuple[int, int, int, int] | None = None  # a DATA frame in pieces: type, flags, stream, bytes left
     while True:
         chunk = await reader.read(READ_SIZE)
         if not chunk:
             raise asyncio.IncompleteReadError(pending, None)
         data = pending + chunk if pending else chunk
-        frames, pos = [], 0
-        while len(data) - pos >= 9:
+        pieces, pos = [], 0
+        if passing is not None:
+            ftype, flags, stream, left = passing
+            pos = min(left, len(data))
+            pieces.append((data[:pos], ftype, flags, stream, False, pos == left))
+            passing = None if pos == left else (ftype, flags, stream, left - pos)
+        while passing is None and len(data) - pos >= 9:
             length, ftype, flags, stream = parse_header(data, pos)
-            if length > max_frame:
-                raise FrameTooLarge(f"a frame of {length} bytes, over the limit of {max_frame}")
             end = pos + 9 + length
-            if end > len(data):
+            if end <= len(data):
+                pieces.append((data[pos:end], ftype, flags, stream, True, True))
+                pos = end
+            elif ftype == DATA:
+                pieces.append((data[pos:], ftype, flags, stream, True, False))
+                passing, pos = (ftype, flags, stream, end - len(data)), len(data)
+            elif length > max_frame:
+                raise FrameTooLarge(f"a frame of {length} bytes, over the limit of {max_frame}")
+            else:
                 break
-            frames.append((data[pos:end], ftype, flags, stream))
-            pos = end
         pending = data[pos:]
-        if frames:
-            yield frames
+        if pieces:
+            yield pieces
 
 
 async def _client_to_backend(conn: Connection, reader: asyncio.StreamReader, max_frame: int) -> None:
     conn.backend_w.write(await reader.readexactly(len(PREFACE)))
-    async for frames in _frames(reader, max_frame):
+    async for pieces in _frames(reader, max_frame):
         conn.active = time.monotonic()
-        for frame, ftype, _, stream in frames:
+        for piece, ftype, _, stream, first, _ in pieces:
             if conn.last_stream is not None and stream > conn.last_stream:
                 # Opened after our GOAWAY: refused, the client retries it elsewhere. Its DATA still
                 # counted against the connection's flow-control window: give that back.
-                if ftype == DATA and len(frame) > 9:
+                payload = len(piece) - 9 * first
+                if ftype == DATA and payload:
                     async with conn.to_client:
-                        conn.client_w.write(window_update_frame(len(frame) - 9))
+                        conn.client_w.write(window_update_frame(payload))
                 continue
-            if ftype == HEADERS and stream not in conn.open_streams and stream > conn.max_stream:
+            if first and ftype == HEADERS and stream not in conn.open_streams and stream > conn.max_stream:
                 conn.open_streams.add(stream)
                 conn.max_stream = stream
             elif ftype == RST_STREAM:
                 conn.open_streams.discard(stream)
                 conn.settle()
-            conn.backend_w.write(frame)  # at once, not after the batch: an RST_STREAM goes out before its drain closes
+            conn.backend_w.write(piece)  # at once, not after the batch: an RST_STREAM goes out before its drain closes
         await conn.backend_w.drain()
 
 
 async def _backend_to_client(conn: Connection, reader: asyncio.StreamReader, max_frame: int) -> None:
-    """Forward whole frames; a header block (HEADERS and its CONTINUATIONs) goes out without a
-    GOAWAY between its frames, and ends its stream only once complete."""
+    """Forward frames; a frame in pieces and a header block (HEADERS and its CONTINUATIONs) go out
+    without a GOAWAY inside them, and a stream ends only once its last frame is complete."""
     ending: int | None = None  # the stream a header block in progress ends, if it does
-    held = False  # the client side's lock: held from a read's first frame to its last, across a header block
+    inside = False  # the last piece forwarded leaves a frame or a header block open
+    held = False  # the client side's lock: held from a read's first piece to its last, across open frames and blocks
     try:
-        async for frames in _frames(reader, max_frame):
+        async for pieces in _frames(reader, max_frame):
             conn.active = time.monotonic()
             if not held:
                 await conn.to_client.acquire()
                 held = True
             ended = []
-            for frame, ftype, flags, stream in frames:
+            for piece, ftype, flags, stream, _, last in pieces:
+                conn.client_w.write(piece)
                 in_block = ftype in (HEADERS, CONTINUATION) and not flags & END_HEADERS
-                conn.client_w.write(frame)
+                inside = not last or in_block
+                if not last:
+                    continue
                 if (ftype in (DATA, HEADERS) and flags & END_STREAM) or ftype == RST_STREAM:
                     ending = stream
                 if ending is not None and not in_block:
                     ended.append(ending)
                     ending = None
             await conn.client_w.drain()
-            if not in_block:
+            if not inside:
                 conn.to_client.release()
                 held = False
             conn.server_started.set()
@@ -475,7 +494,7 @@ def main() -> None:
     parser.add_argument(
         "--idle-timeout", type=float, default=default.idle_timeout_s, help="seconds without a frame before a drain"
     )
-    parser.add_argument("--max-frame", type=int, default=default.max_frame, help="largest HTTP/2 frame, bytes")
+    parser.add_argument("--max-frame", type=int, default=default.max_frame, help="largest HTTP/2 frame but DATA, bytes")
     args = parser.parse_args()
     limits = Limits(args.max_connections, args.idle_timeout, args.max_frame)
     asyncio.run(run(args.host, args.control_port, args.routes, args.control_host, limits))
