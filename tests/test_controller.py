@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -199,6 +200,14 @@ def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path)
     assert main(["down", str(plan)]) == 0
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def _served_again(endpoint, timeout_s: float) -> float:
     """Seconds until a request for the endpoint's model is answered (a new connection each try)."""
     import tritonclient.grpc as grpcclient
@@ -217,12 +226,17 @@ def _served_again(endpoint, timeout_s: float) -> float:
     raise AssertionError(f"{endpoint.model} not served again within {timeout_s} s")
 
 
-def test_controller_restarts_a_killed_instance_and_a_killed_router(tmp_path):
+def _threads(pid: int) -> int:
+    return int(re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
+
+
+def test_controller_restarts_a_killed_instance_and_a_killed_router_and_bounds_its_http(tmp_path):
     make_mlp(tmp_path / "mlp.onnx")
     plan = tmp_path / "plan.yaml"
     assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
     state_dir = tmp_path / "state"
-    ctl = start_controller(plan, tmp_path / "controller.log")
+    log = tmp_path / "controller.log"
+    ctl = start_controller(plan, log)
     try:
         wait_for(lambda: controller_json(state_dir).get("applies") == 1, what="the first apply")
         (endpoint,) = endpoints(load_plan(plan).plan)
@@ -241,6 +255,16 @@ def test_controller_restarts_a_killed_instance_and_a_killed_router(tmp_path):
         assert heal["kind"] == "heal" and "router" in heal["reason"], heal
         assert json.loads((state_dir / "router.json").read_text())["pid"] != router["pid"]
         assert list(load_state(state_dir).instances.values()) == [new]  # the instance was kept
+
+        # 60 idle connections to the state endpoint: at most 16 threads serve them, each for at most 5 s
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text()).group(1))
+        before = _threads(ctl.pid)
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
+        time.sleep(1.0)
+        assert _threads(ctl.pid) <= before + 16
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/state"), timeout_s=8, what="the state endpoint")
+        for sock in idle:
+            sock.close()
     finally:
         ctl.terminate()
         ctl.wait()
