@@ -222,3 +222,28 @@ def test_profiling_a_gpu_cluster_here_points_to_the_gpu_profiler(capsys, tmp_pat
     err = capsys.readouterr().err
     assert "devices" in err and "python3 -m profiler.gpu measure" in err
     assert not (tmp_path / "profile").exists()  # nothing measured, nothing written
+
+
+def test_validate_checks_a_cluster_or_a_plan_and_touches_nothing(capsys, mlp_cluster):
+    assert main(["validate", str(mlp_cluster)]) == 0
+    assert "a valid cluster file (2 model(s)" in capsys.readouterr().out
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    capsys.readouterr()
+    assert main(["validate", str(plan)]) == 0
+    assert "a valid plan of cluster" in capsys.readouterr().out
+    before = sorted(p.name for p in mlp_cluster.parent.rglob("*"))
+    edit(plan, lambda d: d["models"][0]["placements"][0].update(share=0))
+    rc, err = run_cli(capsys, "validate", str(plan))
+    assert rc == 2 and err.startswith(f"error: {plan}: models") and "share" in err
+    assert sorted(p.name for p in mlp_cluster.parent.rglob("*")) == before  # nothing written
+
+
+def test_schema_is_the_cluster_models_json_schema(capsys):
+    import json
+
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert {"devices", "models"} <= set(schema["properties"]) and schema["additionalProperties"] is False
+    assert main(["schema", "--plan"]) == 0
+    assert "placements" in json.dumps(json.loads(capsys.readouterr().out))

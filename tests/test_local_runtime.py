@@ -116,11 +116,12 @@ def edit_plan(plan: Path, **changes) -> None:
 def test_batch_change_reloads_in_place_without_a_restart(deployment, capsys):
     before = state_of(deployment).instances
     edit_plan(deployment, batch=4, queue_delay_us=2000)
-    assert main(["apply", str(deployment), "--dry-run"]) == 0
+    assert main(["apply", str(deployment), "--dry-run"]) == 1  # something would change
     assert "would change 1 instance(s), kept 1" in capsys.readouterr().out
     assert main(["apply", str(deployment)]) == 0
     out = capsys.readouterr().out
     assert "reloaded alpha-0" in out and "no restart" in out
+    assert main(["apply", str(deployment), "--dry-run"]) == 0  # nothing would change now
     after = state_of(deployment).instances
     assert after.keys() == before.keys()  # same processes ...
     assert all(after[uid].pid == before[uid].pid for uid in before)
@@ -186,7 +187,7 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
     data["models"][0]["onnx"] = "broken.onnx"  # a new model version that onnxruntime cannot load
     data["models"][0]["onnx_sha256"] = sha256_file(tmp_path / "broken.onnx")
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert main(["apply", str(plan)]) == 2
+    assert main(["apply", str(plan)]) == 3  # failed and rolled back
     assert "rolled back (the running instances keep serving)" in capsys.readouterr().err
     assert list(state_of(plan).instances) == [old.uid]
     assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
@@ -234,7 +235,7 @@ def test_new_instance_that_crashes_while_starting_is_started_once_more_then_roll
 
     edit_plan(plan, share=50)
     killer = crash_new_instances(plan, {new.uid}, count=2)  # crashes twice: rolled back
-    assert main(["apply", str(plan)]) == 2
+    assert main(["apply", str(plan)]) == 3
     killer.join()
     captured = capsys.readouterr()
     assert "starting it once more" in captured.out
@@ -280,7 +281,7 @@ def test_model_that_fails_to_load_rolls_back_the_whole_apply(tmp_path, capsys):
     assert main(["plan", str(cluster)]) == 0
     plan = tmp_path / "plan.yaml"
     logs = tmp_path / "state" / "logs"
-    assert main(["apply", str(plan)]) == 2
+    assert main(["apply", str(plan)]) == 3
     captured = capsys.readouterr()
     assert "ready    good-0" in captured.out  # the good instance did start ...
     assert "apply failed and was rolled back" in captured.err and "zbroken-0" in captured.err
@@ -300,7 +301,7 @@ def test_tritonserver_that_fails_to_start(tmp_path, capsys):
     data["runtime"]["tritonserver"] = str(fake)
     cluster.write_text(yaml.safe_dump(data))
     assert main(["plan", str(cluster)]) == 0
-    assert main(["apply", str(tmp_path / "plan.yaml")]) == 2
+    assert main(["apply", str(tmp_path / "plan.yaml")]) == 3  # failed, rolled back: nothing left running
     err = capsys.readouterr().err
     assert "exited with code 3" in err and "simulated broken install" in err
     assert state_of(tmp_path / "plan.yaml").instances == {}
@@ -327,7 +328,7 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
     assert main(["plan", str(cluster)]) == 0
-    assert main(["apply", str(tmp_path / "plan.yaml"), "--dry-run"]) == 0
+    assert main(["apply", str(tmp_path / "plan.yaml"), "--dry-run"]) == 1
     out = capsys.readouterr().out
     assert out.count("start  alpha-0") + out.count("start  beta-0") == 2 and "would change 2 instance(s)" in out
     assert not (tmp_path / "repo").exists() and not (tmp_path / "state").exists()

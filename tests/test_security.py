@@ -171,7 +171,7 @@ def test_apply_says_which_ports_a_non_loopback_host_exposes(tmp_path, capsys):
     assert exposure(load_plan(plan)) is None
     port = load_plan(plan).plan.models[0].port
     _edit(plan, lambda data: data["runtime"].update(host="0.0.0.0"))
-    assert main(["apply", str(plan), "--dry-run"]) == 0
+    assert main(["apply", str(plan), "--dry-run"]) == 1  # would start it
     lines = [line for line in capsys.readouterr().out.splitlines() if "beyond this machine" in line]
     assert len(lines) == 1 and "0.0.0.0" in lines[0] and str(port) in lines[0]
 

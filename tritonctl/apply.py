@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from tritonctl.errors import TritonctlError
+from tritonctl.errors import RolledBack, TritonctlError
 from tritonctl.plan import LoadedPlan, Plan
 from tritonctl.render import Launch, render
 from tritonctl.runtime.base import Health, InstanceRecord, Runtime, StartError
@@ -203,7 +203,7 @@ class _Run:
         except BaseException as exc:
             self.discard(started)
             if isinstance(exc, StartError):
-                raise TritonctlError(
+                raise RolledBack(
                     f"apply failed and was rolled back (the running instances keep serving): {exc}",
                     file=self.loaded.path,
                 ) from None
@@ -223,7 +223,7 @@ class _Run:
             try:
                 self.runtime.reconfigure(record, self.loaded.plan.runtime.startup_timeout_s)
             except StartError as exc:
-                raise TritonctlError(
+                raise RolledBack(
                     f"apply failed and was rolled back: {exc}; it keeps serving its previous configuration "
                     "(reloads before it stay, the new instances were stopped)",
                     file=self.loaded.path,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 import threading
@@ -20,12 +22,12 @@ from tritonctl.compose import host_gpu_count, write_compose
 from tritonctl.controller import Controller, ControllerConfig, load_controller_state
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
-from tritonctl.files import check_output_dir
+from tritonctl.files import check_output_dir, load_yaml
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
 from tritonctl.perf_analyzer import find_perf_analyzer, run_perf_analyzer
-from tritonctl.plan import LoadedPlan, load_plan, save_plan
+from tritonctl.plan import LoadedPlan, Plan, load_plan, save_plan
 from tritonctl.planner import HEADROOM, check_latency_model, make_plan, predicted_load, servable_scale
 from tritonctl.policies import POLICIES
 from tritonctl.policies.inss import default_policy_file
@@ -36,7 +38,7 @@ from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
 from tritonctl.runtime.local import LocalRuntime, port_is_free
 from tritonctl.simulate import format_sim, read_trace, simulate
-from tritonctl.spec import Cluster, load_cluster
+from tritonctl.spec import Cluster, ClusterSpec, load_cluster
 from tritonctl.state import State, load_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -319,7 +321,8 @@ def _apply(
     runtime_name: str = "local",
     compose_dir: str | None = None,
     accept_misses: bool = False,
-) -> None:
+) -> int:
+    """Apply the plan; how many instances it changed (in a dry run: would change)."""
     loaded = load_plan(plan_path)
     misses = predicted_misses(loaded.plan)
     if misses and not accept_misses:
@@ -342,10 +345,41 @@ def _apply(
     changed = sum(step.action != "keep" for step in steps)
     verb = "would change" if dry_run else "changed"
     _say(f"{verb} {changed} instance(s), kept {len(steps) - changed}, in {time.monotonic() - started:.1f} s")
+    return changed
 
 
 def cmd_apply(args) -> int:
-    _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir, args.accept_misses)
+    """Exit 0; with --dry-run, 1 when something would change (as `kubectl diff` does)."""
+    changed = _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir, args.accept_misses)
+    return int(args.dry_run and changed > 0)
+
+
+def cmd_validate(args) -> int:
+    """Check a cluster or plan file as every verb would, touching nothing."""
+    path = Path(args.file)
+    raw = load_yaml(path)
+    if isinstance(raw, dict) and "cluster_file" in raw:
+        loaded = load_plan(path)
+        misses = predicted_misses(loaded.plan)
+        _say(
+            f"{path}: a valid plan of cluster {loaded.plan.cluster} "
+            f"({sum(1 for _ in loaded.plan.instances())} instance(s), {len(loaded.plan.models)} model(s))"
+        )
+        for miss in misses:
+            _say(f"  predicted to miss: {miss} (apply refuses it without --accept-misses)")
+        return 0
+    cluster = load_cluster(path)
+    _say(
+        f"{path}: a valid cluster file ({len(cluster.spec.models)} model(s), {len(cluster.spec.devices)} device "
+        "group(s))"
+    )
+    return 0
+
+
+def cmd_schema(args) -> int:
+    """Print the JSON Schema of the cluster file (or the plan file)."""
+    model = Plan if args.plan else ClusterSpec
+    print(json.dumps(model.model_json_schema(), indent=2))
     return 0
 
 
@@ -652,12 +686,18 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=_output_folder, help="compose: project folder (default: compose/ beside the plan)"
     )
     p.add_argument("--gpus", type=int, help="compose: GPUs on the target host (default: count them here, if any)")
-    p = add("apply", cmd_apply, "start or change Triton instances to match a plan")
+    p = add(
+        "apply",
+        cmd_apply,
+        "start or change Triton instances to match a plan (exit 2: bad input, nothing done; exit 3: the apply "
+        "failed and was rolled back, the previous deployment keeps serving)",
+    )
     p.add_argument("plan", help="plan.yaml")
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the steps without doing them (compose: also every docker command and HTTP call)",
+        help="print the steps without doing them (compose: also every docker command and HTTP call); exit 1 "
+        "when something would change, 0 when nothing would",
     )
     p.add_argument(
         "--accept-misses",
@@ -665,6 +705,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="apply a plan even where its own predictions miss an SLO or leave a model unserved (refused otherwise)",
     )
     add_runtime(p)
+    p = add("validate", cmd_validate, "check a cluster or plan file as every verb would, touching nothing")
+    p.add_argument("file", help="cluster.yaml or plan.yaml")
+    p = add("schema", cmd_schema, "print the JSON Schema of the cluster file (for editors and CI checks)")
+    p.add_argument("--plan", action="store_true", help="the plan file's schema instead")
     p = add(
         "controller",
         cmd_controller,
@@ -762,10 +806,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except TritonctlError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The one error type the CLI turns into a clean message and a non-zero exit."""
+"""The error types the CLI turns into a clean message and a non-zero exit: 2 for bad input, 3 for an
+apply that failed and was rolled back."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 
 class TritonctlError(Exception):
     """A problem the user can fix: names the file and field where they are known."""
+
+    exit_code = 2
 
     def __init__(self, message: str, *, file: str | Path | None = None, field: str | None = None):
         self.file = str(file) if file is not None else None
@@ -17,3 +20,9 @@ class TritonctlError(Exception):
     def __str__(self) -> str:
         where = ": ".join(part for part in (self.file, self.field) if part)
         return f"{where}: {self.message}" if where else self.message
+
+
+class RolledBack(TritonctlError):
+    """An apply that failed part-way and was rolled back: what ran before keeps running."""
+
+    exit_code = 3
