@@ -61,6 +61,21 @@ def test_parse_metrics_sums_versions_and_keeps_only_model_series():
     }
 
 
+def test_metrics_follow_prometheus_conventions():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tritonctl.controller import ControllerState, prometheus
+
+    state = ControllerState(plan="p", applies=3, estimated_rates={"a": 4.5, "b": None}, planned_rates={"a": 5.0})
+    state.queue_ms = {"a": 12.5}
+    text = prometheus(state).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["tritonctl_applies"].type == "counter" and "tritonctl_applies_total 3.0" in text
+    assert "# HELP tritonctl_model_queue_seconds" in text
+    assert [s.value for s in families["tritonctl_model_queue_seconds"].samples] == [0.0125]
+    assert [s.labels for s in families["tritonctl_model_estimated_requests_per_second"].samples] == [{"model": "a"}]
+
+
 def counters(done: float, pending: float = 0, queue_us: float = 0) -> dict[str, float]:
     return {
         "nv_inference_request_success": done,
@@ -166,7 +181,7 @@ def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path)
         wait_for(listening, what="the controller's endpoint (after its first apply)")
         port = int(listening().group(1))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
-            assert "tritonctl_applies_total 1" in response.read().decode()
+            assert "tritonctl_applies_total 1.0" in response.read().decode()
         results = []
         load = threading.Thread(target=lambda: results.extend(run_load(endpoints(load_plan(plan).plan), 12.0, 2.0)))
         load.start()

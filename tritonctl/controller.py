@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import threading
 import time
 import urllib.error
@@ -37,6 +36,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from tritonctl.apply import apply_plan
 from tritonctl.errors import TritonctlError
@@ -56,7 +60,6 @@ CONTROLLER_FILE = "controller.json"
 HTTP_TIMEOUT_S = 5.0  # the state endpoint closes a connection that sends nothing for this long
 HTTP_MAX_CLIENTS = 16  # connections the state endpoint serves at once; more are closed unanswered
 PENDING = "nv_inference_pending_request_count"  # requests queued or running in the instance (a gauge)
-_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
 
 
 @dataclass(frozen=True)
@@ -83,17 +86,17 @@ class ControllerConfig:
 
 
 def parse_metrics(text: str) -> dict[str, dict[str, float]]:
-    """Triton's Prometheus text -> model -> metric -> value, summed over versions."""
+    """Triton's Prometheus text -> model -> metric -> value, summed over versions (Triton's counters and
+    gauges named nv_inference_*; ValueError for text that is not Prometheus exposition)."""
     out: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line.strip())
-        if not match:
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("nv_inference_"):
             continue
-        name, labels, value = match.groups()
-        model = re.search(r'model="([^"]+)"', labels)
-        if model and name.startswith("nv_inference_"):
-            metrics = out.setdefault(model.group(1), {})
-            metrics[name] = metrics.get(name, 0.0) + float(value)
+        for sample in family.samples:
+            model = sample.labels.get("model")
+            if model is not None and sample.name in (family.name, f"{family.name}_total"):
+                metrics = out.setdefault(model, {})
+                metrics[family.name] = metrics.get(family.name, 0.0) + sample.value
     return out
 
 
@@ -308,22 +311,36 @@ def load_controller_state(state_dir: Path) -> ControllerState | None:
         return None
 
 
-def prometheus(state: ControllerState) -> str:
-    lines = [
-        "# TYPE tritonctl_applies_total counter",
-        f"tritonctl_applies_total {state.applies}",
-        "# TYPE tritonctl_apply_in_progress gauge",
-        f"tritonctl_apply_in_progress {int(bool(state.target))}",
-        "# TYPE tritonctl_model_rate_estimate gauge",
-    ]
-    lines += [
-        f'tritonctl_model_rate_estimate{{model="{m}"}} {r}' for m, r in state.estimated_rates.items() if r is not None
-    ]
-    lines.append("# TYPE tritonctl_model_rate_planned gauge")
-    lines += [f'tritonctl_model_rate_planned{{model="{m}"}} {r}' for m, r in state.planned_rates.items()]
-    lines.append("# TYPE tritonctl_model_queue_ms gauge")
-    lines += [f'tritonctl_model_queue_ms{{model="{m}"}} {q}' for m, q in state.queue_ms.items() if q is not None]
-    return "\n".join(lines) + "\n"
+def prometheus(state: ControllerState) -> bytes:
+    """The controller's state as Prometheus exposition (rates in requests per second, times in seconds)."""
+    applies = CounterMetricFamily("tritonctl_applies", "Plans the controller applied")
+    applies.add_metric([], state.applies)
+    busy = GaugeMetricFamily("tritonctl_apply_in_progress", "1 while the controller applies a plan")
+    busy.add_metric([], int(bool(state.target)))
+    estimated = GaugeMetricFamily(
+        "tritonctl_model_estimated_requests_per_second", "Arrival rate measured over the window", labels=["model"]
+    )
+    planned = GaugeMetricFamily(
+        "tritonctl_model_planned_requests_per_second", "Arrival rate the applied plan is sized for", labels=["model"]
+    )
+    queue = GaugeMetricFamily("tritonctl_model_queue_seconds", "Mean wait in Triton's queue", labels=["model"])
+    for model, rate in state.estimated_rates.items():
+        if rate is not None:
+            estimated.add_metric([model], rate)
+    for model, rate in state.planned_rates.items():
+        planned.add_metric([model], rate)
+    for model, ms in state.queue_ms.items():
+        if ms is not None:
+            queue.add_metric([model], ms / 1000)
+    families = [applies, busy, estimated, planned, queue]
+
+    class Snapshot(Collector):
+        def collect(self):
+            return families
+
+    registry = CollectorRegistry()
+    registry.register(Snapshot())
+    return generate_latest(registry)
 
 
 class _BoundedServer(ThreadingHTTPServer):
@@ -551,7 +568,7 @@ class Controller:
                     body, kind = json.dumps(controller.snapshot(), indent=2).encode(), "application/json"
                 elif self.path == "/metrics":
                     with controller.lock:
-                        body, kind = prometheus(controller.state).encode(), "text/plain; version=0.0.4"
+                        body, kind = prometheus(controller.state), CONTENT_TYPE_LATEST
                 else:
                     self.send_error(404, "try /state or /metrics")
                     return

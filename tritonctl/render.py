@@ -21,7 +21,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, sha256_file
@@ -37,26 +38,6 @@ MIN_QUOTA_US = 1_000  # cgroup v1 refuses cfs_quota_us below 1 ms
 # runs of an onnxruntime session are slower (allocations, kernel selection), and a swap
 # must not hand traffic to an instance that has not paid for them yet.
 WARMUP_COUNT = 3
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(TEMPLATES),
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined,
-)
-
-
-def pbtxt_string(text: str) -> str:
-    """`text` as a quoted protobuf text-format string: quotes, backslashes and every byte outside
-    printable ASCII escaped, so no name can end the string or the line it is on."""
-    out = []
-    for byte in str(text).encode():
-        char = chr(byte)
-        out.append("\\" + char if char in '"\\' else char if 0x20 <= byte < 0x7F else f"\\{byte:03o}")
-    return '"' + "".join(out) + '"'
-
-
-_ENV.filters["pbtxt"] = pbtxt_string
 
 
 @dataclass(frozen=True)
@@ -151,19 +132,36 @@ def render_config(
     reject_late: bool = False,
     threads: int | None = None,
 ) -> str:
-    """`threads`: a CPU instance's onnxruntime threads where not those of its share (instances taking turns)."""
-    return _ENV.get_template("config.pbtxt.j2").render(
-        cluster=cluster,
-        instance=placement.instance,
-        model=model,
-        placement=placement,
-        queue_limit=queue_limit(model, placement) if reject_late else None,
-        kind=device.kind,
+    """The instance's config.pbtxt, built as Triton's ModelConfig message and written by protobuf (so
+    every name is escaped and no field can be misspelled). `threads`: a CPU instance's onnxruntime
+    threads where not those of its share (instances taking turns)."""
+    config = mc.ModelConfig(
+        name=model.name,
         backend="onnxruntime" if device.kind == "gpu" else "python",
-        triton_types=DTYPES,
-        threads=(threads or threads_for(device, placement.share)) if device.kind == "cpu" else None,
-        warmup_count=WARMUP_COUNT,
+        max_batch_size=placement.batch,
     )
+    for tensors, tensor_list in ((model.inputs, config.input), (model.outputs, config.output)):
+        for t in tensors:
+            tensor_list.add(name=t.name, data_type=mc.DataType.Value(DTYPES[t.dtype]), dims=t.shape)
+    batching = config.dynamic_batching
+    batching.preferred_batch_size.append(placement.batch)
+    batching.max_queue_delay_microseconds = placement.queue_delay_us
+    if reject_late and (limit := queue_limit(model, placement)):
+        batching.default_queue_policy.max_queue_size = limit
+    group = config.instance_group.add(count=1)
+    if device.kind == "gpu":
+        group.kind = mc.ModelInstanceGroup.KIND_GPU
+        group.gpus.append(0)
+    else:
+        group.kind = mc.ModelInstanceGroup.KIND_CPU
+        config.parameters["intra_op_threads"].string_value = str(threads or threads_for(device, placement.share))
+    warmup = config.model_warmup.add(name="tritonctl-warmup", batch_size=placement.batch, count=WARMUP_COUNT)
+    for t in model.inputs:
+        warmup.inputs[t.name].CopyFrom(
+            mc.ModelWarmup.Input(data_type=mc.DataType.Value(DTYPES[t.dtype]), dims=t.shape, random_data=True)
+        )
+    head = f"# Rendered by tritonctl for instance {placement.instance} of plan {cluster}: do not edit, re-render.\n"
+    return head + text_format.MessageToString(config)
 
 
 def _digest(*parts) -> str:
