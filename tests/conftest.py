@@ -128,3 +128,14 @@ def mlp_model(name: str, source: str = "mlp.onnx", **extra) -> dict:
 def mlp_cluster(tmp_path: Path) -> Path:
     make_mlp(tmp_path / "mlp.onnx")
     return write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+
+
+@pytest.fixture(scope="module")
+def synthetic_lm(tmp_path_factory) -> Path:
+    """A latency model fitted to the synthetic profile of tests/synthetic.py (labelled synthetic there)."""
+    from synthetic import synthetic_dataset
+    from tritonctl.latency.fit import fit_latency_model
+
+    folder = tmp_path_factory.mktemp("lm") / "profile"
+    fit_latency_model(synthetic_dataset(folder), log=lambda _: None).save(folder / "latency-model.json")
+    return folder / "latency-model.json"

@@ -247,3 +247,20 @@ def test_schema_is_the_cluster_models_json_schema(capsys):
     assert {"devices", "models"} <= set(schema["properties"]) and schema["additionalProperties"] is False
     assert main(["schema", "--plan"]) == 0
     assert "placements" in json.dumps(json.loads(capsys.readouterr().out))
+
+
+def test_format_json_gives_one_document_on_stdout(capsys, mlp_cluster, synthetic_lm):
+    import json
+
+    assert main(["plan", str(mlp_cluster), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    document = json.loads(out)  # the progress lines went to stderr
+    assert "models of" in err and {m["name"] for m in document["plan"]["models"]} == {"alpha", "beta"}
+    plan = document["path"]
+    assert main(["endpoints", plan, "--format", "json"]) == 0
+    assert [e["model"] for e in json.loads(capsys.readouterr().out)] == ["alpha", "beta"]
+    assert main(["status", plan, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["instances"] == []
+    assert main(["simulate", plan, "--latency-model", str(synthetic_lm), "--duration", "5", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {m["model"] for m in result["models"]} == {"alpha", "beta"} and result["throughput_rps"] > 0

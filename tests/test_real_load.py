@@ -14,10 +14,8 @@ import yaml
 
 from conftest import make_mlp, mlp_model, write_cluster
 from profiler.calibrate import Point, factors_of
-from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.client import Endpoint
-from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import scaled
 from tritonctl.perf_analyzer import arrivals, read_export
 from tritonctl.plan import load_plan
@@ -30,13 +28,6 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     rc = main(list(argv))
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
-
-
-@pytest.fixture(scope="module")
-def synthetic_lm(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("lm") / "profile"
-    fit_latency_model(synthetic_dataset(folder), log=lambda _: None).save(folder / "latency-model.json")
-    return folder / "latency-model.json"
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +53,16 @@ def test_perf_analyzer_loads_every_model_at_once_and_reports_like_the_own_client
         assert 20 < float(cells[4]) < 80  # offered rate near 40/s
     exports = list((load_plan(served).state_dir / "perf_analyzer").glob("*.json"))
     assert sorted(p.stem for p in exports) == ["alpha", "beta"]
+
+
+def test_the_own_client_reports_as_json(served, capsys):
+    import json
+
+    rc, out, err = run_cli(capsys, "load", str(served), "--duration", "2", "--format", "json")
+    models = json.loads(out)["models"]
+    assert rc == 0 and "sending Poisson traffic" in err
+    assert [m["model"] for m in models] == ["alpha", "beta"]
+    assert all(m["ok"] == m["sent"] > 40 and m["failed"] == 0 and m["p99_ms"] > 0 for m in models)
 
 
 def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served, capsys, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -46,8 +47,16 @@ DEMO_CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"
 DEMO_MARGIN = 0.15  # the demo runs at rates its plan serves with batches 15% slower than predicted
 
 
+_JSON = False  # --format json: stdout carries one JSON document, the progress lines go to stderr
+
+
 def _say(message: str) -> None:
-    print(message, flush=True)
+    print(message, file=sys.stderr if _JSON else sys.stdout, flush=True)
+
+
+def _emit(data) -> None:
+    """The command's result as JSON on stdout (--format json)."""
+    print(json.dumps(data, indent=2, default=str))
 
 
 def _output_file(text: str) -> str:
@@ -163,7 +172,11 @@ def cmd_profile(args) -> int:
 
 def cmd_plan(args) -> int:
     policy = args.policy or ("search" if args.latency_model else "spread")
-    _plan(args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin)
+    out = _plan(
+        args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin
+    )
+    if _JSON:
+        _emit({"path": str(out), "plan": load_plan(out).plan.model_dump(mode="json")})
     return 0
 
 
@@ -216,7 +229,10 @@ def cmd_simulate(args) -> int:
     result = simulate(
         loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale, trace, latency_error=args.latency_error
     )
-    _say(format_sim(result))
+    if _JSON:
+        _emit({**dataclasses.asdict(result), "throughput_rps": result.throughput, "goodput_rps": result.goodput})
+    else:
+        _say(format_sim(result))
     return 0
 
 
@@ -239,6 +255,9 @@ def cmd_bench(args) -> int:
         cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin
     )
     write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin)
+    if _JSON:
+        _emit({"output": str(out), "rows": [dataclasses.asdict(row) for row in rows]})
+        return 0
     _say(format_rows(rows))
     _say(margins(rows))
     _say(f"table, plans and plot written to {out}")
@@ -434,33 +453,51 @@ def _controller_status(state_dir: Path) -> None:
 def cmd_status(args) -> int:
     loaded = load_plan(args.plan)
     state = load_state(loaded.state_dir)
+    runtime = _applied_runtime(args, loaded, state) if state.instances else None
+    health = {uid: runtime.health(rec).label for uid, rec in state.instances.items()} if runtime else {}
+    router_ok = runtime.router_ok() if runtime else None
+    unhealthy = sum(label != "ready" for label in health.values()) + (router_ok is False)
+    if _JSON:
+        ctl = load_controller_state(loaded.state_dir)
+        _emit(
+            {
+                "cluster": state.cluster,
+                "plan": state.plan,
+                "runtime": state.runtime,
+                "instances": [
+                    {**dataclasses.asdict(rec), "health": health[uid]} for uid, rec in sorted(state.instances.items())
+                ],
+                "router_ok": router_ok,
+                "controller": dataclasses.asdict(ctl) if ctl else None,
+            }
+        )
+        return 1 if unhealthy else 0
     _controller_status(loaded.state_dir)
     if not state.instances:
         _say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
-    runtime = _applied_runtime(args, loaded, state)
     _say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
     _say(
         f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
         f"{'pid':>7} {'health':9} share enforcement"
     )
-    unhealthy = 0
-    for rec in sorted(state.instances.values(), key=lambda r: r.instance):
-        health = runtime.health(rec)
-        unhealthy += health.label != "ready"
+    for uid, rec in sorted(state.instances.items(), key=lambda item: item[1].instance):
         _say(
             f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
-            f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health.label:9} {rec.share_mechanism}"
+            f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health[uid]:9} {rec.share_mechanism}"
         )
-    if not runtime.router_ok():
-        unhealthy += 1
+    if router_ok is False:
         _say("router: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
     return 1 if unhealthy else 0
 
 
 def cmd_endpoints(args) -> int:
+    targets = endpoints(load_plan(args.plan).plan)
+    if _JSON:
+        _emit([dataclasses.asdict(ep) for ep in targets])
+        return 0
     _say(f"{'model':18} {'gRPC address':22} input")
-    for ep in endpoints(load_plan(args.plan).plan):
+    for ep in targets:
         _say(
             f"{ep.model:18} {ep.url:22} {ep.input_name} {ep.input_dtype}[batch, {', '.join(map(str, ep.input_shape))}]"
         )
@@ -487,10 +524,13 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
         results = run_perf_analyzer(pa, targets, duration, rate_scale, loaded.state_dir / "perf_analyzer")
     else:
         results = run_load(targets, duration, rate_scale)
-    _say(format_results(results))
-    for r in results:
-        if r.errors:
-            _say(f"  {r.model}: first error: {r.errors[0]}")
+    if _JSON:
+        _emit({"tool": tool, "rate_scale": rate_scale, "models": [r.summary() for r in results]})
+    else:
+        _say(format_results(results))
+        for r in results:
+            if r.errors:
+                _say(f"  {r.model}: first error: {r.errors[0]}")
     return 0 if all(r.ok > 0 for r in results) else 1
 
 
@@ -607,6 +647,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
+    def add_format(p):
+        p.add_argument(
+            "--format",
+            choices=["text", "json"],
+            default="text",
+            help="text for people (default); json for programs: one JSON document on stdout, progress on stderr",
+        )
+
     def add_compose_dir(p):
         p.add_argument(
             "--compose-dir",
@@ -634,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--budget", type=float, help="stop after this many seconds (resume later)")
     p = add("plan", cmd_plan, "choose placements, shares and batch sizes and write a plan file")
+    add_format(p)
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument(
         "-o", "--output", type=_output_file, help="plan file to write (default: plan.yaml beside the cluster file)"
@@ -725,15 +774,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_margin(p)
     add_runtime(p)
     p = add("status", cmd_status, "show the running instances, their shares, ports and health")
+    add_format(p)
     p.add_argument("plan", help="plan.yaml")
     add_compose_dir(p)
     p = add("endpoints", cmd_endpoints, "show where clients send requests for each model")
+    add_format(p)
     p.add_argument("plan", help="plan.yaml")
     p = add("down", cmd_down, "stop every instance of the deployment (through the runtime that applied it)")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--dry-run", action="store_true", help="print what would be stopped (compose: every command)")
     add_compose_dir(p)
     p = add("simulate", cmd_simulate, "replay Poisson traffic against a plan in a discrete-event simulator")
+    add_format(p)
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
     p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds (default 60)")
@@ -749,6 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
         "[-X, X] (seeded): a latency model that is off (default 0)",
     )
     p = add("bench", cmd_bench, "plan a cluster with several policies and simulate each plan side by side")
+    add_format(p)
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
     p.add_argument(
@@ -774,6 +827,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy-file", help="where the trained policy goes (default: rl/policies/<cluster name>.pt)")
     p = add("load", cmd_load, "send Poisson traffic at the planned rates and print latency and throughput")
+    add_format(p)
     p.add_argument("plan", help="plan.yaml")
     p.add_argument(
         "--tool",
@@ -800,7 +854,9 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _JSON
     args = build_parser().parse_args(argv)
+    _JSON = getattr(args, "format", "text") == "json"
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return args.func(args)

@@ -94,6 +94,26 @@ class LoadResult:
             return float("nan")
         return sum(1 for lat in self.latencies_ms if lat <= self.slo_ms) / self.sent
 
+    def summary(self) -> dict:
+        """What `format_results` prints of this model, as numbers (None where no request was answered)."""
+
+        def number(x: float) -> float | None:
+            return None if x != x else round(x, 3)  # NaN -> None
+
+        return {
+            "model": self.model,
+            "slo_ms": self.slo_ms,
+            "duration_s": self.duration_s,
+            "sent": self.sent,
+            "ok": self.ok,
+            "failed": self.sent - self.ok,
+            "offered_rps": round(self.sent / self.duration_s, 3),
+            "ok_rps": round(self.throughput, 3),
+            **{f"p{q}_ms": number(self.percentile(q)) for q in (50, 95, 99)},
+            "within_slo": number(self.within_slo),
+            "first_error": self.errors[0] if self.errors else None,
+        }
+
 
 def straight_to_instances(targets: list[Endpoint], state_dir: Path) -> list[Endpoint]:
     """The same endpoints at their instances' own gRPC ports instead of the models' addresses (the router);
