@@ -1,4 +1,4 @@
-"""Decision times of the policies and the simulator's speed, for the README's figures.
+"""Decision times of the policies and the simulator's speed, for the figures in docs/evaluation.md.
 
     python bench/decision_time.py
 

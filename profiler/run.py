@@ -114,7 +114,7 @@ def profile(
         raise TritonctlError(
             "`tritonctl profile` measures cpu clusters through Triton; a gpu cluster is profiled on its GPU host "
             "with `python3 -m profiler.gpu measure`, then `python -m profiler.gpu assemble` here "
-            "(README, 'On a GPU')",
+            "(docs/deploy-gpu-compose.md, 'Profile a GPU')",
             file=cluster.path,
             field="devices",
         )

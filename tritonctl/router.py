@@ -2,7 +2,7 @@
 
 Why it exists: on SIGTERM Triton unloads its models first and closes its gRPC endpoint
 last, so requests on a client's open connection to an instance being stopped fail with
-"unknown model" (measured with `--reuse-grpc-port`: README, "Live changes").
+"unknown model" (measured with `--reuse-grpc-port`: docs/architecture.md, "The router").
 A gRPC client only moves to another server when its connection ends, and Triton offers no
 way to end connections without unloading. The router ends them the HTTP/2 way instead.
 
