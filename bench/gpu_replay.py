@@ -84,7 +84,7 @@ def next_batch(times: list[float], head: int, now: float, batch: int, delay_ms: 
 
 def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     """One instance: capture graphs, report ready, wait for the start time on stdin, replay, print results."""
-    from profiler.gpu import _build, _setup_torch, batch_runner
+    from tritonctl.profiler.gpu import _build, _setup_torch, batch_runner
 
     torch = _setup_torch()
     module = _build(torch, cfg["source"])
@@ -143,7 +143,7 @@ def _start(instances: list[dict], duration_s: float, seed: int, env: dict) -> li
 
 
 def run(spec_path: Path, out: Path, seed: int) -> None:
-    from profiler.gpu import _start_mps, _stop_mps
+    from tritonctl.profiler.gpu import _start_mps, _stop_mps
 
     cfg = json.loads(spec_path.read_text())
     out.mkdir(parents=True, exist_ok=True)

@@ -40,9 +40,9 @@ import numpy as np
 import onnxruntime as ort
 import yaml
 
-from profiler.graphinfo import graph_info
 from tritonctl.export import materialize
 from tritonctl.latency.model import MAX_BATCH, LatencyModel, load_latency_model
+from tritonctl.profiler.graphinfo import graph_info
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent

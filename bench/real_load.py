@@ -39,7 +39,6 @@ from pathlib import Path
 
 from cpu_accounting import every_process, group
 
-from profiler.device import cpu_fingerprint
 from tritonctl.cli import main as tritonctl
 from tritonctl.client import Endpoint, LoadResult, endpoints, run_load, straight_to_instances
 from tritonctl.export import materialize
@@ -47,6 +46,7 @@ from tritonctl.latency.model import load_latency_model
 from tritonctl.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
 from tritonctl.plan import Device, Placement, load_plan, save_plan
 from tritonctl.planner import make_plan
+from tritonctl.profiler.device import cpu_fingerprint
 from tritonctl.render import place_file, python_glue, render_config
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import free_ports

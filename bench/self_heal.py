@@ -25,12 +25,12 @@ from pathlib import Path
 
 from cpu_demo import CLUSTER, REPO
 
-from profiler.device import cpu_fingerprint
 from tritonctl.apply import down
 from tritonctl.client import LoadResult, endpoints, format_results, run_load
 from tritonctl.export import materialize
 from tritonctl.plan import load_plan, save_plan
 from tritonctl.planner import make_plan
+from tritonctl.profiler.device import cpu_fingerprint
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
 from tritonctl.spec import load_cluster

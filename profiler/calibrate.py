@@ -22,10 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.device import cpu_fingerprint
-from profiler.grid import HELDOUT_BATCHES, TRAIN_BATCHES, Member
-from profiler.harness import Harness
-from profiler.run import planned_for_profile
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.model import LatencyModel, scaled
@@ -35,6 +31,11 @@ from tritonctl.runtime.base import StartError
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
 from tritonctl.spec import Cluster
+
+from .device import cpu_fingerprint
+from .grid import HELDOUT_BATCHES, TRAIN_BATCHES, Member
+from .harness import Harness
+from .run import planned_for_profile
 
 # (batch, share as a fraction of the usable units): both thread regimes of a 2-core CPU.
 FIT_POINTS = ((1, 1.0), (8, 1.0), (2, 0.5))

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from profiler.grid import TRAIN_BATCHES, Run, coloc_runs, solo_runs
+from .grid import TRAIN_BATCHES, Run, coloc_runs, solo_runs
 
 L2_BATCH = 4
 L2_METRICS = "gpu__time_duration.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -422,11 +422,12 @@ def measure(models_arg: str, out: Path, deadline_s: float, log=print) -> None:
 
 def assemble(raw: Path, cluster_path: Path, output: Path, log=print):
     """Build the profile folder from the GPU host's records and this machine's ONNX files of the same models."""
-    from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
-    from profiler.graphinfo import graph_info
     from tritonctl.errors import TritonctlError
     from tritonctl.export import materialize
     from tritonctl.spec import load_cluster
+
+    from .dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
+    from .graphinfo import graph_info
 
     try:
         records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]

@@ -20,8 +20,6 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from profiler.dataset import MemoryPoint, WakePoint
-from profiler.grid import Member
 from tritonctl.client import concrete_shape
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import MAX_BATCH
@@ -31,6 +29,9 @@ from tritonctl.runtime import share as cgroups
 from tritonctl.runtime.base import InstanceRecord
 from tritonctl.runtime.local import LocalRuntime, cpu_seconds, free_port
 from tritonctl.spec import DTYPES
+
+from .dataset import MemoryPoint, WakePoint
+from .grid import Member
 
 WARMUP_REPS, WARMUP_S = 3, 0.3
 MIN_REPS, MIN_TIME_S, MAX_REPS, MAX_TIME_S = 14, 1.0, 300, 5.0

@@ -15,11 +15,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from profiler.dataset import Dataset, Measurement, ModelFeatures, load_dataset
-from profiler.device import cpu_fingerprint, software_versions
-from profiler.graphinfo import graph_info
-from profiler.grid import HELDOUT_BATCHES, TRAIN_BATCHES, Run, coloc_runs, solo_runs
-from profiler.harness import Harness
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact, materialize
 from tritonctl.plan import PlannedModel, Tensor
@@ -30,6 +25,12 @@ from tritonctl.runtime.base import StartError
 from tritonctl.runtime.binary import find_tritonserver
 from tritonctl.runtime.local import LocalRuntime
 from tritonctl.spec import Cluster
+
+from .dataset import Dataset, Measurement, ModelFeatures, load_dataset
+from .device import cpu_fingerprint, software_versions
+from .graphinfo import graph_info
+from .grid import HELDOUT_BATCHES, TRAIN_BATCHES, Run, coloc_runs, solo_runs
+from .harness import Harness
 
 # Wake-up: per model, single requests after each idle gap (ms), WAKE_REQUESTS of them per gap.
 WAKE_GAPS_MS = (0, 5, 10, 20, 30, 50, 100, 200)

@@ -27,14 +27,15 @@ import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from rl.env import EnvConfig, InssEnv
-from rl.sac import SACConfig, SACDiscrete
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planner import demands_of, devices_of
 from tritonctl.policies import PlacementError
 from tritonctl.policies.spread import spread
 from tritonctl.spec import Cluster
+
+from .env import EnvConfig, InssEnv
+from .sac import SACConfig, SACDiscrete
 
 COLUMNS = ("episode", "reward", "throughput", "violation", "goodput_rps", "alpha", "planning_reward", "wall_s")
 

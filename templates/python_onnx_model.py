@@ -39,7 +39,9 @@ class TritonPythonModel:
         pieces = [np.split(result, bounds) for result in results]
         return [
             pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, piece[i]) for name, piece in zip(self.output_names, pieces)]
+                output_tensors=[
+                    pb_utils.Tensor(name, piece[i]) for name, piece in zip(self.output_names, pieces, strict=True)
+                ]
             )
             for i in range(len(requests))
         ]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, load_dataset
-from profiler.device import cpu_fingerprint
-from profiler.grid import coloc_runs, solo_runs
+from tritonctl.profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, load_dataset
+from tritonctl.profiler.device import cpu_fingerprint
+from tritonctl.profiler.grid import coloc_runs, solo_runs
 from tritonctl.render import threads_for_cores
 
 # The truth behind the synthetic datasets.

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import make_mlp, mlp_model, write_cluster
-from profiler.dataset import load_dataset
-from profiler.gpu import _keys, _l2_line, _parse_ncu, assemble, parse_models
-from profiler.grid import Member, Run
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.report import evaluate
+from tritonctl.profiler.dataset import load_dataset
+from tritonctl.profiler.gpu import _keys, _l2_line, _parse_ncu, assemble, parse_models
+from tritonctl.profiler.grid import Member, Run
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "profiles/inss-gpu"

@@ -10,9 +10,6 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from conftest import make_mlp, mlp_model, write_cluster
-from rl.env import EnvConfig, InssEnv
-from rl.sac import SACConfig, SACDiscrete
-from rl.train import TrainConfig, train
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.errors import TritonctlError
@@ -23,6 +20,9 @@ from tritonctl.policies import POLICIES, Demand
 from tritonctl.policies.base import Choice
 from tritonctl.policies.bda import bda, shortfall
 from tritonctl.policies.inss import HEADROOM, Layout, decode, inss, load_trained, outcome, peak_rps
+from tritonctl.rl.env import EnvConfig, InssEnv
+from tritonctl.rl.sac import SACConfig, SACDiscrete
+from tritonctl.rl.train import TrainConfig, train
 from tritonctl.spec import load_cluster
 
 torch.set_num_threads(1)

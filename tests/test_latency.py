@@ -15,7 +15,6 @@ import pytest
 from sklearn.utils.estimator_checks import check_estimator
 
 from conftest import make_mlp, mlp_model, write_cluster
-from profiler.dataset import WakePoint, load_dataset
 from synthetic import ALPHA_CACHE, synthetic_dataset, true_latency
 from tritonctl.cli import main
 from tritonctl.latency import queueing
@@ -25,6 +24,7 @@ from tritonctl.latency.model import MAX_BATCH, load_latency_model
 from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency, warm_tables
 from tritonctl.plan import load_plan
 from tritonctl.planner import predict
+from tritonctl.profiler.dataset import WakePoint, load_dataset
 
 
 def test_lwr_is_a_scikit_learn_estimator():

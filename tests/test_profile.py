@@ -7,10 +7,10 @@ import json
 import pytest
 
 from conftest import make_mlp, mlp_model, write_cluster
-from profiler import run
-from profiler.dataset import load_dataset
-from profiler.grid import coloc_runs, solo_runs
 from tritonctl.cli import main
+from tritonctl.profiler import run
+from tritonctl.profiler.dataset import load_dataset
+from tritonctl.profiler.grid import coloc_runs, solo_runs
 from tritonctl.runtime import share
 
 pytestmark = pytest.mark.skipif(share.mechanism() == "none", reason="profiling needs a writable cgroup")

@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from conftest import make_mlp, mlp_model, write_cluster
-from profiler.calibrate import Point, factors_of
 from tritonctl.cli import main
 from tritonctl.client import Endpoint
 from tritonctl.latency.model import scaled
 from tritonctl.perf_analyzer import arrivals, read_export
 from tritonctl.plan import load_plan
 from tritonctl.planner import devices_of, predicted_load
+from tritonctl.profiler.calibrate import Point, factors_of
 from tritonctl.spec import load_cluster
 from tritonctl.state import load_state
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl.sac import ReplayBuffer, SACConfig, SACDiscrete
+from tritonctl.rl.sac import ReplayBuffer, SACConfig, SACDiscrete
 
 torch.set_num_threads(1)
 

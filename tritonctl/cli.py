@@ -12,10 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-from profiler.calibrate import calibrate, median_abs
-from profiler.dataset import load_dataset
-from profiler.device import cpu_fingerprint
-from profiler.run import profile
 from tritonctl.apply import apply_plan, down, predicted_misses
 from tritonctl.bench import format_rows, margins, run_policies, upper_bound_rps, write_bench
 from tritonctl.client import endpoints, format_results, run_load
@@ -32,6 +28,10 @@ from tritonctl.plan import LoadedPlan, Plan, load_plan, save_plan
 from tritonctl.planner import HEADROOM, check_latency_model, make_plan, predicted_load, servable_scale
 from tritonctl.policies import POLICIES
 from tritonctl.policies.inss import default_policy_file
+from tritonctl.profiler.calibrate import calibrate, median_abs
+from tritonctl.profiler.dataset import load_dataset
+from tritonctl.profiler.device import cpu_fingerprint
+from tritonctl.profiler.run import profile
 from tritonctl.render import render
 from tritonctl.runtime import share
 from tritonctl.runtime.base import Runtime
@@ -265,7 +265,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from rl.train import TrainConfig, train  # torch loads only for training
+    from tritonctl.rl.train import TrainConfig, train  # torch loads only for training
 
     cluster = load_cluster(args.cluster)
     lm = load_latency_model(args.latency_model)

@@ -42,7 +42,7 @@ import yaml
 
 from tritonctl.errors import TritonctlError
 from tritonctl.plan import LoadedPlan, Plan, relative_to
-from tritonctl.render import TEMPLATES, Launch, render
+from tritonctl.render import Launch, render
 from tritonctl.runtime.base import restriction_flags
 from tritonctl.runtime.local import EXIT_TIMEOUT_S
 
@@ -58,7 +58,7 @@ LOG_DIR = "/var/log/nvidia-mps"
 MODELS_DIR = "/models"
 PORT_BASE = 18100  # first per-instance port; clear of Triton's 8000-8002 and node_exporter's 9100
 LABEL = "tritonctl"
-SOURCE = TEMPLATES.parent  # the repository the sidecar image is built from
+SOURCE = Path(__file__).resolve().parent.parent  # the checkout the sidecar image is built from (docker/)
 DOCKER_SOCKET = "/var/run/docker.sock"
 KEY = "TRITON_CONTROL_KEY"
 # Never bind-mounted into the sidecar: these folders themselves, and anything inside SYSTEM_TREES.
@@ -331,6 +331,12 @@ def settings(loaded: LoadedPlan, folder: Path) -> dict[str, str]:
     values[KEY] = secrets.token_urlsafe(32)  # per deployment: a re-render keeps the one in .env
     values["SIDECAR_USER"] = f"{os.getuid()}:{os.getgid()}"
     values["DOCKER_GID"] = docker_gid(values["DOCKER_SOCKET"])
+    if not (SOURCE / "docker" / "Dockerfile").is_file():
+        raise TritonctlError(
+            f"the Compose project builds its tritonctl image from a checkout of tritonctl (docker/Dockerfile), and "
+            f"{SOURCE} is not one: render the project from a checkout",
+            file=loaded.path,
+        )
     # Relative when the project lies inside the source tree, so the two can move to the GPU host together.
     values["TRITONCTL_SRC"] = relative_to(SOURCE, folder) if deploy.is_relative_to(SOURCE) else str(SOURCE)
     kept = read_env(folder / ENV_FILE)

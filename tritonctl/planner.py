@@ -7,7 +7,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from profiler.device import cpu_fingerprint
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
@@ -26,6 +25,7 @@ from tritonctl.plan import (
 from tritonctl.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
 from tritonctl.policies.inss import default_policy_file, load_trained
 from tritonctl.policies.timesharing import turn_service_ms
+from tritonctl.profiler.device import cpu_fingerprint
 from tritonctl.render import turn_share
 from tritonctl.spec import Cluster, ModelSpec
 

@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -29,7 +30,6 @@ from tritonctl.files import check_output_dir, sha256_file
 from tritonctl.plan import Device, LoadedPlan, Placement, PlannedModel
 from tritonctl.spec import DTYPES
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 # A short CFS period keeps a quota from turning into long stalls: with 100 ms a run that
 # outlasts its period's quota waits for the next period (bimodal latency); 10 ms spreads it.
 CFS_PERIOD_US = 10_000
@@ -62,7 +62,7 @@ class Launch:
 @functools.cache
 def python_glue() -> str:
     """The Python-backend model.py of CPU instances, read once."""
-    return (TEMPLATES / "python_onnx_model.py").read_text()
+    return (resources.files("tritonctl.templates") / "python_onnx_model.py").read_text()
 
 
 def cpu_cores(device: Device, share: int) -> float:

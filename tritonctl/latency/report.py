@@ -17,9 +17,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from sklearn.linear_model import LinearRegression
 
-from profiler.dataset import Dataset, Measurement
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
+from tritonctl.profiler.dataset import Dataset, Measurement
 
 
 @dataclass(frozen=True)

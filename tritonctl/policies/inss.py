@@ -39,6 +39,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,6 @@ from tritonctl.policies.spread import spread
 SHARE_LEVELS = 10
 PENALTY = 100.0  # omega of eq. 3 (InSS section 6.1)
 RATE_HEADROOM = 1.5  # rates observe as rate / (RATE_HEADROOM x the cluster's rate at training)
-POLICY_DIR = Path(__file__).resolve().parent.parent.parent / "rl" / "policies"
 # Batches are chosen to meet their SLOs with the model this much slower than predicted, where BDA finds such
 # a batch (`with_headroom`); placements are still judged on the prediction itself.
 HEADROOM = 0.1
@@ -273,12 +273,13 @@ class Trained:
 
 
 def default_policy_file(cluster: str) -> Path:
-    return POLICY_DIR / f"{cluster}.pt"
+    """Where the trained policy of `cluster` ships: policies/ of tritonctl.rl (rl/policies/ in a checkout)."""
+    return Path(str(resources.files("tritonctl.rl"))) / "policies" / f"{cluster}.pt"
 
 
 def load_trained(path: Path, cluster: str, models: list[str], devices: list[Device]) -> Trained:
     """The policy in `path`, refused unless trained for these models and devices."""
-    from rl.sac import TrainedActor  # torch loads only when a trained policy is used
+    from tritonctl.rl.sac import TrainedActor  # torch loads only when a trained policy is used
 
     if not path.is_file():
         raise TritonctlError(

@@ -1,0 +1,1 @@
+"""Files rendered into deployments: the Python-backend glue that runs an ONNX model on the CPU."""
