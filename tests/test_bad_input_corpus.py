@@ -546,12 +546,3 @@ def test_a_refused_cgroup_quota_leaves_no_cgroup(monkeypatch, tmp_path):
     with pytest.raises(OSError):  # a plain folder has no cpu.max nor cpu.cfs_quota_us: the quota write fails
         share.create("alpha-0.1", 50_000, 100_000)
     assert not (root / "tritonctl" / "alpha-0.1").exists()
-
-
-def test_a_plan_written_under_a_file_is_refused(capsys, base, tmp_path):
-    folder = tmp_path / "case"
-    shutil.copytree(base, folder)
-    (folder / "afile").write_text("x")
-    assert main(["plan", str(folder / "cluster.yaml"), "-o", str(folder / "afile" / "plan.yaml")]) == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert lines == [f"error: {folder / 'afile' / 'plan.yaml'}: {folder / 'afile'} is not a folder"]

@@ -168,6 +168,7 @@ def start_controller(plan: Path, log: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.triton
 def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path):
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
@@ -245,6 +246,7 @@ def _threads(pid: int) -> int:
     return int(re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
 
 
+@pytest.mark.triton
 def test_controller_restarts_a_killed_instance_and_a_killed_router_and_bounds_its_http(tmp_path):
     make_mlp(tmp_path / "mlp.onnx")
     plan = tmp_path / "plan.yaml"

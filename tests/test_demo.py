@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import REPO, free_base_port
+
+pytestmark = pytest.mark.triton  # real tritonserver processes
 
 
 def test_demo_serves_every_model_of_the_cpu_demo(tmp_path):

@@ -28,6 +28,8 @@ from tritonctl.runtime import share
 from tritonctl.runtime.local import LocalRuntime, proc_stat_fields, process_alive
 from tritonctl.state import apply_lock, load_state
 
+pytestmark = pytest.mark.triton  # real tritonserver processes
+
 
 def state_of(plan_path: Path):
     loaded = load_plan(plan_path)

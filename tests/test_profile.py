@@ -13,7 +13,10 @@ from tritonctl.profiler.dataset import load_dataset
 from tritonctl.profiler.grid import coloc_runs, solo_runs
 from tritonctl.runtime import share
 
-pytestmark = pytest.mark.skipif(share.mechanism() == "none", reason="profiling needs a writable cgroup")
+pytestmark = [
+    pytest.mark.triton,  # real tritonserver processes
+    pytest.mark.skipif(share.mechanism() == "none", reason="profiling needs a writable cgroup"),
+]
 
 
 def test_profile_is_budgeted_resumable_and_measured_under_the_share(tmp_path, capsys):

@@ -42,6 +42,7 @@ def served(tmp_path_factory):
     main(["down", str(plan)])
 
 
+@pytest.mark.triton
 def test_perf_analyzer_loads_every_model_at_once_and_reports_like_the_own_client(served, capsys):
     rc, out, _ = run_cli(capsys, "load", str(served), "--tool", "perf_analyzer", "--duration", "3")
     assert rc == 0, out
@@ -55,6 +56,7 @@ def test_perf_analyzer_loads_every_model_at_once_and_reports_like_the_own_client
     assert sorted(p.stem for p in exports) == ["alpha", "beta"]
 
 
+@pytest.mark.triton
 def test_the_own_client_reports_as_json(served, capsys):
     import json
 
@@ -65,6 +67,7 @@ def test_the_own_client_reports_as_json(served, capsys):
     assert all(m["ok"] == m["sent"] > 40 and m["failed"] == 0 and m["p99_ms"] > 0 for m in models)
 
 
+@pytest.mark.triton
 def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served, capsys, monkeypatch):
     before = {uid: rec.pid for uid, rec in load_state(load_plan(served).state_dir).instances.items()}
     monkeypatch.setenv("TRITONCTL_PERF_ANALYZER", "/nonexistent/perf_analyzer")
@@ -74,6 +77,7 @@ def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served
     assert after == before
 
 
+@pytest.mark.triton
 def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys, synthetic_lm):
     """With reject_late, Triton refuses what could only be late; perf_analyzer stops at the first."""
     make_mlp(tmp_path / "mlp.onnx")
@@ -166,6 +170,7 @@ def test_plan_with_a_latency_model_uses_search_by_default(capsys, synthetic_lm, 
     assert rc == 0 and "plan (spread) written" in out
 
 
+@pytest.mark.triton
 def test_apply_refuses_a_plan_predicted_to_miss_unless_told(capsys, synthetic_lm, mlp_cluster):
     spec = yaml.safe_load(mlp_cluster.read_text())
     spec["models"][0].update(rate=600, slo_ms=150)
@@ -230,6 +235,7 @@ def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tm
             assert f'string_value: "{threads}"' in config and launch.share == 100
 
 
+@pytest.mark.triton
 def test_a_weight_share_is_a_work_conserving_cgroup_weight_without_quota(tmp_path):
     from tritonctl.runtime import share
 

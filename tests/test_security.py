@@ -66,6 +66,7 @@ def _post(url: str, headers: dict | None = None) -> int:
         return exc.code
 
 
+@pytest.mark.triton
 def test_the_key_is_the_owners_alone(deployed):
     _, _, runtime = deployed
     path = runtime.state_dir / KEY_FILE
@@ -73,6 +74,7 @@ def test_the_key_is_the_owners_alone(deployed):
     assert len(runtime.control_key) >= 32 and control_key(runtime.state_dir) == runtime.control_key  # kept
 
 
+@pytest.mark.triton
 def test_model_control_without_the_key_is_refused_over_grpc_and_http(deployed):
     _, record, runtime = deployed
     with grpcclient.InferenceServerClient(f"{record.host}:{record.backend_port}") as client:
@@ -93,6 +95,7 @@ def test_model_control_without_the_key_is_refused_over_grpc_and_http(deployed):
     assert load_model(f"http://{record.host}:{record.http_port}", "alpha", 30, "not-the-key") is not None
 
 
+@pytest.mark.triton
 def test_inference_health_and_metadata_stay_open(deployed):
     plan, record, _ = deployed
     port = load_plan(plan).plan.models[0].port
@@ -108,6 +111,7 @@ def test_inference_health_and_metadata_stay_open(deployed):
         assert response.status == 200
 
 
+@pytest.mark.triton
 def test_tritonctls_own_calls_carry_the_key(deployed):
     _, record, runtime = deployed
     assert load_model(f"http://{record.host}:{record.http_port}", "alpha", 60, runtime.control_key) is None

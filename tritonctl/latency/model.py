@@ -33,14 +33,17 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import read_json
-from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.render import threads_for_cores
 from tritonctl.spec import MAX_BATCH  # BDA searches batch sizes 1..MAX_BATCH (InSS Algorithm 1); profiles too
+
+if TYPE_CHECKING:
+    from tritonctl.latency.lwr import LocallyWeightedRegression
 
 FORMAT = "tritonctl-latency-model"
 VERSION = 1
@@ -123,6 +126,8 @@ class LatencyModel:
     # ---- construction -------------------------------------------------------------------
     @staticmethod
     def _make_lwr(p: ModelParams) -> LocallyWeightedRegression:
+        from tritonctl.latency.lwr import LocallyWeightedRegression  # scikit-learn loads with the first model
+
         return LocallyWeightedRegression(bandwidth=p.lwr_bandwidth).fit(np.array(p.lwr_X), np.array(p.lwr_y))
 
     def eff(self, share: int, threads: int | None = None) -> float:

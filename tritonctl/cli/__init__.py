@@ -1,0 +1,319 @@
+"""The tritonctl command line: each stage of spec -> plan -> render -> apply runs on its own.
+
+The parser is here; each verb group's handlers live in a module of their own (measure, planning,
+deploy, demo), imported only when one of its verbs runs, so `--help` and light verbs start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tritonctl.cli import output
+from tritonctl.errors import TritonctlError
+from tritonctl.files import check_output_dir
+from tritonctl.policies import POLICIES
+
+DEMO_CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "cluster.yaml"  # in a checkout
+
+
+def _output_file(text: str) -> str:
+    """argparse type of an -o naming a file to write: not a folder, in a folder that can hold it."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: name the file to write")
+    _output_folder(str(Path(text).parent))
+    return text
+
+
+def _output_folder(text: str) -> str:
+    """argparse type of an -o naming a folder to write into: a folder (or none yet) that tritonctl can write."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    try:
+        check_output_dir(Path(text), file=None, field=None, writable=True)
+    except TritonctlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (0.1 is 10%), not {text}")
+    return value
+
+
+def add_margin(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--latency-margin",
+        type=_margin,
+        default=0.0,
+        metavar="M",
+        help="plan as if every batch ran (1 + M) times as long as the latency model predicts: headroom for a "
+        "model that is off by up to M (default 0; 0.1 for 10%%)",
+    )
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tritonctl",
+        description="Plan, render and apply dense NVIDIA Triton deployments. "
+        "Typical flow: tritonctl plan cluster.yaml && tritonctl apply plan.yaml",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, func, help_text):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    def add_format(p):
+        p.add_argument(
+            "--format",
+            choices=["text", "json"],
+            default="text",
+            help="text for people (default); json for programs: one JSON document on stdout, progress on stderr",
+        )
+
+    def add_compose_dir(p):
+        p.add_argument(
+            "--compose-dir",
+            help="compose: the project folder (tritonctl render --target compose; default: compose/ beside the plan)",
+        )
+
+    def add_runtime(p):
+        p.add_argument(
+            "--runtime",
+            choices=["local", "compose"],
+            default="local",
+            help="local: tritonserver processes here (CPU plans); compose: services of a rendered Compose project",
+        )
+        add_compose_dir(p)
+
+    p = add("export", "measure.cmd_export", "export the cluster's torchvision models to ONNX (cached by content)")
+    p.add_argument("cluster", help="cluster.yaml")
+    p = add(
+        "profile", "measure.cmd_profile", "measure the models over batch x share, solo and co-located, through Triton"
+    )
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=_output_folder,
+        help="dataset folder (default: profile/ beside the cluster file); resumes if present",
+    )
+    p.add_argument("--budget", type=float, help="stop after this many seconds (resume later)")
+    p = add("plan", "planning.cmd_plan", "choose placements, shares and batch sizes and write a plan file")
+    add_format(p)
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument(
+        "-o", "--output", type=_output_file, help="plan file to write (default: plan.yaml beside the cluster file)"
+    )
+    p.add_argument(
+        "--policy",
+        choices=list(POLICIES),
+        help="placement policy (see `tritonctl policies`); default: search with --latency-model (the best here), "
+        "spread without one (the only policy that needs no latency model)",
+    )
+    p.add_argument(
+        "--latency-model", help="a fitted latency model (tritonctl fit or calibrate): adds predictions to the plan"
+    )
+    p.add_argument(
+        "--strict", action="store_true", help="fail if any model cannot be served (default: plan the others, list it)"
+    )
+    p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
+    add_margin(p)
+    p = add(
+        "calibrate",
+        "measure.cmd_calibrate",
+        "carry a CPU latency model profiled on another CPU to this one: a short measurement through Triton "
+        "(about 20 s a model), running time x k * batch^gamma per model, its error on held-out points printed",
+    )
+    p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
+    p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")
+    p.add_argument(
+        "-o", "--output", type=_output_file, help="where to write it (default: beside it, named after this CPU's id)"
+    )
+    p = add("fit", "measure.cmd_fit", "fit the interference-aware latency model (InSS section 4) to a profile")
+    p.add_argument("profile", help="profile folder (tritonctl profile)")
+    p.add_argument(
+        "-o", "--output", type=_output_file, help="model file (default: latency-model.json in the profile folder)"
+    )
+    p.add_argument("--report", action="store_true", help="also evaluate on held-out measurements (see report)")
+    p = add("report", "measure.cmd_report", "evaluate a fitted latency model on held-out measurements, with plots")
+    p.add_argument("profile", help="profile folder")
+    p.add_argument("--model", help="latency model file (default: latency-model.json in the profile folder)")
+    p.add_argument("-o", "--output", type=_output_folder, help="report folder (default: report/ in the profile folder)")
+    add("policies", "planning.cmd_policies", "list the placement policies")
+    p = add("render", "deploy.cmd_render", "render a plan into per-instance Triton model repositories")
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument(
+        "--target",
+        choices=["repositories", "compose"],
+        default="repositories",
+        help="repositories: the plan's repository_dir (local runtime); compose: a Docker Compose project (GPU plans)",
+    )
+    p.add_argument(
+        "-o", "--output", type=_output_folder, help="compose: project folder (default: compose/ beside the plan)"
+    )
+    p.add_argument("--gpus", type=int, help="compose: GPUs on the target host (default: count them here, if any)")
+    p = add(
+        "apply",
+        "deploy.cmd_apply",
+        "start or change Triton instances to match a plan (exit 2: bad input, nothing done; exit 3: the apply "
+        "failed and was rolled back, the previous deployment keeps serving)",
+    )
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the steps without doing them (compose: also every docker command and HTTP call); exit 1 "
+        "when something would change, 0 when nothing would",
+    )
+    p.add_argument(
+        "--accept-misses",
+        action="store_true",
+        help="apply a plan even where its own predictions miss an SLO or leave a model unserved (refused otherwise)",
+    )
+    add_runtime(p)
+    p = add("validate", "planning.cmd_validate", "check a cluster or plan file as every verb would, touching nothing")
+    p.add_argument("file", help="cluster.yaml or plan.yaml")
+    p = add("schema", "planning.cmd_schema", "print the JSON Schema of the cluster file (for editors and CI checks)")
+    p.add_argument("--plan", action="store_true", help="the plan file's schema instead")
+    p = add(
+        "controller",
+        "deploy.cmd_controller",
+        "run the sidecar: apply the plan, watch rates, re-size batches (BDA) or re-plan (policy), apply",
+    )
+    p.add_argument("plan", help="plan.yaml to start from (or resume the plan the controller applied last)")
+    p.add_argument("--latency-model", help="fitted latency model (tritonctl fit); without it, no re-planning")
+    p.add_argument("--policy", default="search", help="policy to re-plan with when BDA fails (default: search)")
+    p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default: local)")
+    p.add_argument("--port", type=int, default=9300, help="port of the state and metrics endpoint (default 9300)")
+    p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")
+    p.add_argument("--threshold", type=_positive, default=0.25, help="relative rate change that acts (default 0.25)")
+    p.add_argument("--cooldown", type=float, default=10.0, help="seconds between two changes (default 10)")
+    add_margin(p)
+    add_runtime(p)
+    p = add("status", "deploy.cmd_status", "show the running instances, their shares, ports and health")
+    add_format(p)
+    p.add_argument("plan", help="plan.yaml")
+    add_compose_dir(p)
+    p = add("endpoints", "deploy.cmd_endpoints", "show where clients send requests for each model")
+    add_format(p)
+    p.add_argument("plan", help="plan.yaml")
+    p = add("down", "deploy.cmd_down", "stop every instance of the deployment (through the runtime that applied it)")
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument("--dry-run", action="store_true", help="print what would be stopped (compose: every command)")
+    add_compose_dir(p)
+    p = add("simulate", "planning.cmd_simulate", "replay Poisson traffic against a plan in a discrete-event simulator")
+    add_format(p)
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
+    p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds (default 60)")
+    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival process (default 0)")
+    p.add_argument("--drop", action="store_true", help="drop requests that can no longer meet their SLO")
+    p.add_argument("--trace", help="replay this trace (CSV: model,time_s) instead of Poisson arrivals at the rates")
+    p.add_argument(
+        "--latency-error",
+        type=float,
+        default=0.0,
+        help="run every model's batches (1 + e) times as long as predicted, e fixed per model, uniform in "
+        "[-X, X] (seeded): a latency model that is off (default 0)",
+    )
+    p = add("bench", "planning.cmd_bench", "plan a cluster with several policies and simulate each plan side by side")
+    add_format(p)
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
+    p.add_argument(
+        "--policies", nargs="+", help="policies to compare (default: all; inss where a trained policy exists)"
+    )
+    p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds per policy (default 60)")
+    p.add_argument(
+        "-o", "--output", type=_output_folder, help="output folder (default: bench/ beside the cluster file)"
+    )
+    p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
+    add_margin(p)
+    p = add("train", "planning.cmd_train", "train the inss policy (SAC-Discrete, InSS Algorithm 2) for a cluster")
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
+    p.add_argument("--episodes", type=int, help="episodes in all, resumed ones included (default 400)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the agent and the workload (default 0)")
+    p.add_argument("--resume", action="store_true", help="go on from the run folder's last checkpoint")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=_output_folder,
+        help="run folder: log, learning curve, checkpoint (default: rl/runs/<cluster>)",
+    )
+    p.add_argument("--policy-file", help="where the trained policy goes (default: rl/policies/<cluster name>.pt)")
+    p = add("load", "deploy.cmd_load", "send Poisson traffic at the planned rates and print latency and throughput")
+    add_format(p)
+    p.add_argument("plan", help="plan.yaml")
+    p.add_argument(
+        "--tool",
+        choices=["tritonctl", "perf_analyzer"],
+        default="tritonctl",
+        help="load generator: tritonctl's own client (default) or NVIDIA perf_analyzer, one process per model",
+    )
+    p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
+    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
+    p = add("demo", "demo.cmd_demo", "plan, apply and load the CPU demo cluster end to end")
+    p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")
+    p.add_argument("--policy", default="search", help="placement policy (default search, tritonctl's best here)")
+    p.add_argument(
+        "--latency-model",
+        help="fitted latency model (default: the committed profiles/<cluster name>/latency-model.json)",
+    )
+    p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
+    p.add_argument("--teardown", action="store_true", help="stop the deployment at the end")
+    return parser
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `finally`, so started instances are stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    output.JSON = getattr(args, "format", "text") == "json"
+    module, _, name = args.func.rpartition(".")
+    handler = getattr(importlib.import_module(f"tritonctl.cli.{module}"), name)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return handler(args)
+    except TritonctlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""`tritonctl demo`: calibrate where needed, plan, apply, print the endpoints and send load, end to end."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tritonctl.cli.deploy import _apply, _load, cmd_down, cmd_endpoints
+from tritonctl.cli.measure import _calibrate, _calibrated_path
+from tritonctl.cli.output import say
+from tritonctl.cli.planning import _plan
+from tritonctl.client import endpoints
+from tritonctl.errors import TritonctlError
+from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
+from tritonctl.plan import load_plan
+from tritonctl.planner import servable_scale
+from tritonctl.profiler.device import cpu_fingerprint
+from tritonctl.spec import Cluster, load_cluster
+
+CHECKOUT = Path(__file__).resolve().parents[2]  # where the committed profiles are (profiles/<cluster name>/)
+DEMO_MARGIN = 0.15  # the demo runs at rates its plan serves with batches 15% slower than predicted
+
+
+def cmd_demo(args) -> int:
+    """Export, plan, apply and load the CPU demo cluster, end to end."""
+
+    cluster = Path(args.cluster)
+    latency_model = args.latency_model
+    if latency_model is None:  # the committed one, where there is one
+        committed = CHECKOUT / "profiles" / load_cluster(cluster).spec.name / "latency-model.json"
+        latency_model = str(committed) if committed.is_file() else None
+        if latency_model is None and args.policy != "spread":
+            raise TritonctlError(
+                f"policy {args.policy} needs a fitted latency model and there is none: pass --latency-model, "
+                "or profile and fit the cluster first (tritonctl profile, tritonctl fit)",
+                file=committed,
+            )
+    spec = load_cluster(cluster)
+    if latency_model and load_latency_model(latency_model).device.fingerprint.get("id") != cpu_fingerprint()["id"]:
+        here = _calibrated_path(Path(latency_model), spec.resolve(spec.spec.runtime.state_dir))
+        if not here.is_file():  # calibrated once per CPU, kept in the state folder
+            say(f"== 0/4 calibrate {latency_model}: it was profiled on another CPU")
+            _calibrate(str(cluster), Path(latency_model), here)
+        latency_model = str(here)
+    say(f"== 1/4 plan ({args.policy}" + (f", latency model {latency_model})" if latency_model else ")"))
+    misses = False
+    if latency_model:
+        spec, misses = _demo_rates(spec, latency_model, args.policy)
+    plan_path = _plan(spec, args.policy, None, latency_model=latency_model)
+    say("== 2/4 apply")
+    _apply(plan_path, accept_misses=misses)
+    say("== 3/4 endpoints")
+    cmd_endpoints(argparse.Namespace(plan=str(plan_path)))
+    say("== 4/4 load")
+    rc = _load(plan_path, args.duration, 1.0)
+    if args.teardown:
+        cmd_down(argparse.Namespace(plan=str(plan_path), compose_dir=None, dry_run=False))
+    else:
+        first = endpoints(load_plan(plan_path).plan)[0]
+        say(
+            f"\nThe deployment keeps running.\n  look:           tritonctl status {plan_path}\n"
+            f"  send requests:  python examples/client.py {first.url} {first.model}\n"
+            f"  stop it:        tritonctl down {plan_path}"
+        )
+    return rc
+
+
+def _demo_rates(cluster: Cluster, latency_model: str, policy: str) -> tuple[Cluster, bool]:
+    """The demo cluster at the largest of 1, 0.95, ..., 0.05 times its rates that this CPU serves with DEMO_MARGIN
+    to spare (saying so), and whether even 0.05 x is predicted to miss (the demo runs it all the same, saying so:
+    a newcomer sees the deployment and the misses rather than nothing)."""
+    artifacts = materialize(cluster, log=lambda _: None)
+    headroom = load_latency_model(latency_model).with_margin(DEMO_MARGIN)
+    scale = servable_scale(cluster, artifacts, headroom, policy)
+    if scale == 0:
+        say(
+            f"WARNING: this CPU serves the demo within its SLOs (with {100 * DEMO_MARGIN:g}% to spare) at none of "
+            f"0.05-1 x its rates by latency model {latency_model}: deploying 0.05 x, predicted to miss"
+        )
+        return cluster.with_rates(lambda m: m.rate * 0.05), True
+    if scale < 1:
+        say(
+            f"this CPU serves the demo within its SLOs (with {100 * DEMO_MARGIN:g}% to spare) at {scale:g} x its "
+            f"rates, not at 1 x (the plan at 1 x is predicted to miss): planning for {scale:g} x"
+        )
+    return cluster.with_rates(lambda m: m.rate * scale), False

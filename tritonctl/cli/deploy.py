@@ -1,0 +1,244 @@
+"""Verbs that run deployments: render, apply, down, status, endpoints, load, controller."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+from tritonctl.apply import apply_plan, down, predicted_misses
+from tritonctl.cli import output
+from tritonctl.cli.output import emit, say
+from tritonctl.client import endpoints, format_results, run_load
+from tritonctl.compose import host_gpu_count, write_compose
+from tritonctl.controller import Controller, ControllerConfig, load_controller_state
+from tritonctl.errors import TritonctlError
+from tritonctl.latency.model import load_latency_model
+from tritonctl.perf_analyzer import find_perf_analyzer, run_perf_analyzer
+from tritonctl.plan import LoadedPlan, load_plan
+from tritonctl.policies import POLICIES
+from tritonctl.render import render
+from tritonctl.runtime import share
+from tritonctl.runtime.base import Runtime
+from tritonctl.runtime.binary import find_tritonserver
+from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
+from tritonctl.runtime.local import LocalRuntime, port_is_free
+from tritonctl.state import State, load_state
+
+
+def cmd_render(args) -> int:
+    loaded = load_plan(args.plan)
+    if args.target == "compose":
+        gpus = args.gpus if args.gpus is not None else host_gpu_count()
+        if gpus is None:
+            say("note: no GPU found here (or no pynvml): the plan's GPUs are not checked; pass --gpus N to check")
+        out = Path(args.output) if args.output else loaded.path.parent / "compose"
+        project = write_compose(loaded, out, gpus)
+        for name, service in project.services.items():
+            say(f"  {name:24} {service.name}  (GPU {service.device_index}, MPS {service.launch.share}%)")
+        say(
+            f"Compose project {project.name} written to {out}; on the GPU host: (cd {out} && docker compose up -d) "
+            f"&& tritonctl apply {loaded.path} --runtime compose --compose-dir {out}"
+        )
+        return 0
+    for name, (folder, launch) in render(loaded).items():
+        say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
+    return 0
+
+
+def _runtime(
+    loaded: LoadedPlan, name: str, compose_dir: str | None, dry_run: bool = False, starts: bool = True
+) -> Runtime:
+    """The runtime `name` for the plan; `starts`: it will start instances (the local one needs tritonserver)."""
+    if name == "compose":
+        folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
+        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=say), host_gpu_count() if starts else None)
+    if not starts:
+        return LocalRuntime(None, loaded.state_dir)
+    if loaded.plan.target == "gpu":
+        raise TritonctlError(
+            "this plan targets GPUs; the local runtime runs CPU plans (on a GPU host: render it with "
+            "--target compose and use --runtime compose)",
+            file=loaded.path,
+            field="target",
+        )
+    return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
+
+
+def _applied_runtime(args, loaded: LoadedPlan, state: State) -> Runtime:
+    """The runtime the state says applied the plan (to look at or stop what runs)."""
+    return _runtime(loaded, state.runtime, args.compose_dir, getattr(args, "dry_run", False), starts=False)
+
+
+def _apply(
+    plan_path: Path,
+    dry_run: bool = False,
+    runtime_name: str = "local",
+    compose_dir: str | None = None,
+    accept_misses: bool = False,
+) -> int:
+    """Apply the plan; how many instances it changed (in a dry run: would change)."""
+    loaded = load_plan(plan_path)
+    misses = predicted_misses(loaded.plan)
+    if misses and not accept_misses:
+        raise TritonctlError(
+            f"the plan is predicted to miss SLOs ({'; '.join(misses)}); lower the rates, add devices or "
+            "re-plan, or deploy it anyway with --accept-misses",
+            file=loaded.path,
+        )
+    runtime = _runtime(loaded, runtime_name, compose_dir, dry_run)
+    if isinstance(runtime, ComposeRuntime):
+        say(f"applying {loaded.path} through the Compose project in {runtime.folder}")
+        if dry_run:
+            say("dry run: the docker commands and HTTP calls below are printed, not made")
+    else:
+        say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
+        if share.mechanism() == "none":
+            say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
+    started = time.monotonic()
+    steps = apply_plan(loaded, runtime, log=say, dry_run=dry_run)
+    changed = sum(step.action != "keep" for step in steps)
+    verb = "would change" if dry_run else "changed"
+    say(f"{verb} {changed} instance(s), kept {len(steps) - changed}, in {time.monotonic() - started:.1f} s")
+    return changed
+
+
+def cmd_apply(args) -> int:
+    """Exit 0; with --dry-run, 1 when something would change (as `kubectl diff` does)."""
+    changed = _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir, args.accept_misses)
+    return int(args.dry_run and changed > 0)
+
+
+def cmd_controller(args) -> int:
+    loaded = load_plan(args.plan)
+    if args.policy not in POLICIES:
+        raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
+    runtime = _runtime(loaded, args.runtime, args.compose_dir)
+    if args.latency_margin and not args.latency_model:
+        raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
+    lm = load_latency_model(args.latency_model).with_margin(args.latency_margin) if args.latency_model else None
+    if lm is None:
+        say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")
+    cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
+    if not 0 <= args.port <= 65535 or (args.port and not port_is_free(args.host, args.port)):
+        raise TritonctlError(f"cannot serve the controller's state on {args.host}:{args.port}", field="--port")
+    controller = Controller(loaded.path, runtime, lm, args.policy, cfg, log=say)
+    server = controller.serve(args.host, args.port)
+    say(
+        f"controller running: state http://{args.host}:{server.server_port}/state, "
+        f"metrics http://{args.host}:{server.server_port}/metrics; Ctrl-C stops the controller "
+        "(the instances keep serving; `tritonctl down` stops them)"
+    )
+    stop = threading.Event()
+    try:
+        controller.run(stop)
+    finally:
+        server.shutdown()
+    return 0
+
+
+def _controller_status(state_dir: Path) -> None:
+    ctl = load_controller_state(state_dir)
+    if ctl is None:
+        return
+    say(f"controller: {ctl.applies} change(s) applied, policy {ctl.policy}, current plan {ctl.plan}")
+    if ctl.target:
+        say(f"  applying now: {ctl.target}" + (f" (last step: {ctl.steps[-1]})" if ctl.steps else ""))
+    for model, planned in sorted(ctl.planned_rates.items()):
+        estimate = ctl.estimated_rates.get(model)
+        queue = ctl.queue_ms.get(model)
+        say(
+            f"  {model:18} planned {planned:7.1f} req/s, measured "
+            + ("   -   " if estimate is None else f"{estimate:7.1f}")
+            + (f", queue {queue:.1f} ms" if queue is not None else "")
+        )
+    for decision in ctl.decisions[-3:]:
+        when = time.strftime("%H:%M:%S", time.localtime(decision["time"]))
+        say(f"  {when} {decision['kind']:8} {decision['reason']} ({decision['took_s']:g} s)")
+
+
+def cmd_status(args) -> int:
+    loaded = load_plan(args.plan)
+    state = load_state(loaded.state_dir)
+    runtime = _applied_runtime(args, loaded, state) if state.instances else None
+    health = {uid: runtime.health(rec).label for uid, rec in state.instances.items()} if runtime else {}
+    router_ok = runtime.router_ok() if runtime else None
+    unhealthy = sum(label != "ready" for label in health.values()) + (router_ok is False)
+    if output.JSON:
+        ctl = load_controller_state(loaded.state_dir)
+        emit(
+            {
+                "cluster": state.cluster,
+                "plan": state.plan,
+                "runtime": state.runtime,
+                "instances": [
+                    {**dataclasses.asdict(rec), "health": health[uid]} for uid, rec in sorted(state.instances.items())
+                ],
+                "router_ok": router_ok,
+                "controller": dataclasses.asdict(ctl) if ctl else None,
+            }
+        )
+        return 1 if unhealthy else 0
+    _controller_status(loaded.state_dir)
+    if not state.instances:
+        say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
+        return 0
+    say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
+    say(
+        f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
+        f"{'pid':>7} {'health':9} share enforcement"
+    )
+    for uid, rec in sorted(state.instances.items(), key=lambda item: item[1].instance):
+        say(
+            f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
+            f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health[uid]:9} {rec.share_mechanism}"
+        )
+    if router_ok is False:
+        say("router: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
+    return 1 if unhealthy else 0
+
+
+def cmd_endpoints(args) -> int:
+    targets = endpoints(load_plan(args.plan).plan)
+    if output.JSON:
+        emit([dataclasses.asdict(ep) for ep in targets])
+        return 0
+    say(f"{'model':18} {'gRPC address':22} input")
+    for ep in targets:
+        say(f"{ep.model:18} {ep.url:22} {ep.input_name} {ep.input_dtype}[batch, {', '.join(map(str, ep.input_shape))}]")
+    return 0
+
+
+def cmd_down(args) -> int:
+    loaded = load_plan(args.plan)
+    runtime = _applied_runtime(args, loaded, load_state(loaded.state_dir))
+    count = down(loaded.state_dir, runtime, log=say, dry_run=args.dry_run)
+    say(f"{'would stop' if args.dry_run else 'stopped'} {count} instance(s)")
+    return 0
+
+
+def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "tritonctl") -> int:
+    loaded = load_plan(plan_path)
+    targets = endpoints(loaded.plan)
+    pa = find_perf_analyzer() if tool == "perf_analyzer" else None  # before any traffic: a missing tool says so
+    say(
+        f"sending Poisson traffic with {tool} for {duration:.0f} s at {rate_scale:g} x the planned rates "
+        f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ..."
+    )
+    if pa is not None:
+        results = run_perf_analyzer(pa, targets, duration, rate_scale, loaded.state_dir / "perf_analyzer")
+    else:
+        results = run_load(targets, duration, rate_scale)
+    if output.JSON:
+        emit({"tool": tool, "rate_scale": rate_scale, "models": [r.summary() for r in results]})
+    else:
+        say(format_results(results))
+        for r in results:
+            if r.errors:
+                say(f"  {r.model}: first error: {r.errors[0]}")
+    return 0 if all(r.ok > 0 for r in results) else 1
+
+
+def cmd_load(args) -> int:
+    return _load(Path(args.plan), args.duration, args.rate_scale, args.tool)

@@ -1,0 +1,95 @@
+"""Verbs that measure models and fit their latency: export, profile, fit, report, calibrate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tritonctl.cli.output import say
+from tritonctl.export import materialize
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.report import write_report
+from tritonctl.profiler.calibrate import calibrate, median_abs
+from tritonctl.profiler.dataset import load_dataset
+from tritonctl.profiler.device import cpu_fingerprint
+from tritonctl.profiler.run import profile
+from tritonctl.spec import load_cluster
+
+
+def cmd_export(args) -> int:
+    cluster = load_cluster(args.cluster)
+    say(f"exporting models of {cluster.spec.name}:")
+    for name, artifact in materialize(cluster, log=say).items():
+        say(f"  {name}: {artifact.weights_mb:.1f} MB of weights, sha256 {artifact.sha256[:12]}")
+    return 0
+
+
+def _calibrated_path(source: Path, folder: Path) -> Path:
+    """Where `source` calibrated to this CPU goes in `folder`: named after this CPU's fingerprint."""
+    return folder / f"{source.stem}.{cpu_fingerprint()['id']}.json"
+
+
+def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
+    """Calibrate `source` to this CPU for the cluster's models, write it to `output` and print its errors."""
+    cluster = load_cluster(cluster_arg)
+    calibrated, points = calibrate(cluster, load_latency_model(source), source, log=say)
+    calibrated.save(output)
+    checks = [p for p in points if not p.fitted]
+    factors = calibrated.meta["calibrated"]["factors"]
+    say("running time x " + ", ".join(f"{name} {k:.2f} * batch^{g:.2f}" for name, (k, g) in factors.items()))
+    say(
+        f"held-out points ({len(checks)}): median |error| {100 * median_abs([p.error_before for p in checks]):.1f}% "
+        f"before, {100 * median_abs([p.error_after for p in checks]):.1f}% after; worst after "
+        f"{100 * max(abs(p.error_after) for p in checks):.1f}%"
+    )
+    say(f"calibrated latency model written to {output} ({calibrated.meta['calibrated']['seconds']:.0f} s)")
+    return output
+
+
+def cmd_calibrate(args) -> int:
+    source = Path(args.latency_model)
+    _calibrate(args.cluster, source, Path(args.output) if args.output else _calibrated_path(source, source.parent))
+    return 0
+
+
+def cmd_profile(args) -> int:
+    cluster = load_cluster(args.cluster)
+    out = Path(args.output) if args.output else cluster.path.parent / "profile"
+    dataset = profile(cluster, out, args.budget, log=say)
+    state = "complete" if dataset.metadata["complete"] else "incomplete (run again to resume)"
+    say(f"profile {state}: {len(dataset.rows)} measurements in {out} ({dataset.metadata['duration_s']:.0f} s)")
+    return 0
+
+
+def cmd_fit(args) -> int:
+    dataset = load_dataset(args.profile)
+    out = Path(args.output) if args.output else dataset.folder / "latency-model.json"
+    say(f"fitting {dataset.folder} ({len(dataset.rows)} measurements):")
+    model = fit_latency_model(dataset, log=say)
+    model.save(out)
+    say(f"latency model written to {out}")
+    if args.report:
+        _report(dataset, out, dataset.folder / "report")
+    return 0
+
+
+def _report(dataset, model_path: Path, out: Path) -> None:
+    figures = write_report(load_latency_model(model_path), dataset, out)
+    say(f"report written to {out / 'report.md'}")
+    say(
+        f"  held-out solo:       InSS-style {figures['solo_inss']}\n"
+        f"                       linear     {figures['solo_linear']}"
+    )
+    say(
+        f"  held-out co-located: InSS-style {figures['coloc_inss']}\n"
+        f"                       Gpulet     {figures['coloc_gpulet']}\n"
+        f"                       linear     {figures['coloc_linear']}"
+    )
+    say(f"  cache proxy vs slowdown r = {figures['proxy_r']:.2f}; prediction {figures['cost_us']:.1f} us/query")
+
+
+def cmd_report(args) -> int:
+    dataset = load_dataset(args.profile)
+    model_path = Path(args.model) if args.model else dataset.folder / "latency-model.json"
+    _report(dataset, model_path, Path(args.output) if args.output else dataset.folder / "report")
+    return 0

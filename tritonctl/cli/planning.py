@@ -1,0 +1,184 @@
+"""Verbs that decide: plan, policies, simulate, bench, train, validate, schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from tritonctl.apply import predicted_misses
+from tritonctl.bench import format_rows, margins, run_policies, upper_bound_rps, write_bench
+from tritonctl.cli import output
+from tritonctl.cli.output import emit, say
+from tritonctl.errors import TritonctlError
+from tritonctl.export import materialize
+from tritonctl.files import load_yaml
+from tritonctl.latency.model import load_latency_model
+from tritonctl.plan import Plan, load_plan, save_plan
+from tritonctl.planner import HEADROOM, check_latency_model, make_plan, predicted_load
+from tritonctl.policies import POLICIES
+from tritonctl.policies.inss import default_policy_file
+from tritonctl.simulate import format_sim, read_trace, simulate
+from tritonctl.spec import Cluster, ClusterSpec, load_cluster
+
+
+def _plan(
+    cluster_arg: str | Cluster,
+    policy: str,
+    output: str | None,
+    latency_model: str | None = None,
+    strict: bool = False,
+    policy_file: str | None = None,
+    margin: float = 0.0,
+) -> Path:
+    cluster = cluster_arg if isinstance(cluster_arg, Cluster) else load_cluster(cluster_arg)
+    out = Path(output) if output else cluster.path.parent / "plan.yaml"
+    say(f"models of {cluster.spec.name}:")
+    artifacts = materialize(cluster, log=say)
+    lm = None
+    if latency_model:
+        lm = load_latency_model(latency_model)
+        check_latency_model(cluster, artifacts, lm, Path(latency_model), say)
+        lm = lm.with_margin(margin)
+    elif margin:
+        raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
+    trained = Path(policy_file) if policy_file else None
+    plan = make_plan(cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained)
+    save_plan(plan, out)
+    say(f"plan ({policy}) written to {out}")
+    for model, placement in plan.instances():
+        device = plan.device(placement.device)
+        line = (
+            f"  {placement.instance:24} {placement.device:6} share {placement.share:>3}/{device.units} "
+            f"batch {placement.batch:>2}  port {model.port}"
+        )
+        if placement.predicted:
+            pred = placement.predicted
+            p99 = f"{pred.latency_ms:.1f} ms" if pred.latency_ms is not None else "overloaded"
+            line += f"  batch {pred.exec_ms:.1f} ms, p99 {p99} (SLO {model.slo_ms:g}), max {pred.throughput_rps:.0f}/s"
+        say(line)
+    for model in plan.unserved:
+        say(f"  NOT SERVED {model.name}: {model.reason}")
+    for device, load in sorted(predicted_load(plan).items()):
+        if load > HEADROOM:
+            say(
+                f"WARNING: {device} is predicted {100 * load:.0f}% busy: no headroom for bursts or for the work the "
+                "plan does not count (proxy, clients, the system); reserve cores (devices[].reserved_cores), lower "
+                "the rates or add devices"
+            )
+    return out
+
+
+def cmd_plan(args) -> int:
+    policy = args.policy or ("search" if args.latency_model else "spread")
+    out = _plan(
+        args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin
+    )
+    if output.JSON:
+        emit({"path": str(out), "plan": load_plan(out).plan.model_dump(mode="json")})
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    loaded = load_plan(args.plan)
+    lm = load_latency_model(args.latency_model)
+    missing = [m.name for m in loaded.plan.models if m.name not in lm.models]
+    if missing:
+        raise TritonctlError(f"models {missing} are not in the latency model", file=args.latency_model)
+    trace = None
+    if args.trace:
+        trace = read_trace(Path(args.trace))
+        unknown = sorted(set(trace) - {m.name for m in loaded.plan.models})
+        if unknown:
+            say(f"WARNING: the trace has requests for models the plan does not serve: {', '.join(unknown)}")
+    result = simulate(
+        loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale, trace, latency_error=args.latency_error
+    )
+    if output.JSON:
+        emit({**dataclasses.asdict(result), "throughput_rps": result.throughput, "goodput_rps": result.goodput})
+    else:
+        say(format_sim(result))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    cluster = load_cluster(args.cluster)
+    lm = load_latency_model(args.latency_model)
+    artifacts = materialize(cluster, log=lambda _: None)
+    check_latency_model(cluster, artifacts, lm, Path(args.latency_model), say, deploys_here=False)
+    unknown = [p for p in args.policies or [] if p not in POLICIES]
+    if unknown:
+        raise TritonctlError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    out = Path(args.output) if args.output else cluster.path.parent / "bench"
+    policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
+    policies = args.policies
+    if args.policies is None:  # every policy; inss where a policy was trained for this cluster
+        policies = [p for p in POLICIES if not POLICIES[p].trained or policy_file.is_file()]
+        if len(policies) < len(POLICIES):
+            say(f"note: inss left out: no trained policy {policy_file} (tritonctl train)")
+    rows = run_policies(
+        cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin
+    )
+    write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin)
+    if output.JSON:
+        emit({"output": str(out), "rows": [dataclasses.asdict(row) for row in rows]})
+        return 0
+    say(format_rows(rows))
+    say(margins(rows))
+    say(f"table, plans and plot written to {out}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from tritonctl.rl.train import TrainConfig, train  # torch loads only for training
+
+    cluster = load_cluster(args.cluster)
+    lm = load_latency_model(args.latency_model)
+    out = Path(args.output) if args.output else Path("rl") / "runs" / cluster.spec.name
+    policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
+    config = TrainConfig(seed=args.seed)
+    if args.episodes is not None:
+        config.episodes = args.episodes
+    rows = train(cluster, lm, out, policy_file, config, resume=args.resume, log=say)
+    last = rows[-max(1, len(rows) // 10) :]
+    say(
+        f"last {len(last)} episodes: reward {sum(r['reward'] for r in last) / len(last):.2f}, "
+        f"SLO violations {100 * sum(r['violation'] for r in last) / len(last):.2f}%, "
+        f"{rows[-1]['wall_s']:.0f} s of training"
+    )
+    return 0
+
+
+def cmd_policies(args) -> int:
+    for name, info in POLICIES.items():
+        say(f"{name:14} {info.help}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    """Check a cluster or plan file as every verb would, touching nothing."""
+    path = Path(args.file)
+    raw = load_yaml(path)
+    if isinstance(raw, dict) and "cluster_file" in raw:
+        loaded = load_plan(path)
+        misses = predicted_misses(loaded.plan)
+        say(
+            f"{path}: a valid plan of cluster {loaded.plan.cluster} "
+            f"({sum(1 for _ in loaded.plan.instances())} instance(s), {len(loaded.plan.models)} model(s))"
+        )
+        for miss in misses:
+            say(f"  predicted to miss: {miss} (apply refuses it without --accept-misses)")
+        return 0
+    cluster = load_cluster(path)
+    say(
+        f"{path}: a valid cluster file ({len(cluster.spec.models)} model(s), {len(cluster.spec.devices)} device "
+        "group(s))"
+    )
+    return 0
+
+
+def cmd_schema(args) -> int:
+    """Print the JSON Schema of the cluster file (or the plan file)."""
+    model = Plan if args.plan else ClusterSpec
+    print(json.dumps(model.model_json_schema(), indent=2))
+    return 0
