@@ -21,7 +21,7 @@ import time
 
 from cpu_demo import applied, plan_demo
 
-from tritonctl.client import Endpoint, closed_loop, endpoints
+from tritonctl.triton.client import Endpoint, closed_loop, endpoints
 
 WARMUP = 3  # requests per model and run left out of the median
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from cpu_demo import CLUSTER, MODEL, REPO
 
-from tritonctl.client import LoadResult, endpoints, run_load
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import save_plan
-from tritonctl.planner import make_plan
+from tritonctl.planning.plan import save_plan
+from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
+from tritonctl.triton.client import LoadResult, endpoints, run_load
 
 WORK = REPO / ".tritonctl" / "controller-bench"
 

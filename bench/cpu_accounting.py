@@ -21,9 +21,9 @@ from pathlib import Path
 
 from cpu_demo import MODEL, applied, plan_demo
 
-from tritonctl.client import endpoints, run_load
+from tritonctl.deploy.local import cpu_seconds
 from tritonctl.latency.model import load_latency_model
-from tritonctl.runtime.local import cpu_seconds
+from tritonctl.triton.client import endpoints, run_load
 
 
 def every_process() -> dict[int, tuple[str, float]]:
@@ -43,7 +43,7 @@ def group(cmd: str) -> str:
         return "Python-backend processes (the models)"
     if "tritonserver" in cmd:
         return "tritonserver"
-    if "tritonctl.router" in cmd:
+    if "tritonctl.deploy.router" in cmd:
         return "router"
     return "other"
 

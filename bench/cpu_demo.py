@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tritonctl.cli import main as tritonctl
-from tritonctl.plan import LoadedPlan, load_plan
+from tritonctl.planning.plan import LoadedPlan, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "examples" / "cpu-demo" / "cluster.yaml"

@@ -23,13 +23,13 @@ from functools import partial
 from pathlib import Path
 
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import load_plan
-from tritonctl.planner import demands_of, devices_of
-from tritonctl.policies import POLICIES, PlacementError, PolicyLimit
-from tritonctl.policies.bda import bda
-from tritonctl.policies.inss import action_mask, decode, default_policy_file, load_trained, observe
-from tritonctl.policies.spread import spread
-from tritonctl.simulate import simulate
+from tritonctl.planning.plan import load_plan
+from tritonctl.planning.planner import demands_of, devices_of
+from tritonctl.planning.policies import POLICIES, PlacementError, PolicyLimit
+from tritonctl.planning.policies.bda import bda
+from tritonctl.planning.policies.inss import action_mask, decode, default_policy_file, load_trained, observe
+from tritonctl.planning.policies.spread import spread
+from tritonctl.planning.simulate import simulate
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent

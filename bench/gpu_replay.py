@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 def spec(plans: list[Path], cluster_sources: dict[str, str], duration_s: float) -> dict:
     """The instances of each plan, by device, with what a replay needs (plain JSON: the GPU host has no pydantic)."""
-    from tritonctl.plan import load_plan
+    from tritonctl.planning.plan import load_plan
 
     out = {"duration_s": duration_s, "plans": []}
     for path in plans:
@@ -198,8 +198,8 @@ class Point:
 def replayed(results: Path, lm) -> tuple[dict, list[tuple[str, float, list[Point]]]]:
     """The spec of the replay in `results`, and per plan its policy, the cluster's offered rate and its points: the
     simulator fed each model's real arrivals (no drops)."""
-    from tritonctl.plan import load_plan
-    from tritonctl.simulate import simulate
+    from tritonctl.planning.plan import load_plan
+    from tritonctl.planning.simulate import simulate
     from tritonctl.spec import load_cluster
 
     try:

@@ -23,7 +23,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from cpu_demo import REPO, applied, plan_demo
 
-from tritonctl.client import Endpoint, closed_loop, endpoints, random_request, straight_to_instances
+from tritonctl.deploy.state import straight_to_instances
+from tritonctl.triton.client import Endpoint, closed_loop, endpoints, random_request
 
 PLAN = REPO / ".tritonctl" / "idle-penalty" / "plan.yaml"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planner import demands_of, devices_of
-from tritonctl.policies.inss import decide, default_policy_file, load_trained
+from tritonctl.planning.planner import demands_of, devices_of
+from tritonctl.planning.policies.inss import decide, default_policy_file, load_trained
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent

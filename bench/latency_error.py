@@ -18,11 +18,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from tritonctl.bench import arrived_requests
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planner import make_plan
-from tritonctl.simulate import simulate
+from tritonctl.planning.compare import arrived_requests
+from tritonctl.planning.planner import make_plan
+from tritonctl.planning.simulate import simulate
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent

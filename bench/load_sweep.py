@@ -22,10 +22,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from tritonctl.bench import OWN, BenchRow, run_policies
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planner import POLICIES
+from tritonctl.planning.compare import OWN, BenchRow, run_policies
+from tritonctl.planning.planner import POLICIES
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from cpu_demo import REPO, applied, plan_demo
 
-from tritonctl.client import endpoints, run_load
-from tritonctl.runtime.local import cpu_seconds
+from tritonctl.deploy.local import cpu_seconds
+from tritonctl.triton.client import endpoints, run_load
 
 PLAN = REPO / ".tritonctl" / "ort-spinning" / "plan.yaml"
 STUB = "triton_python_b"  # the Python backend stub's process name, as the kernel truncates it

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from cpu_demo import CLUSTER, MODEL, REPO, applied
 
-from tritonctl.client import endpoints, run_load
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import save_plan
-from tritonctl.planner import make_plan
+from tritonctl.planning.plan import save_plan
+from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
+from tritonctl.triton.client import endpoints, run_load
 
 PLANS = REPO / ".tritonctl" / "real-goodput"
 

@@ -40,17 +40,18 @@ from pathlib import Path
 from cpu_accounting import every_process, group
 
 from tritonctl.cli import main as tritonctl
-from tritonctl.client import Endpoint, LoadResult, endpoints, run_load, straight_to_instances
+from tritonctl.deploy.local import free_ports
+from tritonctl.deploy.state import straight_to_instances
 from tritonctl.export import materialize
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
-from tritonctl.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
-from tritonctl.plan import Device, Placement, load_plan, save_plan
-from tritonctl.planner import make_plan
-from tritonctl.profiler.device import cpu_fingerprint
-from tritonctl.render import place_file, python_glue, render_config
-from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import free_ports
+from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
+from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
+from tritonctl.triton.binary import find_tritonserver
+from tritonctl.triton.client import Endpoint, LoadResult, endpoints, run_load
+from tritonctl.triton.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
+from tritonctl.triton.render import place_file, python_glue, render_config
 
 ANSWERED_IN_SLO = 0.99  # a scale is served when every model answers this part of its requests within the SLO
 

@@ -16,15 +16,16 @@ import json
 
 from cpu_demo import CLUSTER, MODEL, REPO
 
-from tritonctl.apply import apply_plan, down
-from tritonctl.client import endpoints, run_load, straight_to_instances
+from tritonctl.deploy.apply import apply_plan, down
+from tritonctl.deploy.local import ROUTER_FILE, LocalRuntime, cpu_seconds
+from tritonctl.deploy.state import straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import load_plan, save_plan
-from tritonctl.planner import make_plan
-from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import ROUTER_FILE, LocalRuntime, cpu_seconds
+from tritonctl.planning.plan import load_plan, save_plan
+from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
+from tritonctl.triton.binary import find_tritonserver
+from tritonctl.triton.client import endpoints, run_load
 
 WORK = REPO / ".tritonctl" / "router-bench"
 

@@ -25,16 +25,16 @@ from pathlib import Path
 
 from cpu_demo import CLUSTER, REPO
 
-from tritonctl.apply import down
-from tritonctl.client import LoadResult, endpoints, format_results, run_load
+from tritonctl.deploy.apply import down
+from tritonctl.deploy.local import LocalRuntime
+from tritonctl.deploy.state import load_state
 from tritonctl.export import materialize
-from tritonctl.plan import load_plan, save_plan
-from tritonctl.planner import make_plan
-from tritonctl.profiler.device import cpu_fingerprint
-from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import LocalRuntime
+from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.planning.plan import load_plan, save_plan
+from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
-from tritonctl.state import load_state
+from tritonctl.triton.binary import find_tritonserver
+from tritonctl.triton.client import LoadResult, endpoints, format_results, run_load
 
 WORK = REPO / ".tritonctl" / "self-heal-bench"
 

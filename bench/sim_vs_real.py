@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 from cpu_demo import MODEL, REPO, applied, plan_demo
 
-from tritonctl.client import endpoints, run_load, straight_to_instances
+from tritonctl.deploy.state import straight_to_instances
 from tritonctl.latency.model import LatencyModel, load_latency_model
-from tritonctl.plan import load_plan
-from tritonctl.simulate import read_trace, simulate
+from tritonctl.planning.plan import load_plan
+from tritonctl.planning.simulate import read_trace, simulate
+from tritonctl.triton.client import endpoints, run_load
 
 RESULTS = REPO / "bench" / "results" / "sim-vs-real"
 

@@ -27,15 +27,15 @@ import yaml
 from cpu_demo import CLUSTER, REPO
 from matplotlib.figure import Figure
 
-from tritonctl.apply import apply_plan, down
-from tritonctl.client import LoadResult, endpoints, run_load
+from tritonctl.deploy.apply import apply_plan, down
+from tritonctl.deploy.local import LocalRuntime
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
-from tritonctl.plan import load_plan, save_plan
-from tritonctl.planner import make_plan
-from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import LocalRuntime
+from tritonctl.planning.plan import load_plan, save_plan
+from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
+from tritonctl.triton.binary import find_tritonserver
+from tritonctl.triton.client import LoadResult, endpoints, run_load
 
 WORK = REPO / ".tritonctl" / "swap-bench"
 

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonctl.deploy import share
+from tritonctl.deploy.local import LocalRuntime
+from tritonctl.deploy.runtime import StartError
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import LatencyModel, scaled
-from tritonctl.planner import devices_of
-from tritonctl.runtime import share
-from tritonctl.runtime.base import StartError
-from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import LocalRuntime
+from tritonctl.planning.planner import devices_of
 from tritonctl.spec import Cluster
+from tritonctl.triton.binary import find_tritonserver
 
-from .device import cpu_fingerprint
 from .grid import HELDOUT_BATCHES, TRAIN_BATCHES, Member
 from .harness import Harness
 from .run import planned_for_profile

@@ -424,9 +424,9 @@ def assemble(raw: Path, cluster_path: Path, output: Path, log=print):
     """Build the profile folder from the GPU host's records and this machine's ONNX files of the same models."""
     from tritonctl.errors import TritonctlError
     from tritonctl.export import materialize
+    from tritonctl.latency.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
     from tritonctl.spec import load_cluster
 
-    from .dataset import Dataset, Measurement, MemoryPoint, ModelFeatures
     from .graphinfo import graph_info
 
     try:

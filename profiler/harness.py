@@ -20,17 +20,18 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tritonctl.client import concrete_shape
+from tritonctl.deploy import share as cgroups
+from tritonctl.deploy.local import LocalRuntime, cpu_seconds, free_port
+from tritonctl.deploy.runtime import InstanceRecord
 from tritonctl.errors import TritonctlError
+from tritonctl.latency.dataset import MemoryPoint, WakePoint
 from tritonctl.latency.model import MAX_BATCH
-from tritonctl.plan import Device, Placement, PlannedModel
-from tritonctl.render import CFS_PERIOD_US, cpu_cores, render_instance, threads_for
-from tritonctl.runtime import share as cgroups
-from tritonctl.runtime.base import InstanceRecord
-from tritonctl.runtime.local import LocalRuntime, cpu_seconds, free_port
+from tritonctl.planning.plan import Device, Placement, PlannedModel
+from tritonctl.shares import CFS_PERIOD_US, cpu_cores, threads_for
 from tritonctl.spec import DTYPES
+from tritonctl.triton.client import concrete_shape
+from tritonctl.triton.render import render_instance
 
-from .dataset import MemoryPoint, WakePoint
 from .grid import Member
 
 WARMUP_REPS, WARMUP_S = 3, 0.3

@@ -15,19 +15,20 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from tritonctl.deploy import share
+from tritonctl.deploy.local import LocalRuntime
+from tritonctl.deploy.runtime import StartError
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact, materialize
-from tritonctl.plan import PlannedModel, Tensor
-from tritonctl.planner import devices_of
-from tritonctl.render import CFS_PERIOD_US, ort_spinning, threads_for
-from tritonctl.runtime import share
-from tritonctl.runtime.base import StartError
-from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.local import LocalRuntime
+from tritonctl.latency.dataset import Dataset, Measurement, ModelFeatures, load_dataset
+from tritonctl.latency.device import cpu_fingerprint, software_versions
+from tritonctl.planning.plan import PlannedModel, Tensor
+from tritonctl.planning.planner import devices_of
+from tritonctl.shares import CFS_PERIOD_US, threads_for
 from tritonctl.spec import Cluster
+from tritonctl.triton.binary import find_tritonserver
+from tritonctl.triton.render import ort_spinning
 
-from .dataset import Dataset, Measurement, ModelFeatures, load_dataset
-from .device import cpu_fingerprint, software_versions
 from .graphinfo import graph_info
 from .grid import HELDOUT_BATCHES, TRAIN_BATCHES, Run, coloc_runs, solo_runs
 from .harness import Harness

@@ -1,1 +1,2 @@
-"""Reinforcement learning for the InSS scheduler: the SAC-Discrete agent (`rl.sac`), later its environment."""
+"""Training the InSS scheduler (tritonctl.rl): the SAC-Discrete agent (`sac`), its environment (`env`), the loop
+(`train`). Nothing at run time imports it; the trained actor it saves is loaded by `planning.policies.actor`."""

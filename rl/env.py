@@ -1,6 +1,6 @@
 """The GPU-provisioning MDP of InSS (section 5.2) as a gymnasium environment, on the fitted latency model.
 
-State, action and reward (eq. 3) are those of `tritonctl.policies.inss`, through which the trained
+State, action and reward (eq. 3) are those of `tritonctl.planning.policies.inss`, through which the trained
 policy acts online: memory used per device by the previous decision, arrival rate and queued work per
 model; per model a device and a share level; inside a step BDA (Algorithm 1) picks the batch sizes, then
 normalised throughput minus 100 x the SLO-violation share, placements that overflow memory counting as
@@ -21,10 +21,10 @@ import gymnasium as gym
 import numpy as np
 
 from tritonctl.latency.model import LatencyModel
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand
-from tritonctl.policies.bda import bda
-from tritonctl.policies.inss import (
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand
+from tritonctl.planning.policies.bda import bda
+from tritonctl.planning.policies.inss import (
     PENALTY,
     RATE_HEADROOM,
     SHARE_LEVELS,
@@ -37,7 +37,7 @@ from tritonctl.policies.inss import (
     propose,
     undeployed,
 )
-from tritonctl.policies.spread import spread
+from tritonctl.planning.policies.spread import spread
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from tqdm import tqdm
 
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
-from tritonctl.planner import demands_of, devices_of
-from tritonctl.policies import PlacementError
-from tritonctl.policies.spread import spread
+from tritonctl.planning.planner import demands_of, devices_of
+from tritonctl.planning.policies import PlacementError
+from tritonctl.planning.policies.spread import spread
 from tritonctl.spec import Cluster
 
 from .env import EnvConfig, InssEnv

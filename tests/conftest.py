@@ -11,10 +11,10 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from tritonctl.apply import down
+from tritonctl.deploy.apply import down
+from tritonctl.deploy.local import LocalRuntime
+from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
-from tritonctl.runtime.local import LocalRuntime
-from tritonctl.state import load_state
 
 REPO = Path(__file__).resolve().parent.parent
 

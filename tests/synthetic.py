@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tritonctl.profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, load_dataset
-from tritonctl.profiler.device import cpu_fingerprint
+from tritonctl.latency.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, load_dataset
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.profiler.grid import coloc_runs, solo_runs
-from tritonctl.render import threads_for_cores
+from tritonctl.shares import threads_for_cores
 
 # The truth behind the synthetic datasets.
 PER_SAMPLE_MS = {"alpha": 4.0, "beta": 9.0}

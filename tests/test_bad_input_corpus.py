@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 from conftest import make_mlp, mlp_model, write_cluster
-from tritonctl.apply import apply_plan
 from tritonctl.cli import main
+from tritonctl.deploy import share
+from tritonctl.deploy.apply import apply_plan
+from tritonctl.deploy.local import LocalRuntime
 from tritonctl.errors import TritonctlError
-from tritonctl.plan import load_plan
-from tritonctl.render import render_config
-from tritonctl.runtime import share
-from tritonctl.runtime.local import LocalRuntime
+from tritonctl.planning.plan import load_plan
+from tritonctl.triton.render import render_config
 
 # A file change: given the case folder and the file's path, rewrite the file (and prepare the folder).
 Mutation = Callable[[Path, Path], None]

@@ -7,10 +7,10 @@ import pytest
 from synthetic import synthetic_dataset
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError, PolicyLimit
-from tritonctl.policies.bda import MAX_BATCH, bda, bda_policy, broken_constraint, queue_delay_us
-from tritonctl.policies.optimal import optimal
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
+from tritonctl.planning.policies.bda import MAX_BATCH, bda, bda_policy, broken_constraint, queue_delay_us
+from tritonctl.planning.policies.optimal import optimal
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import pytest
 
 from conftest import make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
-from tritonctl.bench import run_policies
 from tritonctl.cli import main
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.policies import POLICIES
+from tritonctl.planning.compare import run_policies
+from tritonctl.planning.policies import POLICIES
 from tritonctl.spec import load_cluster
 
 

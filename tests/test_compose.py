@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from conftest import REPO, make_mlp, mlp_model, write_cluster
-from tritonctl.apply import apply_plan, down
 from tritonctl.cli import main
-from tritonctl.compose import LABEL, write_compose
+from tritonctl.deploy.apply import apply_plan, down
+from tritonctl.deploy.compose import CommandRunner, ComposeRuntime, Outcome
+from tritonctl.deploy.compose_project import LABEL, write_compose
+from tritonctl.deploy.runtime import StartError
+from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
-from tritonctl.plan import load_plan
-from tritonctl.runtime.base import StartError
-from tritonctl.runtime.compose import CommandRunner, ComposeRuntime, Outcome
-from tritonctl.state import load_state
+from tritonctl.planning.plan import load_plan
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
@@ -100,7 +100,7 @@ def test_project_is_valid_compose_and_every_reference_resolves(gpu_plan, tmp_pat
     assert sidecar["working_dir"] == str(gpu_plan.parent)
     router = services["router"]
     assert router["network_mode"] == "host" and "profiles" not in router
-    assert router["entrypoint"] == ["python", "-m", "tritonctl.router"]
+    assert router["entrypoint"] == ["python", "-m", "tritonctl.deploy.router"]
     assert "--control-host=${ROUTER_CONTROL_ADDRESS:-127.0.0.1}" in router["command"]
     assert router["volumes"][0]["source"] == "router-state" and router["image"] == sidecar["image"]
     assert env["ROUTER_ADDRESS"] == "0.0.0.0" and env["TRITON_GRPC_ADDRESS"] == "127.0.0.1"

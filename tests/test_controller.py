@@ -21,7 +21,6 @@ import yaml
 from conftest import REPO, make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
-from tritonctl.client import endpoints, run_load
 from tritonctl.controller import (
     ControllerConfig,
     RateEstimator,
@@ -31,12 +30,13 @@ from tritonctl.controller import (
     rebatch,
     with_rates,
 )
+from tritonctl.deploy.local import LocalRuntime, process_alive
+from tritonctl.deploy.state import load_state
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.plan import load_plan
-from tritonctl.policies.base import Choice, Demand
-from tritonctl.policies.bda import bda
-from tritonctl.runtime.local import LocalRuntime, process_alive
-from tritonctl.state import load_state
+from tritonctl.planning.plan import load_plan
+from tritonctl.planning.policies.base import Choice, Demand
+from tritonctl.planning.policies.bda import bda
+from tritonctl.triton.client import endpoints, run_load
 
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests
 # TYPE nv_inference_request_success counter
@@ -228,7 +228,7 @@ def _served_again(endpoint, timeout_s: float) -> float:
     """Seconds until a request for the endpoint's model is answered (a new connection each try)."""
     import tritonclient.grpc as grpcclient
 
-    from tritonctl.client import random_request
+    from tritonctl.triton.client import random_request
 
     request = random_request(endpoint, np.random.default_rng(0))
     began = time.monotonic()

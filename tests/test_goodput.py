@@ -14,13 +14,13 @@ from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import goodput, in_slo, sample_latencies
-from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
-from tritonctl.planner import demands_of, devices_of, place
-from tritonctl.policies import POLICIES, Choice, Demand
-from tritonctl.policies.bda import bda
-from tritonctl.policies.search import STEP, search
-from tritonctl.policies.timesharing import time_sharing
-from tritonctl.simulate import simulate
+from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
+from tritonctl.planning.planner import demands_of, devices_of, place
+from tritonctl.planning.policies import POLICIES, Choice, Demand
+from tritonctl.planning.policies.bda import bda
+from tritonctl.planning.policies.search import STEP, search
+from tritonctl.planning.policies.timesharing import time_sharing
+from tritonctl.planning.simulate import simulate
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent

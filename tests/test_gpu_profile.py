@@ -14,9 +14,9 @@ import pytest
 
 from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.errors import TritonctlError
+from tritonctl.latency.dataset import load_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.report import evaluate
-from tritonctl.profiler.dataset import load_dataset
 from tritonctl.profiler.gpu import _keys, _l2_line, _parse_ncu, assemble, parse_models
 from tritonctl.profiler.grid import Member, Run
 
@@ -146,7 +146,7 @@ def test_assemble_refuses_a_cut_short_measurement(tmp_path):
 
 
 def test_the_replays_batcher_follows_tritons_rules():
-    """bench/gpu_replay.py's stand-in for Triton's dynamic batcher: the rules tritonctl/simulate.py also follows."""
+    """bench/gpu_replay.py's stand-in for Triton's dynamic batcher: the rules the simulator also follows."""
     times = [0.0, 1.0, 2.0, 3.0, 10.0]
     assert next_batch(times, 0, 3.5, 4, 5.0) == (4, 3.5)  # a full batch waits: it starts at once
     assert next_batch(times, 0, 2.5, 4, 5.0) == (0, 3.0)  # three wait: until the fourth arrives

@@ -15,11 +15,11 @@ from tritonctl.cli import main
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.queueing import task_latency
-from tritonctl.plan import Device, load_plan
-from tritonctl.policies import POLICIES, Demand
-from tritonctl.policies.base import Choice
-from tritonctl.policies.bda import bda, shortfall
-from tritonctl.policies.inss import HEADROOM, Layout, decode, inss, load_trained, outcome, peak_rps
+from tritonctl.planning.plan import Device, load_plan
+from tritonctl.planning.policies import POLICIES, Demand
+from tritonctl.planning.policies.base import Choice
+from tritonctl.planning.policies.bda import bda, shortfall
+from tritonctl.planning.policies.inss import HEADROOM, Layout, decode, inss, load_trained, outcome, peak_rps
 from tritonctl.rl.env import EnvConfig, InssEnv
 from tritonctl.rl.sac import SACConfig, SACDiscrete
 from tritonctl.rl.train import TrainConfig, train

@@ -18,13 +18,13 @@ from conftest import make_mlp, mlp_model, write_cluster
 from synthetic import ALPHA_CACHE, synthetic_dataset, true_latency
 from tritonctl.cli import main
 from tritonctl.latency import queueing
+from tritonctl.latency.dataset import WakePoint, load_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import MAX_BATCH, load_latency_model
 from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency, warm_tables
-from tritonctl.plan import load_plan
-from tritonctl.planner import predict
-from tritonctl.profiler.dataset import WakePoint, load_dataset
+from tritonctl.planning.plan import load_plan
+from tritonctl.planning.planner import predict
 
 
 def test_lwr_is_a_scikit_learn_estimator():

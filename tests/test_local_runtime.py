@@ -21,12 +21,12 @@ import yaml
 
 from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
 from tritonctl.cli import main
-from tritonctl.client import endpoints, run_load
+from tritonctl.deploy import share
+from tritonctl.deploy.local import LocalRuntime, proc_stat_fields, process_alive
+from tritonctl.deploy.state import apply_lock, load_state
 from tritonctl.files import sha256_file
-from tritonctl.plan import load_plan
-from tritonctl.runtime import share
-from tritonctl.runtime.local import LocalRuntime, proc_stat_fields, process_alive
-from tritonctl.state import apply_lock, load_state
+from tritonctl.planning.plan import load_plan
+from tritonctl.triton.client import endpoints, run_load
 
 pytestmark = pytest.mark.triton  # real tritonserver processes
 

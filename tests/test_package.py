@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,8 +17,14 @@ pytestmark = pytest.mark.triton
 
 
 def test_a_wheel_runs_plan_render_apply_and_down_on_the_demo_from_elsewhere(tmp_path):
+    source = tmp_path / "source"  # what the wheel is built from, copied: the build writes build/ beside it
+    source.mkdir()
+    for part in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(REPO / part, source / part)
+    for part in ("tritonctl", "profiler", "rl", "templates"):
+        shutil.copytree(REPO / part, source / part, ignore=shutil.ignore_patterns("__pycache__", "runs"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "wheel"), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "wheel"), str(source)],
         check=True,
         capture_output=True,
     )

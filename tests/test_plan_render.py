@@ -14,12 +14,12 @@ from tritonclient.grpc import model_config_pb2
 
 from conftest import REPO
 from tritonctl.export import materialize
-from tritonctl.plan import Device, LoadedPlan, Prediction, load_plan, save_plan
-from tritonctl.planner import make_plan
-from tritonctl.policies import Demand, PlacementError
-from tritonctl.policies.spread import spread
-from tritonctl.render import render
+from tritonctl.planning.plan import Device, LoadedPlan, Prediction, load_plan, save_plan
+from tritonctl.planning.planner import make_plan
+from tritonctl.planning.policies import Demand, PlacementError
+from tritonctl.planning.policies.spread import spread
 from tritonctl.spec import load_cluster
+from tritonctl.triton.render import render
 
 
 def gpus(n: int, memory_mb: int = 1000) -> list[Device]:

@@ -12,15 +12,15 @@ from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import goodputs, task_latency
-from tritonctl.plan import Device
-from tritonctl.planner import unservable
-from tritonctl.policies import POLICIES, Demand, PlacementError
-from tritonctl.policies.base import Choice
-from tritonctl.policies.bda import throughput
-from tritonctl.policies.gpulet import SIZES
-from tritonctl.policies.igniter import igniter
-from tritonctl.policies.search import search
-from tritonctl.policies.timesharing import time_sharing
+from tritonctl.planning.plan import Device
+from tritonctl.planning.planner import unservable
+from tritonctl.planning.policies import POLICIES, Demand, PlacementError
+from tritonctl.planning.policies.base import Choice
+from tritonctl.planning.policies.bda import throughput
+from tritonctl.planning.policies.gpulet import SIZES
+from tritonctl.planning.policies.igniter import igniter
+from tritonctl.planning.policies.search import search
+from tritonctl.planning.policies.timesharing import time_sharing
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import pytest
 
 from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
+from tritonctl.deploy import share
+from tritonctl.latency.dataset import load_dataset
 from tritonctl.profiler import run
-from tritonctl.profiler.dataset import load_dataset
 from tritonctl.profiler.grid import coloc_runs, solo_runs
-from tritonctl.runtime import share
 
 pytestmark = [
     pytest.mark.triton,  # real tritonserver processes

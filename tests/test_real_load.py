@@ -14,14 +14,14 @@ import yaml
 
 from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
-from tritonctl.client import Endpoint
+from tritonctl.deploy.state import load_state
 from tritonctl.latency.model import scaled
-from tritonctl.perf_analyzer import arrivals, read_export
-from tritonctl.plan import load_plan
-from tritonctl.planner import devices_of, predicted_load
+from tritonctl.planning.plan import load_plan
+from tritonctl.planning.planner import devices_of, predicted_load
 from tritonctl.profiler.calibrate import Point, factors_of
 from tritonctl.spec import load_cluster
-from tritonctl.state import load_state
+from tritonctl.triton.client import Endpoint
+from tritonctl.triton.perf_analyzer import arrivals, read_export
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -219,7 +219,8 @@ def test_calibration_recovers_a_speed_and_batching_factor(synthetic_lm):
 def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tmp_path, synthetic_lm):
     """Two (or four) instances taking turns with 2 cores get one onnxruntime thread each (a share of 50 units
     runs like one of them alone, two run at once); one instance alone keeps both threads."""
-    from tritonctl.render import render, turn_share, turn_slots, turn_threads
+    from tritonctl.shares import turn_share, turn_slots, turn_threads
+    from tritonctl.triton.render import render
 
     make_mlp(tmp_path / "mlp.onnx")
     two_cores = devices_of(load_cluster(write_cluster(tmp_path, [mlp_model("alpha")])))[0]
@@ -237,7 +238,7 @@ def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tm
 
 @pytest.mark.triton
 def test_a_weight_share_is_a_work_conserving_cgroup_weight_without_quota(tmp_path):
-    from tritonctl.runtime import share
+    from tritonctl.deploy import share
 
     if share.mechanism() == "none":
         pytest.skip("no writable cgroup on this machine: shares are not enforced (apply says so)")
@@ -262,7 +263,7 @@ def test_a_weight_share_is_a_work_conserving_cgroup_weight_without_quota(tmp_pat
 def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within_every_slo(synthetic_lm, mlp_cluster):
     from tritonctl.export import materialize
     from tritonctl.latency.model import load_latency_model
-    from tritonctl.planner import make_plan, servable_scale
+    from tritonctl.planning.planner import make_plan, servable_scale
 
     cluster = load_cluster(mlp_cluster).with_rates(lambda m: 400.0)  # too much for 2 cores at 50 ms
     artifacts = materialize(cluster, log=lambda _: None)

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from conftest import REPO, free_base_port
-from tritonctl.router import GOAWAY, HEADER, HEADERS, PREFACE, Router, goaway_frame, parse_header
-from tritonctl.runtime.base import http_ok, put_json
+from tritonctl.deploy.router import GOAWAY, HEADER, HEADERS, PREFACE, Router, goaway_frame, parse_header
+from tritonctl.deploy.runtime import http_ok, put_json
 
 SETTINGS = HEADER.pack((0 << 8) | 0x4, 0, 0)  # an empty SETTINGS frame: what a server sends first
 
@@ -94,8 +94,8 @@ def limited_router(tmp_path):
     control = free_base_port(2)
     route = control + 1
     router = subprocess.Popen(
-        [sys.executable, "-m", "tritonctl.router", "--control-port", str(control), "--routes", str(tmp_path / "r.json"),
-         "--max-connections", "3", "--idle-timeout", "2", "--max-frame", "16384"],
+        [sys.executable, "-m", "tritonctl.deploy.router", "--control-port", str(control),
+         "--routes", str(tmp_path / "r.json"), "--max-connections", "3", "--idle-timeout", "2", "--max-frame", "16384"],
         cwd=REPO, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 10
@@ -162,7 +162,7 @@ def test_a_large_data_frame_is_passed_on_as_it_arrives(limited_router):
 
 def test_a_control_request_that_never_ends_is_answered_408(tmp_path):
     """A slow control client is cut off after the timeout, and the router goes on answering."""
-    from tritonctl.runtime.local import ROUTER_FILE, LocalRuntime
+    from tritonctl.deploy.local import ROUTER_FILE, LocalRuntime
 
     runtime = LocalRuntime(None, tmp_path)
     try:

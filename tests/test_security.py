@@ -18,15 +18,15 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from conftest import REPO, make_mlp, mlp_model, write_cluster
-from tritonctl.apply import exposure
 from tritonctl.cli import main
-from tritonctl.compose import check_mount, write_compose
+from tritonctl.deploy.apply import exposure
+from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
+from tritonctl.deploy.compose_project import check_mount, write_compose
+from tritonctl.deploy.local import ROUTER_FILE, LocalRuntime
+from tritonctl.deploy.runtime import CONTROL_HEADER, GRPC_CONTROL_HEADER, load_model
+from tritonctl.deploy.state import KEY_FILE, control_key, load_state
 from tritonctl.errors import TritonctlError
-from tritonctl.plan import load_plan
-from tritonctl.runtime.base import CONTROL_HEADER, GRPC_CONTROL_HEADER, load_model
-from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
-from tritonctl.runtime.local import ROUTER_FILE, LocalRuntime
-from tritonctl.state import KEY_FILE, control_key, load_state
+from tritonctl.planning.plan import load_plan
 
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}")
 

@@ -15,8 +15,8 @@ import pytest
 from synthetic import synthetic_dataset
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
-from tritonctl.simulate import read_trace, simulate
+from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
+from tritonctl.planning.simulate import read_trace, simulate
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +155,8 @@ def test_the_same_seed_gives_the_same_run_in_every_process(lm, tmp_path):
     plan = plan.model_copy(update={"devices": devices, "models": [plan.models[0], beta]})
     save_plan(plan, tmp_path / "plan.yaml")
     run = (
-        "from tritonctl.latency.model import load_latency_model; from tritonctl.plan import load_plan; "
-        "from tritonctl.simulate import simulate; "
+        "from tritonctl.latency.model import load_latency_model; from tritonctl.planning.plan import load_plan; "
+        "from tritonctl.planning.simulate import simulate; "
         f"r = simulate(load_plan('{tmp_path}/plan.yaml').plan, load_latency_model('{tmp_path}/lm.json'), 20, seed=3); "
         "print([m.p99_ms for m in r.models])"
     )

@@ -42,19 +42,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from tritonctl.apply import apply_plan
+from tritonctl.deploy.apply import apply_plan
+from tritonctl.deploy.runtime import InstanceRecord, Runtime
+from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.files import sha256_file, write_json_atomic
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import warm_tables
-from tritonctl.plan import LoadedPlan, Plan, load_plan, relative_to, save_plan
-from tritonctl.planner import make_plan, predict
-from tritonctl.policies import Choice, Demand
-from tritonctl.policies.bda import bda, explain, with_batches
-from tritonctl.runtime.base import InstanceRecord, Runtime
+from tritonctl.planning.plan import LoadedPlan, Plan, load_plan, relative_to, save_plan
+from tritonctl.planning.planner import make_plan, predict
+from tritonctl.planning.policies import Choice, Demand
+from tritonctl.planning.policies.bda import bda, explain, with_batches
 from tritonctl.spec import load_cluster
-from tritonctl.state import load_state
 
 CONTROLLER_FILE = "controller.json"
 HTTP_TIMEOUT_S = 5.0  # the state endpoint closes a connection that sends nothing for this long

@@ -16,7 +16,7 @@ from pathlib import Path
 from tritonctl.cli import output
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir
-from tritonctl.policies import POLICIES
+from tritonctl.planning.policies import POLICIES
 
 DEMO_CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "cluster.yaml"  # in a checkout
 

@@ -9,14 +9,14 @@ from tritonctl.cli.deploy import _apply, _load, cmd_down, cmd_endpoints
 from tritonctl.cli.measure import _calibrate, _calibrated_path
 from tritonctl.cli.output import say
 from tritonctl.cli.planning import _plan
-from tritonctl.client import endpoints
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import load_plan
-from tritonctl.planner import servable_scale
-from tritonctl.profiler.device import cpu_fingerprint
+from tritonctl.planning.plan import load_plan
+from tritonctl.planning.planner import servable_scale
 from tritonctl.spec import Cluster, load_cluster
+from tritonctl.triton.client import endpoints
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where the committed profiles are (profiles/<cluster name>/)
 DEMO_MARGIN = 0.15  # the demo runs at rates its plan serves with batches 15% slower than predicted

@@ -7,24 +7,24 @@ import threading
 import time
 from pathlib import Path
 
-from tritonctl.apply import apply_plan, down, predicted_misses
 from tritonctl.cli import output
 from tritonctl.cli.output import emit, say
-from tritonctl.client import endpoints, format_results, run_load
-from tritonctl.compose import host_gpu_count, write_compose
 from tritonctl.controller import Controller, ControllerConfig, load_controller_state
+from tritonctl.deploy import share
+from tritonctl.deploy.apply import apply_plan, down, predicted_misses
+from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
+from tritonctl.deploy.compose_project import host_gpu_count, write_compose
+from tritonctl.deploy.local import LocalRuntime, port_is_free
+from tritonctl.deploy.runtime import Runtime
+from tritonctl.deploy.state import State, load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import load_latency_model
-from tritonctl.perf_analyzer import find_perf_analyzer, run_perf_analyzer
-from tritonctl.plan import LoadedPlan, load_plan
-from tritonctl.policies import POLICIES
-from tritonctl.render import render
-from tritonctl.runtime import share
-from tritonctl.runtime.base import Runtime
-from tritonctl.runtime.binary import find_tritonserver
-from tritonctl.runtime.compose import CommandRunner, ComposeRuntime
-from tritonctl.runtime.local import LocalRuntime, port_is_free
-from tritonctl.state import State, load_state
+from tritonctl.planning.plan import LoadedPlan, load_plan
+from tritonctl.planning.policies import POLICIES
+from tritonctl.triton.binary import find_tritonserver
+from tritonctl.triton.client import endpoints, format_results, run_load
+from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
+from tritonctl.triton.render import render
 
 
 def cmd_render(args) -> int:

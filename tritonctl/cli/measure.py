@@ -6,12 +6,12 @@ from pathlib import Path
 
 from tritonctl.cli.output import say
 from tritonctl.export import materialize
+from tritonctl.latency.dataset import load_dataset
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
 from tritonctl.profiler.calibrate import calibrate, median_abs
-from tritonctl.profiler.dataset import load_dataset
-from tritonctl.profiler.device import cpu_fingerprint
 from tritonctl.profiler.run import profile
 from tritonctl.spec import load_cluster
 

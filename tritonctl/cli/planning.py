@@ -6,19 +6,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-from tritonctl.apply import predicted_misses
-from tritonctl.bench import format_rows, margins, run_policies, upper_bound_rps, write_bench
 from tritonctl.cli import output
 from tritonctl.cli.output import emit, say
+from tritonctl.deploy.apply import predicted_misses
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.files import load_yaml
 from tritonctl.latency.model import load_latency_model
-from tritonctl.plan import Plan, load_plan, save_plan
-from tritonctl.planner import HEADROOM, check_latency_model, make_plan, predicted_load
-from tritonctl.policies import POLICIES
-from tritonctl.policies.inss import default_policy_file
-from tritonctl.simulate import format_sim, read_trace, simulate
+from tritonctl.planning.compare import format_rows, margins, run_policies, upper_bound_rps, write_bench
+from tritonctl.planning.plan import Plan, load_plan, save_plan
+from tritonctl.planning.planner import HEADROOM, check_latency_model, make_plan, predicted_load
+from tritonctl.planning.policies import POLICIES
+from tritonctl.planning.policies.inss import default_policy_file
+from tritonctl.planning.simulate import format_sim, read_trace, simulate
 from tritonctl.spec import Cluster, ClusterSpec, load_cluster
 
 

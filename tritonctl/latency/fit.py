@@ -13,9 +13,9 @@ from scipy.optimize import nnls
 from sklearn.model_selection import GridSearchCV, KFold
 
 from tritonctl.errors import TritonctlError
+from tritonctl.latency.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, WakePoint
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import DeviceParams, LatencyModel, ModelParams, effective_share, gpulet_factor
-from tritonctl.profiler.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, WakePoint
 
 BANDWIDTHS = (0.1, 0.15, 0.2, 0.3, 0.5)
 MIN_SOLO_POINTS = 6

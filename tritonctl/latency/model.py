@@ -39,7 +39,7 @@ import numpy as np
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import read_json
-from tritonctl.render import threads_for_cores
+from tritonctl.shares import threads_for_cores
 from tritonctl.spec import MAX_BATCH  # BDA searches batch sizes 1..MAX_BATCH (InSS Algorithm 1); profiles too
 
 if TYPE_CHECKING:

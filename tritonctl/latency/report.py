@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from sklearn.linear_model import LinearRegression
 
 from tritonctl.errors import TritonctlError
+from tritonctl.latency.dataset import Dataset, Measurement
 from tritonctl.latency.model import LatencyModel
-from tritonctl.profiler.dataset import Dataset, Measurement
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 
 SIZES = (20, 40, 50, 60, 80, 100)  # gpulet sizes, percent of a device
 

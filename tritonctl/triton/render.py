@@ -27,13 +27,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, sha256_file
-from tritonctl.plan import Device, LoadedPlan, Placement, PlannedModel
+from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel
+from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for, turn_threads
 from tritonctl.spec import DTYPES
 
-# A short CFS period keeps a quota from turning into long stalls: with 100 ms a run that
-# outlasts its period's quota waits for the next period (bimodal latency); 10 ms spreads it.
-CFS_PERIOD_US = 10_000
-MIN_QUOTA_US = 1_000  # cgroup v1 refuses cfs_quota_us below 1 ms
 # Batches Triton runs at load (model_warmup) before it reports the model ready: the first
 # runs of an onnxruntime session are slower (allocations, kernel selection), and a swap
 # must not hand traffic to an instance that has not paid for them yet.
@@ -63,47 +60,6 @@ class Launch:
 def python_glue() -> str:
     """The Python-backend model.py of CPU instances, read once."""
     return (resources.files("tritonctl.templates") / "python_onnx_model.py").read_text()
-
-
-def cpu_cores(device: Device, share: int) -> float:
-    return device.cores * share / device.units
-
-
-def threads_for_cores(cores: float) -> int:
-    """onnxruntime threads for a CPU share of `cores`: rounded half up.
-
-    Not rounded up: measured here, two threads under a 1.2-core quota ran a batch slower
-    than one thread under a 1.0-core quota (threads throttled mid-operator stall each other).
-    """
-    return max(1, math.floor(cores + 0.5))
-
-
-def threads_for(device: Device, share: int) -> int:
-    return threads_for_cores(cpu_cores(device, share))
-
-
-def turn_threads(device: Device, sharing: int) -> int:
-    """onnxruntime threads of each of `sharing` CPU instances that take turns with a whole device: between them
-    never more than its cores, one at least. Oversubscribed, the threads of one parallel operator wait for each
-    other at its barrier while the kernel runs another instance's threads (measured: four 2-thread instances on
-    2 cores served ResNet18's p99 at 4x the prediction)."""
-    return max(1, math.floor(device.cores / sharing + 1e-9))
-
-
-def turn_share(device: Device, sharing: int) -> int:
-    """The share each of `sharing` instances taking turns with a device runs like while it runs: on a CPU the
-    cores its threads can use, on a GPU all of it."""
-    if device.kind != "cpu":
-        return device.units
-    return min(device.units, round(device.units * turn_threads(device, sharing) / device.cores))
-
-
-def turn_slots(device: Device, sharing: int) -> int:
-    """How many of `sharing` instances taking turns with a device run at once at full speed: on a CPU as many
-    as their threads leave cores for, on a GPU one (its batches queue)."""
-    if device.kind != "cpu":
-        return 1
-    return max(1, min(sharing, math.floor(device.cores / turn_threads(device, sharing) + 1e-9)))
 
 
 def queue_limit(model: PlannedModel, placement: Placement) -> int | None:
@@ -172,11 +128,6 @@ def ort_spinning() -> str:
     """Whether the rendered CPU instances' onnxruntime threads spin ("1") or not ("0", the default): the
     environment's TRITONCTL_ORT_SPINNING, see templates/python_onnx_model.py."""
     return "1" if os.environ.get("TRITONCTL_ORT_SPINNING", "0") == "1" else "0"
-
-
-def cpu_weight(device: Device, share: int) -> int:
-    """A CPU share as a cgroup weight: 10000 (the largest) for the whole device, in proportion below."""
-    return max(1, round(10_000 * share / device.units))
 
 
 def launch_for(

@@ -18,12 +18,12 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from tritonctl.deploy.local import port_is_free
+from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError
+from tritonctl.deploy.state import State, apply_lock, load_state, save_state
 from tritonctl.errors import RolledBack, TritonctlError
-from tritonctl.plan import LoadedPlan, Plan
-from tritonctl.render import Launch, render
-from tritonctl.runtime.base import Health, InstanceRecord, Runtime, StartError
-from tritonctl.runtime.local import port_is_free
-from tritonctl.state import State, apply_lock, load_state, save_state
+from tritonctl.planning.plan import LoadedPlan, Plan
+from tritonctl.triton.render import Launch, render
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,16 @@ gRPC client (async_infer), so what it measures is what any client would see.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tritonctl.plan import Plan
+from tritonctl.planning.plan import Plan
 from tritonctl.spec import DTYPES
-from tritonctl.state import load_state
 
 
 @dataclass(frozen=True)
@@ -113,13 +110,6 @@ class LoadResult:
             "within_slo": number(self.within_slo),
             "first_error": self.errors[0] if self.errors else None,
         }
-
-
-def straight_to_instances(targets: list[Endpoint], state_dir: Path) -> list[Endpoint]:
-    """The same endpoints at their instances' own gRPC ports instead of the models' addresses (the router);
-    one instance per model (a model's last recorded instance)."""
-    own = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(state_dir).instances.values()}
-    return [dataclasses.replace(t, url=own[t.model]) for t in targets]
 
 
 def random_request(endpoint: Endpoint, rng: np.random.Generator) -> grpcclient.InferInput:

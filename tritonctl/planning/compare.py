@@ -22,9 +22,9 @@ from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import warm_tables
-from tritonctl.plan import Plan, save_plan
-from tritonctl.planner import devices_of, make_plan
-from tritonctl.simulate import SimResult, simulate
+from tritonctl.planning.plan import Plan, save_plan
+from tritonctl.planning.planner import devices_of, make_plan
+from tritonctl.planning.simulate import SimResult, simulate
 from tritonctl.spec import Cluster
 
 

@@ -1,4 +1,4 @@
-"""Compose runtime: Triton instances as services of a rendered Compose project (tritonctl/compose.py).
+"""Compose runtime: Triton instances as services of a rendered Compose project (tritonctl/deploy/compose_project.py).
 
 A start is `docker compose -f <file> up -d --no-deps <service>`, then a wait for the service's
 Triton HTTP ready endpoint; a stop is `docker compose stop` then `rm` of that service. Each
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from tritonctl.compose import (
+from tritonctl.deploy.compose_project import (
     COMPOSE_FILE,
     KEY,
     ROUTER,
@@ -34,11 +34,9 @@ from tritonctl.compose import (
     service_name,
     write_compose,
 )
-from tritonctl.errors import TritonctlError
-from tritonctl.plan import LoadedPlan
-from tritonctl.render import Launch
-from tritonctl.router import DRAIN_TIMEOUT_S
-from tritonctl.runtime.base import (
+from tritonctl.deploy.local import EXIT_TIMEOUT_S
+from tritonctl.deploy.router import DRAIN_TIMEOUT_S
+from tritonctl.deploy.runtime import (
     Health,
     InstanceRecord,
     StartError,
@@ -48,7 +46,9 @@ from tritonctl.runtime.base import (
     put_json,
     route_summary,
 )
-from tritonctl.runtime.local import EXIT_TIMEOUT_S
+from tritonctl.errors import TritonctlError
+from tritonctl.planning.plan import LoadedPlan
+from tritonctl.triton.render import Launch
 
 ROUTER_START_S = 30  # seconds for the router's control endpoint to answer once `up` returned
 

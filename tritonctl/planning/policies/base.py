@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tritonctl.latency.model import LatencyModel
-from tritonctl.plan import Device
+from tritonctl.planning.plan import Device
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tritonctl.latency.model import LatencyModel
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 
 
 def spread(models: list[Demand], devices: list[Device], lm: LatencyModel | None = None) -> dict[str, list[Choice]]:

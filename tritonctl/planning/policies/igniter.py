@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 
 STEP_PERCENT = 2  # share increment while raising shares, percent of a device
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tritonctl.plan import LoadedPlan
-from tritonctl.render import Launch
+from tritonctl.planning.plan import LoadedPlan
+from tritonctl.triton.render import Launch
 
 CONTROL_HEADER = "tritonctl-key"  # the HTTP header; gRPC clients send GRPC_CONTROL_HEADER
 GRPC_CONTROL_HEADER = f"triton-grpc-protocol-{CONTROL_HEADER}"  # Triton prefixes the key it checks over gRPC

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonctl.client import Endpoint, LoadResult
 from tritonctl.errors import TritonctlError
-from tritonctl.runtime.binary import cache_dir
+from tritonctl.triton.binary import cache_dir
+from tritonctl.triton.client import Endpoint, LoadResult
 
 VERSION = "2.41.1"  # the last tritonclient wheel with bin/perf_analyzer
 INSTALL_HINT = (

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import task_latency
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.spread import spread
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.policies.spread import spread
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,16 @@ into a Plan. Baselines follow their papers; see each module's docstring.
 
 from __future__ import annotations
 
-from tritonctl.policies.base import Choice, Demand, PlacementError, Policy, PolicyInfo, PolicyLimit
-from tritonctl.policies.bda import bda_policy
-from tritonctl.policies.gpulet import gpulet
-from tritonctl.policies.gslice import gslice
-from tritonctl.policies.igniter import igniter
-from tritonctl.policies.inss import inss
-from tritonctl.policies.optimal import optimal
-from tritonctl.policies.search import search
-from tritonctl.policies.spread import spread
-from tritonctl.policies.timesharing import time_sharing
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError, Policy, PolicyInfo, PolicyLimit
+from tritonctl.planning.policies.bda import bda_policy
+from tritonctl.planning.policies.gpulet import gpulet
+from tritonctl.planning.policies.gslice import gslice
+from tritonctl.planning.policies.igniter import igniter
+from tritonctl.planning.policies.inss import inss
+from tritonctl.planning.policies.optimal import optimal
+from tritonctl.planning.policies.search import search
+from tritonctl.planning.policies.spread import spread
+from tritonctl.planning.policies.timesharing import time_sharing
 
 POLICIES: dict[str, PolicyInfo] = {
     "spread": PolicyInfo(spread, "spread models over devices, equal shares per device, batch 1 (no latency model)"),

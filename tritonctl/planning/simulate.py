@@ -12,8 +12,8 @@ to whichever co-runners on the device are busy when the batch starts. Under temp
 (the whole plan, or the devices it lists under `turns`) the instances of a device have the
 whole device each. A GPU gives it to one batch at a time: the instances share one executor
 and take turns. A CPU runs every instance's batch at once and the kernel's scheduler shares
-the cores among them: processor sharing, each instance on the threads `render.turn_threads`
-leaves it, `render.turn_slots` of them at full speed and each of n > slots batches in flight
+the cores among them: processor sharing, each instance on the threads `shares.turn_threads`
+leaves it, `shares.turn_slots` of them at full speed and each of n > slots batches in flight
 at slots/n of its speed alone, so a short batch that starts beside a long one is slowed, not
 queued behind it.
 
@@ -59,8 +59,8 @@ import numpy as np
 
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
-from tritonctl.plan import Plan
-from tritonctl.render import turn_share, turn_slots
+from tritonctl.planning.plan import Plan
+from tritonctl.shares import turn_share, turn_slots
 
 
 @dataclass
@@ -213,7 +213,7 @@ def _share_cores(
     slots: int = 1,
 ) -> None:
     """One CPU device in turns: every instance's batch runs at once; while n run, each runs at min(1, slots / n)
-    of its speed alone (`slots` of them fit the cores at full speed: `render.turn_slots`).
+    of its speed alone (`slots` of them fit the cores at full speed: `shares.turn_slots`).
 
     In virtual time, which advances at min(1, slots / n) of the wall clock while n batches run, a batch that
     starts at virtual time v and takes w alone ends at v + w, whatever starts after it."""

@@ -15,9 +15,9 @@ import itertools
 import math
 
 from tritonctl.latency.model import LatencyModel
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError, PolicyLimit
-from tritonctl.policies.bda import bda, throughput, with_batches
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
+from tritonctl.planning.policies.bda import bda, throughput, with_batches
 
 STEP = 5  # share grid, in device units
 MAX_CANDIDATES = 20_000

@@ -14,9 +14,9 @@ of GPU resources and batch sizes by traversing the average latency and throughpu
 from __future__ import annotations
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import queue_delay_us
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.policies.bda import queue_delay_us
 
 STEP_PERCENT = 5  # share step, percent of a device
 KNEE_GAIN = 0.05

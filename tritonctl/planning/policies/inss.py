@@ -48,10 +48,10 @@ import numpy as np
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import task_latency
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import BatchDecision, bda, corunners, explain, memory_at, shortfall, with_batches
-from tritonctl.policies.spread import spread
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.policies.bda import BatchDecision, bda, corunners, explain, memory_at, shortfall, with_batches
+from tritonctl.planning.policies.spread import spread
 
 SHARE_LEVELS = 10
 PENALTY = 100.0  # omega of eq. 3 (InSS section 6.1)
@@ -268,7 +268,7 @@ def propose(
 class Trained:
     """A trained actor with the layout it was trained for."""
 
-    actor: Any  # rl.sac.TrainedActor
+    actor: Any  # actor.TrainedActor (torch, loaded on use)
     layout: Layout
 
 
@@ -279,7 +279,7 @@ def default_policy_file(cluster: str) -> Path:
 
 def load_trained(path: Path, cluster: str, models: list[str], devices: list[Device]) -> Trained:
     """The policy in `path`, refused unless trained for these models and devices."""
-    from tritonctl.rl.sac import TrainedActor  # torch loads only when a trained policy is used
+    from tritonctl.planning.policies.actor import TrainedActor  # torch loads only when a trained policy is used
 
     if not path.is_file():
         raise TritonctlError(

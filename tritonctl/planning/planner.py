@@ -9,9 +9,10 @@ from pathlib import Path
 
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, task_latency
-from tritonctl.plan import (
+from tritonctl.planning.plan import (
     Device,
     Placement,
     Plan,
@@ -22,11 +23,10 @@ from tritonctl.plan import (
     Unserved,
     relative_to,
 )
-from tritonctl.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
-from tritonctl.policies.inss import default_policy_file, load_trained
-from tritonctl.policies.timesharing import turn_service_ms
-from tritonctl.profiler.device import cpu_fingerprint
-from tritonctl.render import turn_share
+from tritonctl.planning.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
+from tritonctl.planning.policies.inss import default_policy_file, load_trained
+from tritonctl.planning.policies.timesharing import turn_service_ms
+from tritonctl.shares import turn_share
 from tritonctl.spec import Cluster, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
@@ -134,7 +134,7 @@ def predict(
     with the whole device. On a GPU a batch runs alone but waits for one round of the others
     (the duty cycle d): latency is bounded by d + t_inf and throughput is b / d (Nexus's
     squishy bin packing). On a CPU (a device among `devices`) they run at once, each with the
-    threads `render.turn_threads` leaves it, slowed while more are busy than the cores hold
+    threads `shares.turn_threads` leaves it, slowed while more are busy than the cores hold
     (`timesharing.turn_service_ms`), queueing by eq. 2.
     """
     placed = [(m, p) for m in plan_models for p in m.placements]

@@ -1,7 +1,7 @@
 """Local runtime: one real tritonserver process per instance on this machine.
 
 Clients keep one address per model: the model's port is served by the router
-(tritonctl/router.py, one process per deployment), which forwards to the gRPC ports of the
+(tritonctl/deploy/router.py, one process per deployment), which forwards to the gRPC ports of the
 model's instances and drains connections when an instance is replaced. Every instance has
 its own gRPC, HTTP (health, model control) and metrics ports. Triton's control APIs answer only
 requests carrying the deployment's key (state.py `control_key`); the router's control endpoint
@@ -23,13 +23,9 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from tritonctl.errors import TritonctlError
-from tritonctl.files import write_json_atomic
-from tritonctl.plan import LoadedPlan
-from tritonctl.render import Launch
-from tritonctl.router import DRAIN_TIMEOUT_S
-from tritonctl.runtime import share
-from tritonctl.runtime.base import (
+from tritonctl.deploy import share
+from tritonctl.deploy.router import DRAIN_TIMEOUT_S
+from tritonctl.deploy.runtime import (
     Health,
     InstanceRecord,
     StartError,
@@ -40,8 +36,12 @@ from tritonctl.runtime.base import (
     restriction_flags,
     route_summary,
 )
-from tritonctl.runtime.binary import TritonBinary
-from tritonctl.state import control_key
+from tritonctl.deploy.state import control_key
+from tritonctl.errors import TritonctlError
+from tritonctl.files import write_json_atomic
+from tritonctl.planning.plan import LoadedPlan
+from tritonctl.triton.binary import TritonBinary
+from tritonctl.triton.render import Launch
 
 EXIT_TIMEOUT_S = 10
 ROUTER_FILE = "router.json"
@@ -318,7 +318,7 @@ class LocalRuntime:
             port = free_port(LOOPBACK)
             with (self.state_dir / "logs" / "router.log").open("ab") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "tritonctl.router", "--host", host, "--control-host", LOOPBACK,
+                    [sys.executable, "-m", "tritonctl.deploy.router", "--host", host, "--control-host", LOOPBACK,
                      "--control-port", str(port), "--routes", str(self.state_dir / "routes.json")],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 )  # fmt: skip

@@ -14,7 +14,7 @@ last stream it forwarded, drops anything the client opens after it (gRPC clients
 such refused streams on a new connection, transparently), waits for the forwarded streams
 to finish and closes. The old instance can then be stopped with nothing in flight.
 
-Run as `python -m tritonctl.router --host H --control-port P --routes FILE`: model ports
+Run as `python -m tritonctl.deploy.router --host H --control-port P --routes FILE`: model ports
 listen on H, the control endpoint on P of `--control-host` (127.0.0.1 unless given: it has no
 authentication). It takes `PUT /routes/<port>` with {"backends": ["host:port", ...]} and answers
 once the connections to removed backends have drained, with what it did. Ports are 1024-65535

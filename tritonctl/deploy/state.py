@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -11,9 +12,10 @@ from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from tritonctl.deploy.runtime import InstanceRecord
 from tritonctl.errors import TritonctlError
 from tritonctl.files import MAX_INPUT_BYTES, check_output_dir, excerpt, read_text, write_json_atomic
-from tritonctl.runtime.base import InstanceRecord
+from tritonctl.triton.client import Endpoint
 
 STATE_FILE = "state.json"
 KEY_FILE = "control.key"
@@ -114,3 +116,10 @@ def apply_lock(state_dir: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def straight_to_instances(targets: list[Endpoint], state_dir: Path) -> list[Endpoint]:
+    """The same endpoints at their instances' own gRPC ports instead of the models' addresses (the router);
+    one instance per model (a model's last recorded instance)."""
+    own = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(state_dir).instances.values()}
+    return [dataclasses.replace(t, url=own[t.model]) for t in targets]

@@ -11,7 +11,7 @@ Output folder:
 
 Decisions (docker/README.md gives the reasons and trade-offs):
 
-- The router (tritonctl/router.py, as for the local runtime) owns each model's stable gRPC port
+- The router (tritonctl/deploy/router.py, as for the local runtime) owns each model's stable gRPC port
   and forwards to the instances' own gRPC ports; `tritonctl apply --runtime compose` switches it.
   Triton services are in the profile `triton`: `docker compose up -d` starts the daemon, the
   router and the sidecar, and the instances are started (and swapped) by apply, by name.
@@ -40,11 +40,11 @@ from pathlib import Path
 
 import yaml
 
+from tritonctl.deploy.local import EXIT_TIMEOUT_S
+from tritonctl.deploy.runtime import restriction_flags
 from tritonctl.errors import TritonctlError
-from tritonctl.plan import LoadedPlan, Plan, relative_to
-from tritonctl.render import Launch, render
-from tritonctl.runtime.base import restriction_flags
-from tritonctl.runtime.local import EXIT_TIMEOUT_S
+from tritonctl.planning.plan import LoadedPlan, Plan, relative_to
+from tritonctl.triton.render import Launch, render
 
 COMPOSE_FILE = "compose.yaml"
 ENV_FILE = ".env"
@@ -58,7 +58,7 @@ LOG_DIR = "/var/log/nvidia-mps"
 MODELS_DIR = "/models"
 PORT_BASE = 18100  # first per-instance port; clear of Triton's 8000-8002 and node_exporter's 9100
 LABEL = "tritonctl"
-SOURCE = Path(__file__).resolve().parent.parent  # the checkout the sidecar image is built from (docker/)
+SOURCE = Path(__file__).resolve().parents[2]  # the checkout the sidecar image is built from (docker/)
 DOCKER_SOCKET = "/var/run/docker.sock"
 KEY = "TRITON_CONTROL_KEY"
 # Never bind-mounted into the sidecar: these folders themselves, and anything inside SYSTEM_TREES.
@@ -388,7 +388,7 @@ def _router(ref) -> dict:
     control = f"http://{ref('ROUTER_CONTROL_ADDRESS')}:{ref('ROUTER_CONTROL_PORT')}/routes"
     return {
         **_tritonctl_image(ref),
-        "entrypoint": ["python", "-m", "tritonctl.router"],
+        "entrypoint": ["python", "-m", "tritonctl.deploy.router"],
         "command": [
             f"--host={ref('ROUTER_ADDRESS')}",
             f"--control-host={ref('ROUTER_CONTROL_ADDRESS')}",

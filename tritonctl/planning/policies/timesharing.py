@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.render import turn_share, turn_slots
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
+from tritonctl.shares import turn_share, turn_slots
 
 
 def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:

@@ -4,7 +4,7 @@ InSS decides placement and shares with a trained SAC-Discrete agent and batch si
 BDA. Until that agent exists (the `inss` policy), this policy searches the same space
 directly, widened by one choice per device: split it into shares (spatial sharing, MPS or
 CPU quotas) or let its models take turns with all of it (temporal sharing: on a GPU the duty
-cycles of `timesharing`; on a CPU every instance at once on the threads `render.turn_threads`
+cycles of `timesharing`; on a CPU every instance at once on the threads `shares.turn_threads`
 leaves it, without a quota that idles cores another instance could use). On a device whose
 share buys few distinct speeds taking turns can serve models that no split can; elsewhere
 splitting wins. Every plan of `spread` and `time-sharing`
@@ -38,12 +38,12 @@ from collections.abc import Iterator
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, goodputs
-from tritonctl.plan import Device
-from tritonctl.policies.base import Choice, Demand, PlacementError
-from tritonctl.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
-from tritonctl.policies.spread import spread
-from tritonctl.policies.timesharing import schedule, time_sharing, turn_service_ms
-from tritonctl.render import turn_share
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
+from tritonctl.planning.policies.spread import spread
+from tritonctl.planning.policies.timesharing import schedule, time_sharing, turn_service_ms
+from tritonctl.shares import turn_share
 
 STEP = 5  # share grid, in units
 MOVES = (STEP, 2 * STEP, 5 * STEP)  # share moved between two models at a time: large steps jump over plateaus

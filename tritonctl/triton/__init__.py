@@ -1,0 +1,1 @@
+"""Triton itself: rendering model repositories, finding the server binary, the clients (own and perf_analyzer)."""
