@@ -260,16 +260,17 @@ def test_controller_restarts_a_killed_instance_and_a_killed_router_and_bounds_it
         (old,) = load_state(state_dir).instances.values()
         os.kill(old.pid, signal.SIGKILL)
         assert _served_again(endpoint, 10.0) < 10.0
-        heal = controller_json(state_dir)["decisions"][-1]
-        assert heal["kind"] == "heal" and f"{old.uid} (alpha) died" in heal["reason"], heal
+        last = lambda: controller_json(state_dir)["decisions"][-1]  # noqa: E731 (recorded once the apply ends)
+        wait_for(lambda: last()["kind"] == "heal", timeout_s=10, what="the heal decision")
+        assert f"{old.uid} (alpha) died" in last()["reason"], last()
         (new,) = load_state(state_dir).instances.values()
         assert new.uid != old.uid and LocalRuntime(None, state_dir).health(new).label == "ready"
 
         router = json.loads((state_dir / "router.json").read_text())
         os.kill(router["pid"], signal.SIGKILL)
         assert _served_again(endpoint, 10.0) < 10.0
-        heal = controller_json(state_dir)["decisions"][-1]
-        assert heal["kind"] == "heal" and "router" in heal["reason"], heal
+        wait_for(lambda: "router" in last()["reason"], timeout_s=10, what="the heal decision")
+        assert last()["kind"] == "heal"
         assert json.loads((state_dir / "router.json").read_text())["pid"] != router["pid"]
         assert list(load_state(state_dir).instances.values()) == [new]  # the instance was kept
 
