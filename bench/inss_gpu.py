@@ -1,8 +1,8 @@
 """The InSS evaluation setups on the measured H100 profile (profiles/inss-gpu), for `tritonctl bench`.
 
 The same three setups as bench/inss_scaled.py (six models on 4 GPUs, eight on 4 and on 5), built the
-same way, on the latency model fitted to real H100 measurements under MPS shares (profiler/gpu.py,
-session 7) instead of the scaled CPU one. The H100 runs these models several times faster than the
+same way, on the latency model fitted to real H100 measurements under MPS shares (profiler/gpu.py)
+instead of the scaled CPU one. The H100 runs these models several times faster than the
 GPU of InSS's Table 2 (ResNet50 at 30%, batch 1: 8.69 ms there), so the SLOs are scaled by the same
 rule, which keeps each setup as tight relative to its hardware as the paper's. Each device gets the
 H100's memory; the footprints are the models' weights and activations, without the CUDA context

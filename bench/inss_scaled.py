@@ -17,9 +17,9 @@ are a stated load: each model gets an equal part of `load` x the devices' capaci
 
 The eight-model "heavy workload" is one workload for both its 4- and 5-device setups, as in InSS
 section 6.3. The paper gives no rates, only that InSS serves it on 4 GPUs with under 1% SLO
-violations while Gpulet and GSLICE need 5 to 6. It was first set to 4.0 device capacities, where
-no policy here stayed under 7% (session 3); it is now 3.2, the scale 0.8 of that at which
-bench/load_sweep.py (session 3 simulator) first found a tritonctl policy under 1% on 4 devices.
+violations while Gpulet and GSLICE need 5 to 6. At 4.0 device capacities no policy here stays
+under 7%; the load is 3.2, the scale 0.8 of that at which bench/load_sweep.py found a tritonctl
+policy under 1% on 4 devices.
 bench/results/load-sweep/ shows every policy from 0.6 to 1.2 times this load.
 
     python bench/inss_scaled.py               # writes profiles/inss-scaled/ and examples/inss-scaled/

@@ -75,7 +75,7 @@ def _open_dataset(folder: Path, cluster: Cluster, features: list[ModelFeatures],
             features,
         )
     dataset = load_dataset(folder)
-    recorded = dataset.metadata.get("ort_spinning")  # profiles before session 5 did not record it
+    recorded = dataset.metadata.get("ort_spinning")  # older profiles did not record it
     if recorded is not None and recorded != ort_spinning():
         raise TritonctlError(
             f"this profile was measured with onnxruntime threads {'spinning' if recorded == '1' else 'not spinning'}"

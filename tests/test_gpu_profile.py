@@ -76,7 +76,7 @@ def test_the_h100_profile_is_complete_and_fits_its_held_out_points():
     results = evaluate(model, dataset)
     solo = [r.error("inss") for r in results if r.row.kind == "solo"]
     coloc = [r.error("inss") for r in results if r.row.kind == "coloc"]
-    # Measured on the H100 (session 7): median 2.2% solo, 4.1% co-located; max 13.5% and 9.5%.
+    # Measured on the H100: median 2.2% solo, 4.1% co-located; max 13.5% and 9.5%.
     assert statistics.median(solo) < 0.05 and max(solo) < 0.2
     assert statistics.median(coloc) < 0.08 and max(coloc) < 0.15
     # Co-location on the H100 costs time per kernel and through L2: both terms are fitted above zero.
@@ -96,7 +96,7 @@ def test_the_committed_latency_model_is_the_fit_of_the_committed_profile():
 
 
 def test_the_simulator_matches_the_real_h100_replay_of_the_search_plans():
-    """bench/gpu_replay.py replayed the search plans of the three InSS setups on an H100 under MPS (session 7);
+    """bench/gpu_replay.py replayed the search plans of the three InSS setups on an H100 under MPS;
     the simulator, on the same arrivals, must keep agreeing with what the GPU did."""
     for setup in ("six-4", "eight-4", "eight-5"):
         results = REPO / f"bench/results/gpu-replay-{setup}"

@@ -202,7 +202,7 @@ def test_trace_replay_and_bad_trace_files(lm, tmp_path):
 
 
 def test_speed_at_least_100k_requests_per_second(lm):
-    """Issue 4's floor, in the slowest case (batch 1: one batch per request), at light load and overloaded, the
+    """The floor, in the slowest case (batch 1: one batch per request), at light load and overloaded, the
     CPU split and in turns."""
     for (rates, seconds), (share, sharing) in itertools.product(
         [((60, 30), 1000), ((600, 300), 200)], [(50, "spatial"), (100, "temporal")]

@@ -155,8 +155,8 @@ class _Run:
 
     def start_all(self, steps: list[Step]) -> list[InstanceRecord]:
         """Start every new instance and wait until it is loaded and warmed; on failure stop them all and raise.
-        An instance whose process dies of a signal while starting is started once more first (session 5 saw a
-        tritonserver abort once inside gRPC's poller while starting, and start fine the next time).
+        An instance whose process dies of a signal while starting is started once more first (a tritonserver
+        was seen to abort once inside gRPC's poller while starting, and start fine the next time).
 
         Each record is saved the moment its process exists, so a crash mid-start leaves nothing
         unrecorded: a later apply finds it and keeps or stops it.
