@@ -7,10 +7,12 @@ and type come from Triton's own metadata endpoint.
 """
 
 import argparse
+import sys
 import time
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8}
 
@@ -21,7 +23,13 @@ def main() -> None:
     parser.add_argument("model", help="model name")
     parser.add_argument("--requests", type=int, default=10)
     args = parser.parse_args()
+    try:
+        run(args)
+    except InferenceServerException as exc:  # a closed port, a wrong model: one line, not a traceback
+        sys.exit(f"error: {args.url}, model {args.model}: {' '.join(str(exc.message()).split())}")
 
+
+def run(args: argparse.Namespace) -> None:
     client = grpcclient.InferenceServerClient(args.url)
     meta = client.get_model_metadata(args.model, as_json=True)
     spec, output = meta["inputs"][0], meta["outputs"][0]["name"]

@@ -6,13 +6,15 @@ Where a test fits a latency model, it is the SYNTHETIC one of tests/synthetic.py
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from conftest import make_mlp, mlp_model, write_cluster
+from conftest import REPO, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.state import load_state
 from tritonctl.latency.model import scaled
@@ -20,7 +22,7 @@ from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import devices_of, predicted_load
 from tritonctl.profiler.calibrate import Point, factors_of
 from tritonctl.spec import load_cluster
-from tritonctl.triton.client import Endpoint
+from tritonctl.triton.client import Endpoint, endpoints
 from tritonctl.triton.perf_analyzer import arrivals, read_export
 
 
@@ -54,6 +56,21 @@ def test_perf_analyzer_loads_every_model_at_once_and_reports_like_the_own_client
         assert 20 < float(cells[4]) < 80  # offered rate near 40/s
     exports = list((load_plan(served).state_dir / "perf_analyzer").glob("*.json"))
     assert sorted(p.stem for p in exports) == ["alpha", "beta"]
+
+
+@pytest.mark.triton
+def test_the_example_client_says_in_one_line_what_is_wrong(served):
+    (alpha, _) = endpoints(load_plan(served).plan)
+    for url, model, words in ((alpha.url, "nosuchmodel", "nosuchmodel"), ("127.0.0.1:1", "alpha", "127.0.0.1:1")):
+        run = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "client.py"), url, model], capture_output=True, text=True
+        )
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: {url}, model {model}: ")
+        assert words in lines[0] and "Traceback" not in run.stderr
+    ok = subprocess.run([sys.executable, str(REPO / "examples" / "client.py"), alpha.url, "alpha", "--requests", "3"],
+                        capture_output=True, text=True)  # fmt: skip
+    assert ok.returncode == 0 and "alpha at" in ok.stdout
 
 
 @pytest.mark.triton
