@@ -21,15 +21,8 @@ import yaml
 from conftest import REPO, make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
-from tritonctl.controller import (
-    ControllerConfig,
-    RateEstimator,
-    changed_rates,
-    parse_metrics,
-    rebase,
-    rebatch,
-    with_rates,
-)
+from tritonctl.controller.decide import ControllerConfig, changed_rates, rebase, rebatch, with_rates
+from tritonctl.controller.metrics import RateEstimator, parse_metrics
 from tritonctl.deploy.local import LocalRuntime, process_alive
 from tritonctl.deploy.state import load_state
 from tritonctl.latency.fit import fit_latency_model
@@ -64,7 +57,7 @@ def test_parse_metrics_sums_versions_and_keeps_only_model_series():
 def test_metrics_follow_prometheus_conventions():
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tritonctl.controller import ControllerState, prometheus
+    from tritonctl.controller.state import ControllerState, prometheus
 
     state = ControllerState(plan="p", applies=3, estimated_rates={"a": 4.5, "b": None}, planned_rates={"a": 5.0})
     state.queue_ms = {"a": 12.5}

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from tritonctl.cli import output
 from tritonctl.cli.output import emit, say
-from tritonctl.controller import Controller, ControllerConfig, load_controller_state
+from tritonctl.controller.decide import ControllerConfig
+from tritonctl.controller.loop import Controller
+from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy import share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
