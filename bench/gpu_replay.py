@@ -210,10 +210,9 @@ def replayed(results: Path, lm) -> tuple[dict, list[tuple[str, float, list[Point
     for plan_cfg in cfg["plans"]:
         try:
             data = np.load(results / f"{plan_cfg['policy']}.npz")
-        except OSError:
-            raise SystemExit(
-                f"{results}: no {plan_cfg['policy']}.npz: the replay of that plan did not finish"
-            ) from None
+        except OSError:  # only the search plans' replays are committed; a run on a GPU host writes them all
+            print(f"{results}: no {plan_cfg['policy']}.npz: {plan_cfg['policy']} left out", file=sys.stderr)
+            continue
         loaded = load_plan(REPO / plan_cfg["path"])
         plan = loaded.plan
         offered = sum(m.rate for m in load_cluster(loaded.resolve(plan.cluster_file)).spec.models)
