@@ -5,10 +5,15 @@ policies and the runtimes all follow it."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from tritonctl.planning.plan import Device
+
+class Device(Protocol):
+    """What the rule reads of a device (a plan's `Device` has it)."""
+
+    kind: str
+    cores: float
+    units: int
 
 # A short CFS period keeps a quota from turning into long stalls: with 100 ms a run that
 # outlasts its period's quota waits for the next period (bimodal latency); 10 ms spreads it.
