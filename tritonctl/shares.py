@@ -15,6 +15,7 @@ class Device(Protocol):
     cores: float
     units: int
 
+
 # A short CFS period keeps a quota from turning into long stalls: with 100 ms a run that
 # outlasts its period's quota waits for the next period (bimodal latency); 10 ms spreads it.
 CFS_PERIOD_US = 10_000

@@ -14,16 +14,16 @@ from tritonctl.controller.loop import Controller
 from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy import share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
-from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
+from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count, write_compose
-from tritonctl.deploy.local import LocalRuntime, port_is_free
+from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
+from tritonctl.deploy.runtimes import runtime_for
 from tritonctl.deploy.state import State, load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import LoadedPlan, load_plan
 from tritonctl.planning.policies import POLICIES
-from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import endpoints, format_results, run_load
 from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from tritonctl.triton.render import render
@@ -49,28 +49,9 @@ def cmd_render(args) -> int:
     return 0
 
 
-def _runtime(
-    loaded: LoadedPlan, name: str, compose_dir: str | None, dry_run: bool = False, starts: bool = True
-) -> Runtime:
-    """The runtime `name` for the plan; `starts`: it will start instances (the local one needs tritonserver)."""
-    if name == "compose":
-        folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
-        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=say), host_gpu_count() if starts else None)
-    if not starts:
-        return LocalRuntime(None, loaded.state_dir)
-    if loaded.plan.target == "gpu":
-        raise TritonctlError(
-            "this plan targets GPUs; the local runtime runs CPU plans (on a GPU host: render it with "
-            "--target compose and use --runtime compose)",
-            file=loaded.path,
-            field="target",
-        )
-    return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
-
-
 def _applied_runtime(args, loaded: LoadedPlan, state: State) -> Runtime:
     """The runtime the state says applied the plan (to look at or stop what runs)."""
-    return _runtime(loaded, state.runtime, args.compose_dir, getattr(args, "dry_run", False), starts=False)
+    return runtime_for(loaded, state.runtime, args.compose_dir, say, getattr(args, "dry_run", False), starts=False)
 
 
 def _apply(
@@ -89,7 +70,7 @@ def _apply(
             "re-plan, or deploy it anyway with --accept-misses",
             file=loaded.path,
         )
-    runtime = _runtime(loaded, runtime_name, compose_dir, dry_run)
+    runtime = runtime_for(loaded, runtime_name, compose_dir, say, dry_run)
     if isinstance(runtime, ComposeRuntime):
         say(f"applying {loaded.path} through the Compose project in {runtime.folder}")
         if dry_run:
@@ -116,7 +97,7 @@ def cmd_controller(args) -> int:
     loaded = load_plan(args.plan)
     if args.policy not in POLICIES:
         raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
-    runtime = _runtime(loaded, args.runtime, args.compose_dir)
+    runtime = runtime_for(loaded, args.runtime, args.compose_dir, say)
     if args.latency_margin and not args.latency_model:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     lm = load_latency_model(args.latency_model).with_margin(args.latency_margin) if args.latency_model else None

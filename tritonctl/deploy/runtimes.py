@@ -1,0 +1,39 @@
+"""Which runtime deploys a plan: the local one (tritonserver processes here) or Compose (services of a project)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
+from tritonctl.deploy.compose_project import host_gpu_count
+from tritonctl.deploy.local import LocalRuntime
+from tritonctl.deploy.runtime import Runtime
+from tritonctl.errors import TritonctlError
+from tritonctl.planning.plan import LoadedPlan
+from tritonctl.triton.binary import find_tritonserver
+
+
+def runtime_for(
+    loaded: LoadedPlan,
+    name: str,
+    compose_dir: str | None,
+    log: Callable[[str], None],
+    dry_run: bool = False,
+    starts: bool = True,
+) -> Runtime:
+    """The runtime `name` ("local" or "compose") for the plan; `starts`: it will start instances (the local
+    one then needs tritonserver, and refuses a GPU plan); `log` takes the Compose runner's command lines."""
+    if name == "compose":
+        folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
+        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), host_gpu_count() if starts else None)
+    if not starts:
+        return LocalRuntime(None, loaded.state_dir)
+    if loaded.plan.target == "gpu":
+        raise TritonctlError(
+            "this plan targets GPUs; the local runtime runs CPU plans (on a GPU host: render it with "
+            "--target compose and use --runtime compose)",
+            file=loaded.path,
+            field="target",
+        )
+    return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
