@@ -160,12 +160,13 @@ def test_the_same_seed_gives_the_same_run_in_every_process(lm, tmp_path):
         f"r = simulate(load_plan('{tmp_path}/plan.yaml').plan, load_latency_model('{tmp_path}/lm.json'), 20, seed=3); "
         "print([m.p99_ms for m in r.models])"
     )
-    outputs = {
-        subprocess.run(
-            [sys.executable, "-c", run], env={**os.environ, "PYTHONHASHSEED": str(k)}, capture_output=True, text=True
-        ).stdout
+    runs = [  # side by side: each process spends most of its time importing
+        subprocess.Popen(
+            [sys.executable, "-c", run], env={**os.environ, "PYTHONHASHSEED": str(k)}, stdout=subprocess.PIPE, text=True
+        )
         for k in range(1, 7)
-    }
+    ]
+    outputs = {proc.communicate()[0] for proc in runs}
     assert len(outputs) == 1 and next(iter(outputs)).startswith("[")
 
 
