@@ -13,8 +13,12 @@ real arrivals (dealt to a model's replicas at random by weight, as it always doe
 
     python bench/gpu_replay.py spec PLAN... -o SPEC.json       # here: what to replay (keep the plans beside it)
     python3 bench/gpu_replay.py run SPEC.json --out DIR         # on the GPU host: DIR/spec.json, DIR/<policy>.npz
-    python bench/gpu_replay.py compare DIR                      # here: the simulator on the same arrivals
-    python bench/gpu_replay.py plot DIR... -o FIG.png           # here: real against simulated, every model
+    python bench/gpu_replay.py compare DIR [--replays-root R]   # here: the simulator on the same arrivals
+    python bench/gpu_replay.py plot DIR... -o FIG.png [--replays-root R]   # here: real against simulated
+
+A replay stores each instance's latencies and the run's seed (`<policy>.npz`); the arrivals are drawn again
+from the seed. The H100 runs' replays of the search plans are measured data, kept with the H100 profile in
+profiles/inss-gpu/replays/<run folder name>/; the run folders in bench/results keep their summaries.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+REPLAYS_HELP = (
+    "read each run's <policy>.npz from ROOT/<run folder name>/ instead of the run folder (the H100 runs' are in "
+    "profiles/inss-gpu/replays/)"
+)
 sys.path.insert(0, str(REPO))
 
 
@@ -82,6 +90,18 @@ def next_batch(times: list[float], head: int, now: float, batch: int, delay_ms: 
     return 0, due
 
 
+def arrivals_of(rate: float, duration_s: float, seed: int) -> np.ndarray:
+    """An instance's Poisson arrivals (ms since its start), drawn from its own seed: a replay stores only the
+    latencies, and `compare` draws the arrivals again."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.uniform(0, 1000 * duration_s, rng.poisson(rate * duration_s)))
+
+
+def instance_seed(seed: int, device: int, instance: int) -> int:
+    """The seed of the `instance`-th instance on the plan's `device`-th device in a replay run with `seed`."""
+    return seed + 100 * device + instance
+
+
 def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     """One instance: capture graphs, report ready, wait for the start time on stdin, replay, print results."""
     from tritonctl.profiler.gpu import _build, _setup_torch, batch_runner
@@ -92,8 +112,7 @@ def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     run = {k: batch_runner(torch, module, k, pool) for k in range(1, cfg["batch"] + 1)}
     for k in run:
         run[k]()
-    rng = np.random.default_rng(seed)
-    arrivals = np.sort(rng.uniform(0, 1000 * duration_s, rng.poisson(cfg["rate"] * duration_s)))
+    arrivals = arrivals_of(cfg["rate"], duration_s, seed)
     times = arrivals.tolist()
     print("ready", flush=True)
     t0 = float(sys.stdin.readline())
@@ -117,12 +136,13 @@ def _instance(cfg: dict, duration_s: float, seed: int) -> None:
     sys.stdout.flush()
 
 
-def _start(instances: list[dict], duration_s: float, seed: int, env: dict) -> list[subprocess.Popen]:
-    """The instances of one device, each an MPS client with its graphs captured, ready to start."""
+def _start(instances: list[dict], duration_s: float, seed: int, device: int, env: dict) -> list[subprocess.Popen]:
+    """The instances of the plan's `device`-th device, each an MPS client with its graphs captured, ready to start."""
     procs = []
     try:
         for i, inst in enumerate(instances):  # every instance draws its own arrivals
-            cmd = [sys.executable, __file__, "instance", json.dumps(inst), str(duration_s), str(seed + i)]
+            inst_seed = instance_seed(seed, device, i)
+            cmd = [sys.executable, __file__, "instance", json.dumps(inst), str(duration_s), str(inst_seed)]
             procs.append(
                 subprocess.Popen(
                     cmd,
@@ -151,9 +171,9 @@ def run(spec_path: Path, out: Path, seed: int) -> None:
     env = _start_mps(Path(tempfile.mkdtemp(prefix="tritonctl-mps-")))
     try:
         for plan in cfg["plans"]:
-            arrays = {}
+            arrays = {"seed": np.array(seed)}
             for d, (device, instances) in enumerate(plan["devices"].items()):
-                procs = _start(instances, cfg["duration_s"], seed + 100 * d, env)
+                procs = _start(instances, cfg["duration_s"], seed, d, env)
                 t0 = time.time() + 0.5
                 for proc in procs:
                     proc.stdin.write(f"{t0}\n")
@@ -161,7 +181,7 @@ def run(spec_path: Path, out: Path, seed: int) -> None:
                 for inst, proc in zip(instances, procs, strict=True):
                     result = json.loads(proc.stdout.readline())
                     proc.wait()
-                    arrivals = arrays[f"{inst['instance']}:arrivals"] = np.array(result["arrivals"], dtype=np.float64)
+                    arrivals = np.array(result["arrivals"])
                     latency = arrays[f"{inst['instance']}:latency"] = np.array(result["latency"], dtype=np.float32)
                     served = latency[np.isfinite(latency)]
                     p99 = np.percentile(served, 99) if served.size else math.nan
@@ -195,9 +215,9 @@ class Point:
     sim_p99: float
 
 
-def replayed(results: Path, lm) -> tuple[dict, list[tuple[str, float, list[Point]]]]:
+def replayed(results: Path, lm, replays: Path | None = None) -> tuple[dict, list[tuple[str, float, list[Point]]]]:
     """The spec of the replay in `results`, and per plan its policy, the cluster's offered rate and its points: the
-    simulator fed each model's real arrivals (no drops)."""
+    simulator fed each model's real arrivals (no drops). The latencies are read from `replays` (default: `results`)."""
     from tritonctl.planning.plan import load_plan
     from tritonctl.planning.simulate import simulate
     from tritonctl.spec import load_cluster
@@ -209,18 +229,18 @@ def replayed(results: Path, lm) -> tuple[dict, list[tuple[str, float, list[Point
     out = []
     for plan_cfg in cfg["plans"]:
         try:
-            data = np.load(results / f"{plan_cfg['policy']}.npz")
+            data = np.load((replays or results) / f"{plan_cfg['policy']}.npz")
         except OSError:  # only the search plans' replays are committed; a run on a GPU host writes them all
-            print(f"{results}: no {plan_cfg['policy']}.npz: {plan_cfg['policy']} left out", file=sys.stderr)
+            print(f"{replays or results}: no {plan_cfg['policy']}.npz: {plan_cfg['policy']} left out", file=sys.stderr)
             continue
         loaded = load_plan(REPO / plan_cfg["path"])
         plan = loaded.plan
         offered = sum(m.rate for m in load_cluster(loaded.resolve(plan.cluster_file)).spec.models)
         by_model: dict[str, tuple[list, list]] = {}
-        for instances in plan_cfg["devices"].values():
-            for inst in instances:
+        for d, instances in enumerate(plan_cfg["devices"].values()):
+            for i, inst in enumerate(instances):
                 arr, lat = by_model.setdefault(inst["model"], ([], []))
-                arr.append(data[f"{inst['instance']}:arrivals"])
+                arr.append(arrivals_of(inst["rate"], cfg["duration_s"], instance_seed(int(data["seed"]), d, i)))
                 lat.append(data[f"{inst['instance']}:latency"])
         trace = {m: np.sort(np.concatenate(a)) for m, (a, _) in by_model.items()}
         sim = {r.model: r for r in simulate(plan, lm, cfg["duration_s"], trace=trace).models}
@@ -243,11 +263,11 @@ def replayed(results: Path, lm) -> tuple[dict, list[tuple[str, float, list[Point
     return cfg, out
 
 
-def compare(results: Path, latency_model: Path) -> str:
+def compare(results: Path, latency_model: Path, replays: Path | None = None) -> str:
     """The simulator on each replayed plan, fed each model's real arrivals, against what the GPU did."""
     from tritonctl.latency.model import load_latency_model
 
-    cfg, plans = replayed(results, load_latency_model(latency_model))
+    cfg, plans = replayed(results, load_latency_model(latency_model), replays)
     lines = [
         f"Real: each plan's instances replayed on one H100 under MPS, device by device, {cfg['duration_s']:g} s each "
         "(bench/gpu_replay.py). Sim: `tritonctl simulate` on each model's real arrivals, no drops.",
@@ -272,7 +292,7 @@ def compare(results: Path, latency_model: Path) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[Path], latency_model: Path, path: Path) -> None:
+def plot(runs: list[Path], latency_model: Path, path: Path, replays_root: Path | None = None) -> None:
     """Real against simulated goodput and p99, every model of every replayed plan, with the +-20% band."""
     from matplotlib.figure import Figure
 
@@ -284,7 +304,7 @@ def plot(runs: list[Path], latency_model: Path, path: Path) -> None:
     markers = {"search": "o", "gpulet": "^", "igniter": "s"}
     seen: dict[int, list[float]] = {0: [], 1: []}
     for run in runs:
-        for policy, _, points in replayed(run, lm)[1]:
+        for policy, _, points in replayed(run, lm, replays_root / run.name if replays_root else None)[1]:
             label = f"{policy}, {run.name.removeprefix('gpu-replay-')}"
             for i, (real, sim) in enumerate((("real_good", "sim_good"), ("real_p99", "sim_p99"))):
                 xs, ys = [getattr(p, real) for p in points], [getattr(p, sim) for p in points]
@@ -328,10 +348,12 @@ def main() -> None:
     p.add_argument("results", type=Path, nargs="+", help="folders `run` wrote")
     p.add_argument("--latency-model", type=Path, default=REPO / "profiles/inss-gpu/latency-model.json")
     p.add_argument("-o", "--output", type=Path, required=True, help="the figure (.png)")
+    p.add_argument("--replays-root", type=Path, help=REPLAYS_HELP)
     p = sub.add_parser("compare")
     p.add_argument("results", type=Path, help="the folder `run` wrote (its spec.json and <policy>.npz)")
     p.add_argument("--latency-model", type=Path, default=REPO / "profiles/inss-gpu/latency-model.json")
     p.add_argument("-o", "--output", type=Path, help="also write the table here")
+    p.add_argument("--replays-root", type=Path, help=REPLAYS_HELP)
     args = parser.parse_args()
     if args.step == "spec":
         import yaml
@@ -343,9 +365,11 @@ def main() -> None:
     elif args.step == "instance":
         _instance(json.loads(args.cfg), args.duration, args.seed)
     elif args.step == "plot":
-        plot(args.results, args.latency_model, args.output)
+        plot(args.results, args.latency_model, args.output, args.replays_root)
     else:
-        table = compare(args.results, args.latency_model)
+        table = compare(
+            args.results, args.latency_model, args.replays_root / args.results.name if args.replays_root else None
+        )
         print(table)
         if args.output:
             args.output.write_text(table + "\n")

@@ -100,7 +100,8 @@ def test_the_simulator_matches_the_real_h100_replay_of_the_search_plans():
     for setup in ("six-4", "eight-4", "eight-5"):
         results = REPO / f"bench/results/gpu-replay-{setup}"
         table = subprocess.run(
-            [sys.executable, str(REPO / "bench" / "gpu_replay.py"), "compare", str(results)],
+            [sys.executable, str(REPO / "bench" / "gpu_replay.py"), "compare", str(results),
+             "--replays-root", str(PROFILE / "replays")],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
         (total,) = [line for line in table.splitlines() if line.startswith("| search | ") and line.count("|") == 6]
