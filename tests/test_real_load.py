@@ -214,23 +214,30 @@ def test_predicted_load_adds_each_placements_busy_part_of_its_device(capsys, syn
     assert predicted_load(plan) == {"cpu0": pytest.approx(expected)} and 0 < expected < 1
 
 
-def test_calibration_recovers_a_speed_and_batching_factor(synthetic_lm):
-    """Measurements that are 1.6 x batch^0.2 the model's running time give back k = 1.6, gamma = 0.2, and the
-    scaled model predicts them."""
+def test_calibration_recovers_a_speed_batching_and_share_factor(synthetic_lm):
+    """Measurements that are 1.6 x batch^0.2 x (cores / all)^0.3 the model's running time give back k = 1.6,
+    gamma = 0.2, delta = 0.3, and the scaled model predicts them at shares and batches it was not told."""
     from tritonctl.latency.model import load_latency_model
 
     lm = load_latency_model(synthetic_lm)
-    points = []
-    for batch, share in ((1, 100), (8, 100), (2, 50)):
-        io, before = lm.io_ms("alpha", batch), lm.t_inf("alpha", batch, share)
-        points.append(Point("alpha", batch, share, True, io + (before - io) * 1.6 * batch**0.2, before))
-    (k, gamma) = factors_of(lm, points)["alpha"]
-    assert k == pytest.approx(1.6, rel=1e-6) and gamma == pytest.approx(0.2, abs=1e-6)
-    carried = scaled(lm, {"alpha": (k, gamma), "beta": (1.0, 0.0)}, {"id": "here"}, {"calibrated": {}})
-    io = lm.io_ms("alpha", 4)
-    expected = io + (lm.t_inf("alpha", 4, 75) - io) * 1.6 * 4**0.2
-    assert carried.t_inf("alpha", 4, 75) == pytest.approx(expected, rel=0.02)
+    full = lm.eff(lm.device.units)
+
+    def truth(batch: int, share: int) -> float:
+        io = lm.io_ms("alpha", batch)
+        return io + (lm.t_inf("alpha", batch, share) - io) * 1.6 * batch**0.2 * (lm.eff(share) / full) ** 0.3
+
+    points = [
+        Point("alpha", batch, share, True, truth(batch, share), lm.t_inf("alpha", batch, share))
+        for batch, share in ((1, 100), (8, 100), (2, 50))
+    ]
+    (k, gamma, delta) = factors_of(lm, points)["alpha"]
+    assert (k, gamma, delta) == pytest.approx((1.6, 0.2, 0.3), abs=1e-6)
+    carried = scaled(lm, {"alpha": (k, gamma, delta), "beta": (1.0, 0.0, 0.0)}, {"id": "here"}, {"calibrated": {}})
+    assert carried.t_inf("alpha", 4, 75) == pytest.approx(truth(4, 75), rel=0.02)
+    assert carried.t_inf("alpha", 3, 35) == pytest.approx(truth(3, 35), rel=0.02)
     assert carried.device.fingerprint == {"id": "here"} and carried.t_inf("beta", 4, 75) == lm.t_inf("beta", 4, 75)
+    one_share = [p for p in points if p.share == 100]  # batch alone: no share term to fit
+    assert factors_of(lm, one_share)["alpha"][2] == 0.0
 
 
 def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tmp_path, synthetic_lm):

@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate",
         "measure.cmd_calibrate",
         "carry a CPU latency model profiled on another CPU to this one: a short measurement through Triton "
-        "(about 20 s a model), running time x k * batch^gamma per model, its error on held-out points printed",
+        "(about 40 s a model), running time x k * batch^gamma * share^delta per model, its error on held-out points "
+        "printed",
     )
     p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
     p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")

@@ -36,7 +36,10 @@ def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
     calibrated.save(output)
     checks = [p for p in points if not p.fitted]
     factors = calibrated.meta["calibrated"]["factors"]
-    say("running time x " + ", ".join(f"{name} {k:.2f} * batch^{g:.2f}" for name, (k, g) in factors.items()))
+    say(
+        "running time x "
+        + ", ".join(f"{name} {k:.2f} * batch^{g:.2f} * share^{d:.2f}" for name, (k, g, d) in factors.items())
+    )
     say(
         f"held-out points ({len(checks)}): median |error| {100 * median_abs([p.error_before for p in checks]):.1f}% "
         f"before, {100 * median_abs([p.error_after for p in checks]):.1f}% after; worst after "

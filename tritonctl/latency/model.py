@@ -292,14 +292,20 @@ def load_latency_model(path: str | Path) -> LatencyModel:
         raise TritonctlError(f"corrupt latency model ({type(exc).__name__}: {exc})", file=path) from None
 
 
-def scaled(lm: LatencyModel, factors: dict[str, tuple[float, float]], fingerprint: dict, meta: dict) -> LatencyModel:
-    """`lm` carried to another device of the same kind: each model's running time at batch b times k * b^gamma,
-    (k, gamma) its factors measured there (`tritonctl calibrate`); upload, interference and spread terms kept,
-    the new device's fingerprint."""
+def scaled(
+    lm: LatencyModel, factors: dict[str, tuple[float, float, float]], fingerprint: dict, meta: dict
+) -> LatencyModel:
+    """`lm` carried to another device of the same kind: each model's running time at batch b with c of the
+    device's C cores times k * b^gamma * (c / C)^delta, (k, gamma, delta) its factors measured there
+    (`tritonctl calibrate`); upload, interference and spread terms kept, the new device's fingerprint."""
+    full = lm.eff(lm.device.units)
 
     def times(name: str, p: ModelParams) -> ModelParams:
-        k, gamma = factors[name]
-        lwr_y = [y * k * 2 ** (gamma * x[0]) for x, y in zip(p.lwr_X, p.lwr_y, strict=True)]
+        k, gamma, delta = factors[name]
+        lwr_y = [  # x: (log2 batch, log cores) of a training point
+            y * k * 2 ** (gamma * x[0]) * (math.exp(x[1]) / full) ** delta
+            for x, y in zip(p.lwr_X, p.lwr_y, strict=True)
+        ]
         return dataclasses.replace(p, lwr_y=lwr_y)
 
     models = {name: times(name, p) for name, p in lm.models.items() if name in factors}
