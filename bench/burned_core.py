@@ -45,7 +45,8 @@ def main() -> None:
     finally:
         burner.kill()
         tritonctl("down", str(plan))
-    picked = [line for line in demo.splitlines() if "serves the demo" in line or line.startswith("held-out")]
+    said = ("serves the demo", "held-out", "reserving")
+    picked = [line for line in demo.splitlines() if any(part in line for part in said)]
     own = demo[demo.index("sending Poisson traffic") :].split("\n\nThe deployment")[0]
     lines = [
         "# The demo with one core burned",

@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.state import load_state
+from tritonctl.latency.device import busy_cores
 from tritonctl.latency.model import scaled
 from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import devices_of, predicted_load
@@ -153,6 +154,25 @@ def test_reserved_cores_are_left_out_of_the_plan(tmp_path, capsys):
     rc, _, _ = run_cli(capsys, "plan", str(cluster), "-o", str(tmp_path / "plan.yaml"))
     plan = load_plan(tmp_path / "plan.yaml").plan
     assert rc == 0 and sum(p.share for _, p in plan.instances()) <= 75
+
+
+def test_a_cluster_reserving_more_keeps_the_larger_reservation_and_still_checks_it(tmp_path):
+    make_mlp(tmp_path / "mlp.onnx")
+    device = {"kind": "cpu", "count": 1, "cores": 2, "units": 100, "memory_mb": 4096, "reserved_cores": 0.5}
+    cluster = load_cluster(write_cluster(tmp_path, [mlp_model("alpha")], devices=[device]))
+    assert cluster.reserving(1.0).spec.devices[0].usable_units == 50
+    assert cluster.reserving(0.25).spec.devices[0].reserved_cores == 0.5
+    with pytest.raises(ValueError, match="leaves nothing to plan with"):
+        cluster.reserving(2.0)
+
+
+def test_busy_cores_sees_a_process_burning_one_core():
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert 0.7 < busy_cores(1.0) < 2.0
+    finally:
+        burner.kill()
+        burner.wait()
 
 
 def test_reserving_every_core_is_refused(tmp_path, capsys):
@@ -300,3 +320,12 @@ def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within
         return not plan.unserved and all(p.predicted.meets_slo for _, p in plan.instances())
 
     assert served(scale) and not served(round(scale + 0.05, 2))
+
+
+def test_the_demo_keeps_at_least_a_calibrations_worst_held_out_error_to_spare():
+    from tritonctl.cli.demo import DEMO_MARGIN, demo_margin
+
+    assert demo_margin({}) == DEMO_MARGIN
+    assert demo_margin({"calibrated": {"held_out_error_after": [0.05, -0.08]}}) == DEMO_MARGIN
+    assert demo_margin({"calibrated": {"held_out_error_after": [0.1, -0.264]}}) == pytest.approx(0.264)
+    assert demo_margin({"calibrated": {"held_out_error_after": [1.7]}}) == 0.6

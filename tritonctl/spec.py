@@ -196,6 +196,16 @@ class Cluster:
         runtime = self.spec.runtime.model_copy(update=changes)
         return Cluster(self.spec.model_copy(update={"runtime": runtime}), self.path)
 
+    def reserving(self, cores: float) -> Cluster:
+        """The same cluster with at least `cores` of every CPU device reserved (validated: something must be left)."""
+        devices = [
+            DeviceGroup.model_validate({**d.model_dump(), "reserved_cores": max(d.reserved_cores, cores)})
+            if d.kind == "cpu"
+            else d
+            for d in self.spec.devices
+        ]
+        return Cluster(self.spec.model_copy(update={"devices": devices}), self.path)
+
     @property
     def kind(self) -> str:
         return self.spec.devices[0].kind

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from tritonctl.cli.deploy import _apply, _load, cmd_down, cmd_endpoints
@@ -11,7 +12,7 @@ from tritonctl.cli.output import say
 from tritonctl.cli.planning import _plan
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
-from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.latency.device import busy_cores, cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import servable_scale
@@ -19,7 +20,8 @@ from tritonctl.spec import Cluster, load_cluster
 from tritonctl.triton.client import endpoints
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where the committed profiles are (profiles/<cluster name>/)
-DEMO_MARGIN = 0.15  # the demo runs at rates its plan serves with batches 15% slower than predicted
+BUSY = 0.25  # cores kept busy by other processes from which the demo reserves them
+DEMO_MARGIN = 0.15  # the demo runs at rates its plan serves with batches 15% slower than predicted (at least)
 
 
 def cmd_demo(args) -> int:
@@ -36,7 +38,7 @@ def cmd_demo(args) -> int:
                 "or profile and fit the cluster first (tritonctl profile, tritonctl fit)",
                 file=committed,
             )
-    spec = load_cluster(cluster)
+    spec = _reserve_what_is_busy(load_cluster(cluster))
     if latency_model and load_latency_model(latency_model).device.fingerprint.get("id") != cpu_fingerprint()["id"]:
         here = _calibrated_path(Path(latency_model), spec.resolve(spec.spec.runtime.state_dir))
         if not here.is_file():  # calibrated once per CPU, kept in the state folder
@@ -66,22 +68,46 @@ def cmd_demo(args) -> int:
     return rc
 
 
+def _reserve_what_is_busy(cluster: Cluster) -> Cluster:
+    """The cluster with the cores that other processes keep busy right now reserved (in quarters, at most 3/4 of
+    the machine), saying so: a plan for cores that something else uses misses its SLOs."""
+    busy = busy_cores()
+    cores = cluster.spec.devices[0].cores
+    if cluster.kind != "cpu" or busy < BUSY:
+        return cluster
+    reserve = min(math.ceil(busy * 4) / 4, 0.75 * cores)
+    say(
+        f"other processes keep {busy:.2f} of this machine's cores busy: reserving {reserve:g} of the cluster's "
+        f"{cores:g} cores for them (devices[].reserved_cores) and planning with the rest"
+    )
+    return cluster.reserving(reserve)
+
+
 def _demo_rates(cluster: Cluster, latency_model: str, policy: str) -> tuple[Cluster, bool]:
-    """The demo cluster at the largest of 1, 0.95, ..., 0.05 times its rates that this CPU serves with DEMO_MARGIN
-    to spare (saying so), and whether even 0.05 x is predicted to miss (the demo runs it all the same, saying so:
+    """The demo cluster at the largest of 1, 0.95, ..., 0.05 times its rates that this CPU serves with a margin to
+    spare (saying so), and whether even 0.05 x is predicted to miss (the demo runs it all the same, saying so:
     a newcomer sees the deployment and the misses rather than nothing)."""
     artifacts = materialize(cluster, log=lambda _: None)
-    headroom = load_latency_model(latency_model).with_margin(DEMO_MARGIN)
-    scale = servable_scale(cluster, artifacts, headroom, policy)
+    model = load_latency_model(latency_model)
+    margin = demo_margin(model.meta)
+    scale = servable_scale(cluster, artifacts, model.with_margin(margin), policy)
+    spare = f"with {100 * margin:.0f}% to spare"
     if scale == 0:
         say(
-            f"WARNING: this CPU serves the demo within its SLOs (with {100 * DEMO_MARGIN:g}% to spare) at none of "
+            f"WARNING: this CPU serves the demo within its SLOs ({spare}) at none of "
             f"0.05-1 x its rates by latency model {latency_model}: deploying 0.05 x, predicted to miss"
         )
         return cluster.with_rates(lambda m: m.rate * 0.05), True
     if scale < 1:
         say(
-            f"this CPU serves the demo within its SLOs (with {100 * DEMO_MARGIN:g}% to spare) at {scale:g} x its "
+            f"this CPU serves the demo within its SLOs ({spare}) at {scale:g} x its "
             f"rates, not at 1 x (the plan at 1 x is predicted to miss): planning for {scale:g} x"
         )
     return cluster.with_rates(lambda m: m.rate * scale), False
+
+
+def demo_margin(meta: dict) -> float:
+    """How much slower than predicted the demo's batches may run: DEMO_MARGIN, or a calibrated model's worst error on
+    the points it held out where that is larger (a noisy or busy machine calibrates less well), at most 60%."""
+    held_out = meta.get("calibrated", {}).get("held_out_error_after", [])
+    return min(0.6, max([DEMO_MARGIN, *(abs(e) for e in held_out)]))

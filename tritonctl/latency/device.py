@@ -6,6 +6,7 @@ import hashlib
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,21 @@ def cpu_fingerprint() -> dict:
     info = {"kind": "cpu", "model": _cpu_model(), "logical_cpus": os.cpu_count(), "caches": _caches()}
     info["id"] = hashlib.sha256(repr(sorted(info.items())).encode()).hexdigest()[:12]
     return info
+
+
+def busy_cores(seconds: float = 1.0) -> float:
+    """How many of this machine's cores were busy (not idle, not waiting for I/O) over the next `seconds`."""
+
+    def sample() -> tuple[int, int]:
+        ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(ticks), ticks[3] + ticks[4]  # all, idle + iowait
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    if total1 == total0:
+        return 0.0
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
 
 
 def software_versions(tritonserver: str) -> dict[str, str]:
