@@ -19,6 +19,11 @@ $(STAMP): setup.cfg pyproject.toml
 	@ldconfig -p | grep -q 'libpython$(PYVER).so.1.0' || \
 	  { echo "installing libpython$(PYVER) for the Triton Python backend stub"; \
 	    apt-get update -q && apt-get install -y -q libpython$(PYVER); }
+	@# HAProxy serves every model's address (apply starts one per deployment).
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || \
+	  { echo "installing haproxy, the proxy in front of every model"; \
+	    apt-get update -q && apt-get install -y -q haproxy && \
+	    { service haproxy stop >/dev/null 2>&1 || true; }; }
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -5,7 +5,7 @@
 Applies the CPU demo's `search` plan (what `make demo` deploys) on the real local Triton,
 drives it with open-loop Poisson traffic from tritonclient.grpc (this process) at the
 scaled demo rates, and reads every process's user + system CPU time from /proc before and
-after. Printed: CPU seconds of the load generator, the router, the tritonserver processes
+after. Printed: CPU seconds of the load generator, HAProxy, the tritonserver processes
 and their Python-backend processes (which run the models), and the device time the
 simulator counts as work for the same requests (each request's batch time alone plus its
 wake-up), in CPU seconds on the device's cores. The deployment is stopped at the end. Run
@@ -43,8 +43,8 @@ def group(cmd: str) -> str:
         return "Python-backend processes (the models)"
     if "tritonserver" in cmd:
         return "tritonserver"
-    if "tritonctl.deploy.router" in cmd:
-        return "router"
+    if "haproxy" in cmd:
+        return "proxy"
     return "other"
 
 

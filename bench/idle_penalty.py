@@ -4,7 +4,7 @@
 
 The CPU demo is planned with `search` on the committed latency model and applied on the real
 local Triton. For each model, one client sends single requests (batch 1) straight to its
-instance (not through the router), waiting each gap between the answer and the next request,
+instance (not through the proxy), waiting each gap between the answer and the next request,
 and prints the median latency per gap. The profile's grid is measured back to back (gap 0), as
 a closed-loop client does; open-loop traffic at the demo's rates leaves an instance idle for
 tens of milliseconds between requests, which is why the profile also measures the wake-up

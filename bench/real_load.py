@@ -11,7 +11,7 @@ Deployments:
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
   turns runtime.reject_late on, `-direct` sends the requests straight to the instances' own
-  ports instead of the model ports (the router).
+  ports instead of the model ports (HAProxy).
 
 Each deployment is loaded at every rate scale (x the cluster's rates, all models at once,
 open-loop Poisson) with every tool in turn, never two at once. Printed and written to

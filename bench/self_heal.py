@@ -1,11 +1,11 @@
-"""kill -9 of a Triton instance, then of the router, under load: the controller heals both.
+"""kill -9 of a Triton instance, then of HAProxy, under load: the controller heals both.
 
     python bench/self_heal.py [--duration 40] [--rate-scale 0.1] [-o bench/results/self-heal]
 
 The CPU demo cluster is planned with `spread` at --rate-scale x its rates and handed to
 `tritonctl controller`, which applies it. Open-loop Poisson traffic at the planned rates
 then runs through tritonclient.grpc while one instance (the first model's) is killed with
-SIGKILL at a quarter of the run and the router at five eighths. Nothing else touches the
+SIGKILL at a quarter of the run and HAProxy at five eighths. Nothing else touches the
 deployment. Reported per kill: when the controller decided to heal, how long its apply
 took, when the killed model answered a request sent after the kill again, and the requests
 that failed in between. Writes `self-heal.md`.
@@ -86,9 +86,9 @@ def main() -> None:
         os.kill(record.pid, signal.SIGKILL)
         kills.append((f"instance {record.instance}", time.time() - origin))
         time.sleep(args.duration * 3 / 8)
-        router = json.loads((loaded.state_dir / "router.json").read_text())
-        os.kill(router["pid"], signal.SIGKILL)
-        kills.append(("router", time.time() - origin))
+        proxy = json.loads((loaded.state_dir / "haproxy.json").read_text())
+        os.killpg(proxy["pid"], signal.SIGKILL)  # HAProxy's master and worker
+        kills.append(("proxy", time.time() - origin))
         load.join()
         decisions = [d for d in json.loads(controller_file.read_text())["decisions"] if d["kind"] == "heal"]
     finally:

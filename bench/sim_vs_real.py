@@ -7,8 +7,8 @@
 
 Plans the CPU demo cluster with `search` (what `make demo` deploys) on the committed latency
 model, applies it on the real local Triton, drives it with open-loop Poisson traffic from
-tritonclient.grpc at each rate scale (through the router, or with `--direct` at the
-instances' own ports: the simulator does not model the router), replays the requests it
+tritonclient.grpc at each rate scale (through HAProxy, or with `--direct` at the
+instances' own ports: the simulator does not model the proxy), replays the requests it
 sent (their send times) through the simulator, and prints goodput and p99 side by side,
 with a bootstrap interval of the real p99 (how far it moves by chance alone, for that many
 requests). The deployment is stopped at the end. Run it on a quiet machine: it measures
@@ -40,7 +40,7 @@ RESULTS = REPO / "bench" / "results" / "sim-vs-real"
 
 def measure(plan_path: Path, duration_s: float, scales: list[float], results: Path, direct: bool) -> None:
     """Apply the plan, load it at every scale and save the sent requests and the answers' latencies; `direct`:
-    at the instances' own gRPC ports rather than the models' addresses (the router)."""
+    at the instances' own gRPC ports rather than the models' addresses (HAProxy)."""
     results.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(plan_path, results / "plan.yaml")
     with applied(plan_path) as loaded:
@@ -58,7 +58,7 @@ def measure(plan_path: Path, duration_s: float, scales: list[float], results: Pa
                 writer.writerow(["model", "latency_ms"])
                 writer.writerows((r.model, f"{x:.3f}") for r in real for x in r.latencies_ms)
             print(f"x{scale:g}: {sum(r.sent for r in real)} sent, {sum(len(r.errors) for r in real)} failed")
-    run = {"duration_s": duration_s, "scales": scales, "path": "direct" if direct else "router"}
+    run = {"duration_s": duration_s, "scales": scales, "path": "direct" if direct else "proxy"}
     (results / "run.json").write_text(json.dumps(run) + "\n")
 
 
@@ -120,9 +120,9 @@ def pooled(runs: list[Path]) -> str:
     if missing:
         raise SystemExit(f"not saved real runs (no run.json): {', '.join(missing)}")
     plans = {(run / "plan.yaml").read_text() for run in runs}
-    paths = {json.loads((run / "run.json").read_text()).get("path", "router") for run in runs}
+    paths = {json.loads((run / "run.json").read_text()).get("path", "proxy") for run in runs}
     if len(plans) != 1 or len(paths) != 1:
-        raise SystemExit("the runs applied different plans or went different paths (router, direct): not one mean")
+        raise SystemExit("the runs applied different plans or went different paths (proxy, direct): not one mean")
     lm = load_latency_model(MODEL)
     per_run = [_cells(run, lm) for run in runs]
     head = f"{'scale':>5} {'model':14} {'runs':>4} {'goodput real':>12} {'sim':>8} {'gap':>7} {'p99 real ms':>11}"
@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--scales", type=float, nargs="+", default=[0.5, 0.75, 1.0], help="rate multipliers")
     parser.add_argument("--offline", action="store_true", help="compare with the saved real run, start nothing")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the real run (default: %(default)s)")
-    parser.add_argument("--direct", action="store_true", help="send to the instances' own ports, not the router")
+    parser.add_argument("--direct", action="store_true", help="send to the instances' own ports, not through HAProxy")
     parser.add_argument(
         "--pool",
         type=Path,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -17,6 +18,7 @@ from tritonctl.cli import main
 from tritonctl.deploy.apply import apply_plan, down
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime, Outcome
 from tritonctl.deploy.compose_project import LABEL, write_compose
+from tritonctl.deploy.local import haproxy_binary
 from tritonctl.deploy.runtime import StartError
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
@@ -92,18 +94,28 @@ def test_project_is_valid_compose_and_every_reference_resolves(gpu_plan, tmp_pat
     assert (Path(env["TRITONCTL_SRC"]) / sidecar["build"]["dockerfile"]).is_file()
     assert "/var/run/docker.sock" in [v["target"] for v in sidecar["volumes"]]
     assert sidecar["command"][:3] == [f"${{PLAN_FILE:-{gpu_plan}}}", "--runtime", "compose"]
-    assert sidecar["depends_on"]["router"]["condition"] == "service_healthy"
+    assert sidecar["depends_on"]["haproxy"]["condition"] == "service_started"
     mounts = {Path(v["source"]): v.get("read_only", False) for v in sidecar["volumes"] if v["type"] == "bind"}
     mounts.pop(Path("${DOCKER_SOCKET:-/var/run/docker.sock}"))
     # the sidecar sees the plan (read-only), the project and the state (read-write) at their host paths
     assert mounts == {gpu_plan.parent: True, out: False, load_plan(gpu_plan).state_dir: False}
     assert sidecar["working_dir"] == str(gpu_plan.parent)
-    router = services["router"]
-    assert router["network_mode"] == "host" and "profiles" not in router
-    assert router["entrypoint"] == ["python", "-m", "tritonctl.deploy.router"]
-    assert "--control-host=${ROUTER_CONTROL_ADDRESS:-127.0.0.1}" in router["command"]
-    assert router["volumes"][0]["source"] == "router-state" and router["image"] == sidecar["image"]
-    assert env["ROUTER_ADDRESS"] == "0.0.0.0" and env["TRITON_GRPC_ADDRESS"] == "127.0.0.1"
+    proxy = services["haproxy"]
+    assert (
+        proxy["network_mode"] == "host"
+        and "profiles" not in proxy
+        and proxy["image"] == "${HAPROXY_IMAGE:-haproxy:2.6}"
+    )
+    (config,) = proxy["volumes"]
+    assert config["source"] == "./haproxy" and config["read_only"] and config["target"] == "/usr/local/etc/haproxy"
+    assert env["PROXY_ADDRESS"] == "0.0.0.0" and env["PROXY_API_ADDRESS"] == env["TRITON_GRPC_ADDRESS"] == "127.0.0.1"
+    cfg = out / "haproxy" / "haproxy.cfg"
+    checked = subprocess.run([haproxy_binary(), "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    text = cfg.read_text()
+    assert "stats socket ipv4@127.0.0.1:18090" in text and "bind 127.0.0.1:18091" in text
+    for model in load_plan(gpu_plan).plan.models:
+        assert f"bind 0.0.0.0:{model.port} proto h2" in text
     proxied = services["tritonctl-sidecar-proxied"]
     assert "/var/run/docker.sock" not in [v["target"] for v in proxied["volumes"]]
     assert services["docker-socket-proxy"]["profiles"] == proxied["profiles"] == ["sidecar-proxied"]
@@ -126,7 +138,7 @@ def test_triton_services_carry_the_plans_shares_gpus_and_ports(gpu_plan, tmp_pat
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         assert device["device_ids"] == [str(plan.device(placement.device).index)]
         command = spec["command"]
-        grpc = int(spec["labels"][f"{LABEL}.grpc-port"])  # its own: the model's port is the router's
+        grpc = int(spec["labels"][f"{LABEL}.grpc-port"])  # its own: the model's port is HAProxy's
         assert f"--grpc-port={grpc}" in command and not any("reuse" in arg for arg in command)
         assert spec["labels"][f"{LABEL}.model-port"] == str(model.port) and spec["profiles"] == ["triton"]
         assert "--model-control-mode=explicit" in command and f"--load-model={model.name}" in command
@@ -139,7 +151,8 @@ def test_triton_services_carry_the_plans_shares_gpus_and_ports(gpu_plan, tmp_pat
         instance_ports += [grpc, http, metrics]
     assert len(set(instance_ports)) == len(instance_ports)
     assert not set(instance_ports) & (
-        {m.port for m in plan.models} | {int(read_env(out / ".env")["ROUTER_CONTROL_PORT"])}
+        {m.port for m in plan.models}
+        | {int(read_env(out / ".env")[k]) for k in ("PROXY_API_PORT", "PROXY_METRICS_PORT")}
     )
     assert services["alpha-0"]["labels"][f"{LABEL}.model-port"] == services["alpha-1"]["labels"][f"{LABEL}.model-port"]
     daemon = project["services"]["mps-daemon"]
@@ -180,11 +193,11 @@ def test_rerender_keeps_the_operators_env_values(gpu_plan, tmp_path):
     assert read_env(out / ".env")["TRITON_TAG"] == "25.01-py3"
 
 
-def test_model_port_on_the_routers_control_port_is_refused(gpu_plan, tmp_path, capsys):
+def test_model_port_on_the_proxys_api_port_is_refused(gpu_plan, tmp_path, capsys):
     edit(gpu_plan, lambda d: d["models"][1].update(port=18090))
     assert render(gpu_plan, tmp_path / "out") == 2
     err = capsys.readouterr().err
-    assert "models[1].port" in err and "router's control port" in err
+    assert "models[1].port" in err and "HAProxy's PROXY_API_PORT" in err
 
 
 def _gpus_1(plan: Path) -> list[str]:
@@ -279,18 +292,18 @@ def _swap_setup(gpu_plan: Path, out: Path, outcome=None):
 def test_shadow_swap_starts_and_waits_for_the_new_service_before_retiring_the_old(gpu_plan, tmp_path):
     runtime, old, new, lines = _swap_setup(gpu_plan, tmp_path / "out")
     record = runtime.start(new.launch, tmp_path, "127.0.0.1", tmp_path, 30)
-    runtime.route("127.0.0.1", record.grpc_port, [record])
+    runtime.route("127.0.0.1", record.grpc_port, [(record, 1.0)])
     runtime.stop(old)
     old_service = old.uid.rsplit(".", 1)[0]
     assert old_service != new.name and record.grpc_port == old.grpc_port
     assert record.backend_port == new.grpc_port != old.backend_port and record.http_port != old.http_port
-    control = "http://127.0.0.1:18090"
+    api = "127.0.0.1:18090"
     assert runtime.runner.steps == [
         [*COMPOSE, "-f", str(tmp_path / "out" / "compose.yaml"), "up", "-d", "--no-deps", "--force-recreate", new.name],
         ["wait-ready", f"http://127.0.0.1:{new.http_port}/v2/models/alpha/ready", "30"],
-        [*COMPOSE, "-f", str(tmp_path / "out" / "compose.yaml"), "up", "-d", "--no-deps", "router"],
-        ["wait-ready", f"{control}/routes", "30"],
-        ["put", f"{control}/routes/{record.grpc_port}", json.dumps({"backends": [f"127.0.0.1:{new.grpc_port}"]})],
+        [*COMPOSE, "-f", str(tmp_path / "out" / "compose.yaml"), "up", "-d", "--no-deps", "haproxy"],
+        ["proxy", api, "show stat -1 1 -1"],
+        ["proxy", api, f"set servers of port{record.grpc_port}: ['{new.name}']"],
         [*COMPOSE, "stop", "--timeout", "15", old_service],
         [*COMPOSE, "rm", "--force", old_service],
     ]
@@ -344,11 +357,11 @@ def test_dry_run_of_a_new_deployment_starts_every_service_then_routes(gpu_plan, 
     services = write_compose(load_plan(gpu_plan), gpu_plan.parent / "compose", 2, write=False).services
     for service in services.values():
         assert _at(lines, "up -d --no-deps --force-recreate", service.name) < _at(lines, f":{service.http_port}/")
-    router = _at(lines, "up -d --no-deps router")
-    assert router > max(_at(lines, f":{s.http_port}/") for s in services.values())
+    proxy = _at(lines, "up -d --no-deps haproxy")
+    assert proxy > max(_at(lines, f":{s.http_port}/") for s in services.values())
     for model in load_plan(gpu_plan).plan.models:
-        backends = [f"127.0.0.1:{s.grpc_port}" for s in services.values() if s.launch.model == model.name]
-        assert _at(lines, f"PUT http://127.0.0.1:18090/routes/{model.port}", json.dumps(backends)) > router
+        names = [s.name for s in services.values() if s.launch.model == model.name]
+        assert _at(lines, f"HAProxy 127.0.0.1:18090: set servers of port{model.port}: {names}") > proxy
     assert not any(" stop " in line for line in lines)
     assert _snapshot(gpu_plan) == before
 
@@ -363,8 +376,8 @@ def test_dry_run_of_a_share_change_switches_the_route_before_stopping_the_old_se
     old_service = old.uid.rsplit(".", 1)[0]
     started = _at(lines, "--force-recreate")  # the only Triton service started: alpha-0's new one
     assert lines[started].endswith(new.name)
-    switch = _at(lines, f"/routes/{old.grpc_port}")
-    assert f"127.0.0.1:{new.grpc_port}" in lines[switch] and f":{old.backend_port}" not in lines[switch]
+    switch = _at(lines, f"set servers of port{old.grpc_port}")
+    assert new.name in lines[switch] and old_service not in lines[switch]
     assert started < _at(lines, f":{new.http_port}/v2/models/alpha/ready") < switch
     assert switch < _at(lines, "stop --timeout", old_service) < _at(lines, "rm --force", old_service)
     assert _snapshot(gpu_plan) == before
@@ -394,10 +407,10 @@ def test_failed_start_in_apply_rolls_back_and_leaves_the_old_service_serving(gpu
     assert load_state(state_dir).instances.keys() == before.keys()
     assert runner.steps[-1][-3:] == ["--stop", "--force", runner.steps[-2][-1]]  # the new service, removed
     retire = [step for step in runner.steps if old.uid.rsplit(".", 1)[0] in step and {"stop", "rm"} & set(step)]
-    assert not retire and not any(step[0] == "put" for step in runner.steps)  # the routes never moved
+    assert not retire and not any(step[0] == "proxy" for step in runner.steps)  # the routes never moved
 
 
-def test_down_closes_the_routes_stops_every_service_then_the_router(gpu_plan, capsys):
+def test_down_closes_the_routes_stops_every_service_then_the_proxy(gpu_plan, capsys):
     runner = CommandRunner(dry_run=True, log=lambda _: None)
     _deploy(gpu_plan, runner)
     state_dir = load_plan(gpu_plan).state_dir
@@ -405,9 +418,9 @@ def test_down_closes_the_routes_stops_every_service_then_the_router(gpu_plan, ca
     before = _snapshot(gpu_plan)
     lines = _dry(capsys, "down", str(gpu_plan))
     assert _snapshot(gpu_plan) == before
-    closes = [_at(lines, f"/routes/{port}", '{"backends": []}') for port in {r.grpc_port for r in records}]
+    closes = [_at(lines, f"set servers of port{port}: []") for port in {r.grpc_port for r in records}]
     stops = [_at(lines, "stop --timeout", r.uid.rsplit(".", 1)[0]) for r in records]
-    assert max(closes) < min(stops) and max(stops) < _at(lines, "stop router") < _at(lines, "rm --force router")
+    assert max(closes) < min(stops) and max(stops) < _at(lines, "stop haproxy") < _at(lines, "rm --force haproxy")
 
     assert down(state_dir, ComposeRuntime(gpu_plan.parent / "compose", runner), log=lambda _: None) == len(records)
     assert not load_state(state_dir).instances

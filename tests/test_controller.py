@@ -22,7 +22,7 @@ from conftest import REPO, make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.controller.decide import ControllerConfig, changed_rates, rebase, rebatch, with_rates
-from tritonctl.controller.metrics import RateEstimator, parse_metrics
+from tritonctl.controller.metrics import ProxyRates, RateEstimator, parse_metrics, parse_proxy_metrics
 from tritonctl.deploy.local import LocalRuntime, process_alive
 from tritonctl.deploy.state import load_state
 from tritonctl.latency.fit import fit_latency_model
@@ -52,6 +52,30 @@ def test_parse_metrics_sums_versions_and_keeps_only_model_series():
             "nv_inference_pending_request_count": 3.0,
         }
     }
+
+
+PROXY_METRICS = """# TYPE haproxy_backend_http_requests_total counter
+haproxy_backend_http_requests_total{proxy="port8100"} 120
+haproxy_backend_http_requests_total{proxy="metrics"} 7
+# TYPE haproxy_backend_connection_errors_total counter
+haproxy_backend_connection_errors_total{proxy="port8100"} 2
+# TYPE haproxy_backend_http_responses_total counter
+haproxy_backend_http_responses_total{proxy="port8100",code="2xx"} 115
+haproxy_backend_http_responses_total{proxy="port8100",code="5xx"} 3
+# TYPE haproxy_backend_current_queue gauge
+haproxy_backend_current_queue{proxy="port8100"} 4
+"""
+
+
+def test_proxy_metrics_are_read_per_model_port_and_become_rates():
+    assert parse_proxy_metrics(PROXY_METRICS) == {8100: {"requests": 120.0, "errors": 5.0, "queued": 4.0}}
+    rates = ProxyRates(window_s=10)
+    rates.update(0.0, {8100: {"requests": 100.0, "errors": 1.0, "queued": 0.0}})
+    assert rates.rates(8100) is None
+    rates.update(2.0, {8100: {"requests": 150.0, "errors": 3.0, "queued": 0.0}})
+    assert rates.rates(8100) == (25.0, 1.0)
+    rates.update(3.0, {8100: {"requests": 10.0, "errors": 0.0, "queued": 0.0}})  # a restarted proxy
+    assert rates.rates(8100) is None
 
 
 def test_metrics_follow_prometheus_conventions():
@@ -240,7 +264,7 @@ def _threads(pid: int) -> int:
 
 
 @pytest.mark.triton
-def test_controller_restarts_a_killed_instance_and_a_killed_router_and_bounds_its_http(tmp_path):
+def test_controller_restarts_a_killed_instance_and_a_killed_proxy_and_bounds_its_http(tmp_path):
     make_mlp(tmp_path / "mlp.onnx")
     plan = tmp_path / "plan.yaml"
     assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
@@ -258,17 +282,21 @@ def test_controller_restarts_a_killed_instance_and_a_killed_router_and_bounds_it
         assert f"{old.uid} (alpha) died" in last()["reason"], last()
         (new,) = load_state(state_dir).instances.values()
         assert new.uid != old.uid and LocalRuntime(None, state_dir).health(new).label == "ready"
+        # requests HAProxy counts: the controller reads them from its metrics and shows them in /state
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text()).group(1))
+        _served_again(endpoint, 10.0)
+        live = lambda: json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/state", timeout=5).read())  # noqa: E731
+        wait_for(lambda: live()["proxy_rates"].get("alpha"), timeout_s=10, what="HAProxy's rate in /state")
 
-        router = json.loads((state_dir / "router.json").read_text())
-        os.kill(router["pid"], signal.SIGKILL)
+        proxy = json.loads((state_dir / "haproxy.json").read_text())
+        os.killpg(proxy["pid"], signal.SIGKILL)  # HAProxy's master and worker
         assert _served_again(endpoint, 10.0) < 10.0
-        wait_for(lambda: "router" in last()["reason"], timeout_s=10, what="the heal decision")
+        wait_for(lambda: "proxy" in last()["reason"], timeout_s=10, what="the heal decision")
         assert last()["kind"] == "heal"
-        assert json.loads((state_dir / "router.json").read_text())["pid"] != router["pid"]
+        assert json.loads((state_dir / "haproxy.json").read_text())["pid"] != proxy["pid"]
         assert list(load_state(state_dir).instances.values()) == [new]  # the instance was kept
 
         # 60 idle connections to the state endpoint: at most 16 threads serve them, each for at most 5 s
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text()).group(1))
         before = _threads(ctl.pid)
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
         time.sleep(1.0)

@@ -247,15 +247,15 @@ def test_new_instance_that_crashes_while_starting_is_started_once_more_then_roll
     assert main(["down", str(plan)]) == 0
 
 
-def test_a_dead_router_shows_in_status_and_the_next_apply_restarts_it(tmp_path, capsys):
+def test_a_dead_proxy_shows_in_status_and_the_next_apply_restarts_it(tmp_path, capsys):
     plan, url = one_model_deployment(tmp_path)
-    router = json.loads((tmp_path / "state" / "router.json").read_text())
-    os.kill(router["pid"], signal.SIGKILL)
+    proxy = json.loads((tmp_path / "state" / "haproxy.json").read_text())
+    os.killpg(proxy["pid"], signal.SIGKILL)  # the master and its worker
     time.sleep(0.2)
     capsys.readouterr()
     assert main(["status", str(plan)]) == 1
-    assert "router: NOT answering" in capsys.readouterr().out
-    assert main(["apply", str(plan)]) == 0  # nothing to change but the route: the router comes back
+    assert "proxy: NOT answering" in capsys.readouterr().out
+    assert main(["apply", str(plan)]) == 0  # nothing to change but the route: HAProxy comes back
     assert main(["status", str(plan)]) == 0
     assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
     assert main(["down", str(plan)]) == 0
@@ -393,7 +393,7 @@ def test_reject_late_has_triton_refuse_what_finds_its_queue_full(tmp_path):
     assert rejected and all("queue size" in e.lower() for e in rejected) and len(rejected) < 200
 
 
-def test_shutdown_kills_a_router_that_ignores_sigterm(tmp_path):
+def test_shutdown_kills_a_proxy_that_ignores_sigterm(tmp_path):
     stubborn = subprocess.Popen(
         [
             sys.executable,
@@ -405,9 +405,9 @@ def test_shutdown_kills_a_router_that_ignores_sigterm(tmp_path):
     )
     assert stubborn.stdout.readline().strip() == b"up"
     ticks = int(proc_stat_fields(stubborn.pid)[19])
-    record = {"pid": stubborn.pid, "start_ticks": ticks, "host": "127.0.0.1", "control_port": 1}
-    (tmp_path / "router.json").write_text(json.dumps(record))
+    record = {"pid": stubborn.pid, "start_ticks": ticks, "host": "127.0.0.1", "metrics_port": 1}
+    (tmp_path / "haproxy.json").write_text(json.dumps(record))
     started = time.monotonic()
     LocalRuntime(None, tmp_path).shutdown()
     assert stubborn.wait(timeout=2) == -signal.SIGKILL and 5 <= time.monotonic() - started < 7
-    assert not (tmp_path / "router.json").exists()
+    assert not (tmp_path / "haproxy.json").exists()

@@ -1,6 +1,6 @@
-"""Control surfaces: Triton's control APIs ask for the deployment's key (real tritonserver), the router's
-control endpoint listens on loopback and refuses bad routes, and the Compose project mounts and pins
-only what it needs."""
+"""Control surfaces: Triton's control APIs ask for the deployment's key (real tritonserver), HAProxy's
+runtime API is a socket its owner alone may use and its metrics stay on loopback, and the Compose
+project mounts and pins only what it needs."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tritonctl.cli import main
 from tritonctl.deploy.apply import exposure
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
 from tritonctl.deploy.compose_project import check_mount, write_compose
-from tritonctl.deploy.local import ROUTER_FILE, LocalRuntime
+from tritonctl.deploy.local import PROXY_FILE, PROXY_SOCKET, LocalRuntime
 from tritonctl.deploy.runtime import CONTROL_HEADER, GRPC_CONTROL_HEADER, load_model
 from tritonctl.deploy.state import KEY_FILE, control_key, load_state
 from tritonctl.errors import TritonctlError
@@ -99,7 +99,7 @@ def test_model_control_without_the_key_is_refused_over_grpc_and_http(deployed):
 def test_inference_health_and_metadata_stay_open(deployed):
     plan, record, _ = deployed
     port = load_plan(plan).plan.models[0].port
-    with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:  # through the router
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:  # through HAProxy
         assert client.is_server_live() and client.is_model_ready("alpha")
         assert client.get_model_metadata("alpha").name == "alpha"
         assert client.get_model_config("alpha").config.name == "alpha"
@@ -134,40 +134,17 @@ def _listening(port: int) -> set[str]:
     return addresses
 
 
-def _put(url: str, body: bytes) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=body, method="PUT")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def test_router_control_listens_on_loopback_and_refuses_bad_routes(tmp_path):
-    runtime = LocalRuntime(None, tmp_path)
-    try:
-        runtime.route("0.0.0.0", 20000, [])  # starts the router for a deployment on every interface
-        router = json.loads((tmp_path / ROUTER_FILE).read_text())
-        control = f"http://127.0.0.1:{router['control_port']}/routes"
-        assert _listening(router["control_port"]) == {"127.0.0.1"}
-        refused = {
-            "70000": b'{"backends": ["127.0.0.1:20001"]}',
-            "-5": b'{"backends": ["127.0.0.1:20001"]}',
-            "80": b'{"backends": ["127.0.0.1:20001"]}',
-            "20000": b'{"backends": ["203.0.113.7:20001"]}',
-            "20002": b'{"backends": ["127.0.0.1:70000"]}',
-            "20003": b"not json",
-        }
-        for port, body in refused.items():
-            status, answer = _put(f"{control}/{port}", body)
-            assert status == 400 and "\n" not in answer["error"] and "Traceback" not in answer["error"], port
-        assert "70000" in _put(f"{control}/70000", refused["70000"])[1]["error"]
-        assert "203.0.113.7" in _put(f"{control}/20000", refused["20000"])[1]["error"]
-        with urllib.request.urlopen(control, timeout=5) as response:  # still alive, and took nothing
-            assert response.status == 200 and json.loads(response.read()) == {}
-        assert runtime.router_ok()
-    finally:
-        runtime.shutdown()
+@pytest.mark.triton
+def test_the_proxys_runtime_api_is_its_owners_alone_and_its_metrics_stay_on_loopback(deployed):
+    plan, _, runtime = deployed
+    state_dir = load_plan(plan).state_dir
+    api = state_dir / PROXY_SOCKET
+    assert stat.S_ISSOCK(api.stat().st_mode) and stat.S_IMODE(api.stat().st_mode) == 0o600
+    metrics_port = json.loads((state_dir / PROXY_FILE).read_text())["metrics_port"]
+    assert _listening(metrics_port) == {"127.0.0.1"}
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        assert "haproxy_backend_http_requests_total" in response.read().decode()
+    assert runtime.proxy_ok()
 
 
 def test_apply_says_which_ports_a_non_loopback_host_exposes(tmp_path, capsys):

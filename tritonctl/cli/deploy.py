@@ -131,10 +131,13 @@ def _controller_status(state_dir: Path) -> None:
     for model, planned in sorted(ctl.planned_rates.items()):
         estimate = ctl.estimated_rates.get(model)
         queue = ctl.queue_ms.get(model)
+        at_proxy, errors = ctl.proxy_rates.get(model), ctl.proxy_errors.get(model)
         say(
             f"  {model:18} planned {planned:7.1f} req/s, measured "
             + ("   -   " if estimate is None else f"{estimate:7.1f}")
             + (f", queue {queue:.1f} ms" if queue is not None else "")
+            + (f"; at HAProxy {at_proxy:.1f} req/s, {errors:.2f} errors/s" if at_proxy is not None else "")
+            + (f", {ctl.proxy_queued[model]:.0f} queued" if ctl.proxy_queued.get(model) else "")
         )
     for decision in ctl.decisions[-3:]:
         when = time.strftime("%H:%M:%S", time.localtime(decision["time"]))
@@ -146,8 +149,8 @@ def cmd_status(args) -> int:
     state = load_state(loaded.state_dir)
     runtime = _applied_runtime(args, loaded, state) if state.instances else None
     health = {uid: runtime.health(rec).label for uid, rec in state.instances.items()} if runtime else {}
-    router_ok = runtime.router_ok() if runtime else None
-    unhealthy = sum(label != "ready" for label in health.values()) + (router_ok is False)
+    proxy_ok = runtime.proxy_ok() if runtime else None
+    unhealthy = sum(label != "ready" for label in health.values()) + (proxy_ok is False)
     if output.JSON:
         ctl = load_controller_state(loaded.state_dir)
         emit(
@@ -158,7 +161,8 @@ def cmd_status(args) -> int:
                 "instances": [
                     {**dataclasses.asdict(rec), "health": health[uid]} for uid, rec in sorted(state.instances.items())
                 ],
-                "router_ok": router_ok,
+                "proxy_ok": proxy_ok,
+                "proxy": runtime.proxy_info() if runtime else None,
                 "controller": dataclasses.asdict(ctl) if ctl else None,
             }
         )
@@ -177,8 +181,9 @@ def cmd_status(args) -> int:
             f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
             f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health[uid]:9} {rec.share_mechanism}"
         )
-    if router_ok is False:
-        say("router: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
+    say(runtime.proxy_info())
+    if proxy_ok is False:
+        say("proxy: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
     return 1 if unhealthy else 0
 
 

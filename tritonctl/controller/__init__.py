@@ -10,7 +10,7 @@ re-plan placement and shares (shadow swaps). Each applied plan is saved in the s
 folder; `controller.json` there says what the controller runs and has decided, and the
 same is served as JSON (/state) and Prometheus metrics (/metrics).
 
-Dead parts are healed: an instance whose process died, or a router that stopped answering,
+Dead parts are healed: an instance whose process died, or a proxy that stopped answering,
 is noticed at the next tick and the plan applied last is applied again (the same start path
 as `apply`, warm-up included); the affected models' rates are unknown (None) until a new
 window of samples has come in, so a gap in traffic is never taken for a fall in load.

@@ -55,17 +55,17 @@ def changed_rates(
 
 @dataclass(frozen=True)
 class Outage:
-    """What is down: instances whose process is gone, and whether the router does not answer."""
+    """What is down: instances whose process is gone, and whether the proxy does not answer."""
 
     dead: tuple[InstanceRecord, ...] = ()
-    router: bool = False
+    proxy: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.dead or self.router)
+        return bool(self.dead or self.proxy)
 
     def __str__(self) -> str:
         lines = [f"{r.uid} ({r.model}) died" for r in self.dead]
-        return "; ".join(lines + ["the router does not answer"] * self.router)
+        return "; ".join(lines + ["the proxy does not answer"] * self.proxy)
 
 
 def with_rates(plan: Plan, rates: dict[str, float]) -> Plan:

@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tritonctl.controller.decide import ControllerConfig, Outage, changed_rates, rebase, rebatch, with_rates
-from tritonctl.controller.metrics import RateEstimator, scrape
+from tritonctl.controller.metrics import ProxyRates, RateEstimator, scrape, scrape_proxy
 from tritonctl.controller.state import (
     ControllerState,
     Decision,
@@ -46,10 +46,10 @@ def _digest(path: Path) -> str:
 
 
 def outage(silent: list[InstanceRecord], runtime: Runtime, routed: bool) -> Outage:
-    """Among `silent` instances (their metrics did not answer), those whose process is gone; the router
+    """Among `silent` instances (their metrics did not answer), those whose process is gone; the proxy
     when `routed` (the deployment has instances) and it does not answer."""
     dead = tuple(r for r in silent if not runtime.health(r).alive)
-    return Outage(dead, routed and not runtime.router_ok())
+    return Outage(dead, routed and not runtime.proxy_ok())
 
 
 class _BoundedServer(ThreadingHTTPServer):
@@ -89,6 +89,7 @@ class Controller:
         self.state_dir = loaded.state_dir
         self.plans_dir = self.state_dir / "plans"
         self.estimator = RateEstimator(cfg.window_s)
+        self.proxy_rates = ProxyRates(cfg.window_s)
         self.lock = threading.Lock()  # guards self.state between the loop and the HTTP thread
         self.current: LoadedPlan | None = None  # the plan applied last, as loaded then
         self.refused_digest = ""  # an operator plan that failed to apply, not retried until it changes
@@ -184,17 +185,30 @@ class Controller:
                 counters[uid] = (record.model, values)
         self.estimator.update(time.monotonic(), counters)
         broken = outage([r for uid, r in records.items() if uid not in counters], self.runtime, bool(records))
-        hit = {r.model for r in (records.values() if broken.router else broken.dead)}
+        hit = {r.model for r in (records.values() if broken.proxy else broken.dead)}
         for model in hit:  # its samples span the outage: start again once it serves
             self.estimator.samples.pop(model, None)
         models = {r.model for r in records.values()}
         estimated = {m: None if m in hit else self.estimator.rate(m) for m in models}
+        self._observe_proxy({r.grpc_port: r.model for r in records.values()})
         with self.lock:
             self.state.estimated_rates = {m: None if r is None else round(r, 2) for m, r in estimated.items()}
             self.state.queue_ms = {
                 m: None if (q := self.estimator.queue_ms(m)) is None else round(q, 2) for m in models
             }
         return estimated, broken
+
+    def _observe_proxy(self, models: dict[int, str]) -> None:
+        """Requests and errors per second and queued requests at the proxy, per model (`models`: port -> model)."""
+        counters = scrape_proxy(self.runtime.proxy_metrics_url())
+        if counters is None:
+            return
+        self.proxy_rates.update(time.monotonic(), counters)
+        rates = {models[port]: self.proxy_rates.rates(port) for port in counters if port in models}
+        with self.lock:
+            self.state.proxy_rates = {m: None if r is None else round(r[0], 2) for m, r in rates.items()}
+            self.state.proxy_errors = {m: None if r is None else round(r[1], 2) for m, r in rates.items()}
+            self.state.proxy_queued = {models[p]: v["queued"] for p, v in counters.items() if p in models}
 
     def heal(self, broken: Outage) -> Decision | None:
         """Apply the plan applied last again when something is down; after a failed try, wait the cooldown."""

@@ -1,4 +1,4 @@
-"""Triton's metrics: parsing its Prometheus text, scraping an instance, arrival rates and queueing per model."""
+"""Triton's and HAProxy's metrics: parsing their Prometheus text, scraping, arrival rates and queueing per model."""
 
 from __future__ import annotations
 
@@ -37,6 +37,68 @@ def scrape(record: InstanceRecord) -> dict[str, float] | None:
             return parse_metrics(response.read().decode()).get(record.model, {})
     except (urllib.error.URLError, OSError, ValueError):
         return None
+
+
+PROXY_COUNTERS = {  # HAProxy's per-backend samples -> what the controller calls them
+    "haproxy_backend_http_requests_total": "requests",
+    "haproxy_backend_connection_errors_total": "errors",
+    "haproxy_backend_response_errors_total": "errors",
+    "haproxy_backend_current_queue": "queued",
+}
+
+
+def parse_proxy_metrics(text: str) -> dict[int, dict[str, float]]:
+    """HAProxy's Prometheus text -> model port -> requests and errors (counters) and queued (a gauge), from the
+    backends tritonctl names `port<N>`; 5xx answers count as errors (ValueError for text that is not Prometheus)."""
+    out: dict[int, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            proxy = sample.labels.get("proxy", "")
+            if not (proxy.startswith("port") and proxy[4:].isdigit()):
+                continue
+            name = PROXY_COUNTERS.get(sample.name)
+            if sample.name == "haproxy_backend_http_responses_total" and sample.labels.get("code") == "5xx":
+                name = "errors"
+            if name is not None:
+                values = out.setdefault(int(proxy[4:]), {"requests": 0.0, "errors": 0.0, "queued": 0.0})
+                values[name] += sample.value
+    return out
+
+
+def scrape_proxy(url: str | None) -> dict[int, dict[str, float]] | None:
+    """HAProxy's counters per model port, None when there is no proxy or its metrics do not answer."""
+    if url is None:
+        return None
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return parse_proxy_metrics(response.read().decode())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+@dataclass
+class ProxyRates:
+    """Requests and errors per second at the proxy, per model port, over a window of its counters."""
+
+    window_s: float
+    samples: dict[int, deque] = field(default_factory=dict)  # port -> (time, requests, errors)
+
+    def update(self, now: float, counters: dict[int, dict[str, float]]) -> None:
+        for port, values in counters.items():
+            series = self.samples.setdefault(port, deque())
+            if series and values["requests"] < series[-1][1]:  # a restarted proxy counts from 0 again
+                series.clear()
+            series.append((now, values["requests"], values["errors"]))
+            while len(series) > 1 and series[0][0] < now - self.window_s:
+                series.popleft()
+
+    def rates(self, port: int) -> tuple[float, float] | None:
+        """(requests/s, errors/s) over the window; None until it spans two samples."""
+        series = self.samples.get(port)
+        if not series or len(series) < 2 or series[-1][0] <= series[0][0]:
+            return None
+        span = series[-1][0] - series[0][0]
+        return (series[-1][1] - series[0][1]) / span, (series[-1][2] - series[0][2]) / span
 
 
 @dataclass

@@ -39,6 +39,10 @@ class ControllerState:
     planned_rates: dict[str, float] = field(default_factory=dict)
     estimated_rates: dict[str, float | None] = field(default_factory=dict)
     queue_ms: dict[str, float | None] = field(default_factory=dict)
+    # at the proxy, per model: requests/s, errors/s (connection errors, 5xx) and requests queued there now
+    proxy_rates: dict[str, float | None] = field(default_factory=dict)
+    proxy_errors: dict[str, float | None] = field(default_factory=dict)
+    proxy_queued: dict[str, float] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)  # model -> ticks its change has lasted (- falling)
     applies: int = 0
     last_change: float = 0.0
@@ -81,7 +85,13 @@ def prometheus(state: ControllerState) -> bytes:
     for model, ms in state.queue_ms.items():
         if ms is not None:
             queue.add_metric([model], ms / 1000)
-    families = [applies, busy, estimated, planned, queue]
+    errors = GaugeMetricFamily(
+        "tritonctl_model_proxy_errors_per_second", "Requests HAProxy failed (connection errors, 5xx)", labels=["model"]
+    )
+    for model, rate in state.proxy_errors.items():
+        if rate is not None:
+            errors.add_metric([model], rate)
+    families = [applies, busy, estimated, planned, queue, errors]
 
     class Snapshot(Collector):
         def collect(self):

@@ -1,1 +1,1 @@
-"""Deployments: the runtime interface, the local and Compose runtimes, CPU shares, state, apply, the router."""
+"""Deployments: the runtime interface, the local and Compose runtimes, CPU shares, state, apply, the proxy."""

@@ -87,7 +87,7 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
 
 
 def _check_ports(loaded: LoadedPlan, steps: list[Step], rendered: dict[str, tuple[Path, Launch]], state: State) -> None:
-    """A model port must be free or already the model's address (held by the runtime's router)."""
+    """A model port must be free or already the model's address (held by the runtime's proxy)."""
     host = loaded.plan.runtime.host
     for step in steps:
         if step.action not in ("start", "swap"):
@@ -236,13 +236,14 @@ class _Run:
     def route(self, steps: list[Step], log: Callable[[str], None]) -> None:
         """Point every model address at the instances the plan keeps; connections to the others drain."""
         leaving = {step.uid for step in steps if step.action == "stop"}
-        ports: dict[int, list[InstanceRecord]] = {model.port: [] for model in self.loaded.plan.models}
+        weights = {p.instance: p.weight for _, p in self.loaded.plan.instances()}
+        ports: dict[int, list[tuple[InstanceRecord, float]]] = {model.port: [] for model in self.loaded.plan.models}
         for uid, record in self.state.instances.items():
             ports.setdefault(record.grpc_port, [])
             if uid not in leaving:
-                ports[record.grpc_port].append(record)
-        for port, records in ports.items():
-            log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, records)}")
+                ports[record.grpc_port].append((record, weights.get(record.instance, 1.0)))
+        for port, backends in ports.items():
+            log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, backends)}")
 
     def stop_all(self, steps: list[Step]) -> None:
         for step in steps:
@@ -262,8 +263,8 @@ def apply_plan(
     """Apply the plan; returns the steps taken. Raises TritonctlError after rolling back.
 
     Order: start every new instance (shadows included) and wait until each is warm; then
-    reload in place; then point the model addresses at the instances to keep (the router
-    drains the others' connections); then stop what the plan no longer has. A failed start
+    reload in place; then point the model addresses at the instances to keep (the proxy
+    drains the others); then stop what the plan no longer has. A failed start
     or reload stops the instances this apply started and touches nothing else. The model
     repositories on disk always hold the latest applied plan; a running instance keeps what
     it loaded until it is reloaded or replaced.
@@ -286,7 +287,7 @@ def apply_plan(
         run = _Run(loaded, runtime, state, render(loaded, write=not dry_run), log, save)
         steps = _steps(loaded, runtime, state, run.rendered, log)
         if all(step.action == "keep" for step in steps):
-            run.route(steps, log=lambda _: None)  # heals a router that died
+            run.route(steps, log=lambda _: None)  # restarts a proxy that died
             return steps
         if not dry_run:
             _check_ports(loaded, steps, run.rendered, state)
@@ -320,8 +321,8 @@ def exposure(loaded: LoadedPlan) -> str | None:
     ports = ", ".join(str(port) for port in sorted({model.port for model in loaded.plan.models}))
     return (
         f"note: runtime.host is {host}: model ports {ports} and every instance's gRPC, HTTP and metrics ports "
-        "are reachable beyond this machine (Triton's control APIs ask for the deployment's key; the router's "
-        "control endpoint stays on 127.0.0.1)"
+        "are reachable beyond this machine (Triton's control APIs ask for the deployment's key; HAProxy's runtime API "
+        "is a unix socket in the state folder)"
     )
 
 

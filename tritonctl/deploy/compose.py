@@ -4,7 +4,8 @@ A start is `docker compose -f <file> up -d --no-deps <service>`, then a wait for
 Triton HTTP ready endpoint; a stop is `docker compose stop` then `rm` of that service. Each
 process hash has its own service name, so a shadow swap (the apply logic starts the new instance
 and stops the old one only once the new one is ready) runs two services side by side. A route
-is a PUT to the project's router service (started on first use), as for the local runtime.
+changes the project's HAProxy service (started on first use) through its runtime API, as for the
+local runtime; a new set of model ports reloads it from the rendered configuration.
 
 Every side effect goes through a CommandRunner; in a dry run it records and prints each step
 and answers with an injected outcome instead. Never run against a Docker engine: none runs on
@@ -27,30 +28,28 @@ import yaml
 from tritonctl.deploy.compose_project import (
     COMPOSE_FILE,
     KEY,
-    ROUTER,
+    PROXY,
     TritonService,
-    control_url,
     current_settings,
+    proxy_api,
     service_name,
     write_compose,
 )
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
-from tritonctl.deploy.router import DRAIN_TIMEOUT_S
+from tritonctl.deploy.proxy import ProxyApi, Server, backend, haproxy_weights, server_name
 from tritonctl.deploy.runtime import (
     Health,
     InstanceRecord,
     StartError,
-    backends_of,
     http_ok,
     load_model,
-    put_json,
     route_summary,
 )
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import LoadedPlan
 from tritonctl.triton.render import Launch
 
-ROUTER_START_S = 30  # seconds for the router's control endpoint to answer once `up` returned
+PROXY_START_S = 30  # seconds for HAProxy's runtime API to answer once `up` returned
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,8 @@ def assume_success(step: list[str]) -> Outcome:
 class CommandRunner:
     """Runs docker commands and HTTP probes; in a dry run, records and prints them and returns `dry_outcome`.
 
-    Steps are argv lists; HTTP calls are recorded as ["probe", url], ["wait-ready", url, timeout],
-    ["load", url, model] and ["put", url, body].
+    Steps are argv lists; HTTP calls are recorded as ["probe", url], ["wait-ready", url, timeout] and
+    ["load", url, model]; HAProxy runtime API calls as ["proxy", address, command].
     """
 
     dry_run: bool = False
@@ -116,13 +115,19 @@ class CommandRunner:
             return None if dry.ok else dry.error
         return load_model(url, model, timeout_s, key)
 
-    def put(self, url: str, body: dict, timeout_s: float) -> Outcome:
-        """PUT `body` as JSON; the answer's body as output."""
-        data = json.dumps(body)
-        if (dry := self._dry(["put", url, data], f"PUT {url} {data}")) is not None:
+    def proxy(self, address: str, command: str, servers: list[Server] | None = None) -> Outcome:
+        """Send HAProxy's runtime API at `address` one command, or (`servers` given) make them the servers of
+        the backend `command` names (ProxyApi.set_servers); the answer as output (JSON for set_servers)."""
+        text = command if servers is None else f"set servers of {command}: {[s.name for s in servers]}"
+        if (dry := self._dry(["proxy", address, text], f"HAProxy {address}: {text}")) is not None:
             return dry
-        ok, answer = put_json(url, body, timeout_s)
-        return Outcome(True, answer) if ok else Outcome(False, error=answer)
+        api = ProxyApi(address)
+        try:
+            if servers is None:
+                return Outcome(True, api(command))
+            return Outcome(True, json.dumps(api.set_servers(int(command.removeprefix("port")), servers)))
+        except TritonctlError as exc:
+            return Outcome(False, error=str(exc))
 
 
 class ComposeRuntime:
@@ -141,10 +146,10 @@ class ComposeRuntime:
         self.runner = runner or CommandRunner()
         self.gpus = gpus
         self.project = self._read()["name"]
-        self.control_url = control_url(current_settings(self.folder))
+        self.proxy_api = proxy_api(current_settings(self.folder))
         self.services: dict[str, TritonService] = {}  # by service name, once a plan is prepared
         self._latest: dict[str, str] = {}  # service -> uid of this runtime's latest start of it
-        self._router_up = False
+        self._proxy_up = False
 
     @property
     def rehearses(self) -> bool:
@@ -175,7 +180,7 @@ class ComposeRuntime:
         """Re-render the project for the plan (running services keep their names and ports, .env its values)."""
         # the repositories are apply's to render, from the plan this returns
         project = write_compose(loaded, self.folder, self.gpus, write, repositories=False)
-        self.project, self.control_url = project.name, project.control_url
+        self.project, self.proxy_api = project.name, project.proxy_api
         self.services = {service.name: service for service in project.services.values()}
         return project.loaded
 
@@ -245,36 +250,64 @@ class ComposeRuntime:
         if error is not None:
             raise StartError(f"{_service(record)}: reloading {record.model} failed: {error}")
 
-    def _start_router(self) -> None:
-        """Start the router service unless this runtime did already (`up` leaves a running one as it is)."""
-        if self._router_up:
-            return
-        started = self.runner.run(self._compose("up", "-d", "--no-deps", ROUTER, with_file=True))
-        if not started.ok:
-            raise TritonctlError(f"the router did not start: {started.error.strip()}", file=self.compose_file)
-        if not self.runner.wait_ready(f"{self.control_url}/routes", ROUTER_START_S):
-            raise TritonctlError(
-                f"the router's control endpoint {self.control_url} did not answer within {ROUTER_START_S} s "
-                f"(docker compose -p {self.project} logs {ROUTER})",
-                file=self.compose_file,
-            )
-        self._router_up = True
-
-    def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
-        self._start_router()
-        backends = backends_of(records)
-        answer = self.runner.put(f"{self.control_url}/routes/{port}", {"backends": backends}, DRAIN_TIMEOUT_S + 10)
+    def _frontends(self) -> set[str] | None:
+        """The model ports HAProxy serves now (as backend names); None when its API does not answer."""
+        answer = self.runner.proxy(self.proxy_api, "show stat -1 1 -1")
         if not answer.ok:
-            self._router_up = False  # probe and start it again next time: it may have died
-            raise TritonctlError(f"the router did not take the route for port {port}: {answer.error.strip()}")
+            return None
+        return {line.split(",", 1)[0] for line in answer.output.splitlines()[1:] if line} - {"metrics", ""}
+
+    def _start_proxy(self) -> None:
+        """Start the HAProxy service unless this runtime did already (`up` leaves a running one as it is)."""
+        if self._proxy_up:
+            return
+        started = self.runner.run(self._compose("up", "-d", "--no-deps", PROXY, with_file=True))
+        if not started.ok:
+            raise TritonctlError(f"HAProxy did not start: {started.error.strip()}", file=self.compose_file)
+        deadline = time.monotonic() + PROXY_START_S
+        while self._frontends() is None:
+            if time.monotonic() > deadline:
+                raise TritonctlError(
+                    f"HAProxy's runtime API {self.proxy_api} did not answer within {PROXY_START_S} s "
+                    f"(docker compose -p {self.project} logs {PROXY})",
+                    file=self.compose_file,
+                )
+            time.sleep(1)
+        self._proxy_up = True
+
+    def route(self, host: str, port: int, backends: list[tuple[InstanceRecord, float]]) -> str:
+        self._start_proxy()
+        weights = haproxy_weights([weight for _, weight in backends])
+        servers = [
+            Server(server_name(_service(r)), r.host, r.backend_port, r.http_port, w)
+            for (r, _), w in zip(backends, weights, strict=True)
+        ]
+        described = [f"{s.host}:{s.port} weight {s.weight}" for s in servers]
+        if servers and not self.runner.dry_run and backend(port) not in (self._frontends() or set()):
+            # a new model port: HAProxy reloads the configuration `prepare` rendered, which has it
+            self.runner.run(self._compose("kill", "-s", "USR2", PROXY))
+            return route_summary(port, described, {})
+        answer = self.runner.proxy(self.proxy_api, backend(port), servers)
+        if not answer.ok:
+            self._proxy_up = False  # probe and start it again next time: it may have died
+            raise TritonctlError(f"HAProxy did not take the servers for port {port}: {answer.error.strip()}")
         try:
             done = json.loads(answer.output)
         except ValueError:  # a dry run's answer
             done = {}
-        return route_summary(port, backends, done)
+        return route_summary(port, described, done)
 
-    def router_ok(self) -> bool:
-        return self.runner.probe(f"{self.control_url}/routes")
+    def proxy_ok(self) -> bool:
+        return self._frontends() is not None
+
+    def proxy_metrics_url(self) -> str | None:
+        settings = current_settings(self.folder)
+        address = settings["PROXY_API_ADDRESS"]
+        host = "127.0.0.1" if address == "0.0.0.0" else address
+        return f"http://{host}:{settings['PROXY_METRICS_PORT']}/metrics"
+
+    def proxy_info(self) -> str:
+        return f"HAProxy: service {PROXY} of project {self.project}, runtime API {self.proxy_api}"
 
     def _stop_and_remove(self, service: str, *stop_args: str) -> None:
         for args in (("stop", *stop_args), ("rm", "--force")):
@@ -283,9 +316,9 @@ class ComposeRuntime:
                 self.runner.log(f"warning: docker compose {args[0]} {service} failed: {done.error.strip()}")
 
     def shutdown(self) -> None:
-        """Stop and remove the router service (after `down` closed every route)."""
-        self._stop_and_remove(ROUTER)
-        self._router_up = False
+        """Stop and remove the HAProxy service (after `down` closed every route)."""
+        self._stop_and_remove(PROXY)
+        self._proxy_up = False
 
     def stop(self, record: InstanceRecord) -> None:
         """Stop (Triton drains for --exit-timeout-secs) and remove the record's service."""

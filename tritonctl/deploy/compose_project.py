@@ -1,4 +1,4 @@
-"""Render a GPU plan into a Docker Compose project: the MPS control daemon, the router, one
+"""Render a GPU plan into a Docker Compose project: the MPS control daemon, HAProxy, one
 Triton service per placement at its MPS share, and the tritonctl sidecar.
 
 Output folder:
@@ -8,16 +8,18 @@ Output folder:
                             and the deployment's Triton control key (so mode 0600); kept across re-renders
                             (delete it to get the defaults back, and a new key)
     repository/<instance>/  each instance's model repository (render.py), mounted read-only
+    haproxy/haproxy.cfg     HAProxy's configuration for the plan (proxy.py), mounted read-only
 
 Decisions (docker/README.md gives the reasons and trade-offs):
 
-- The router (tritonctl/deploy/router.py, as for the local runtime) owns each model's stable gRPC port
-  and forwards to the instances' own gRPC ports; `tritonctl apply --runtime compose` switches it.
-  Triton services are in the profile `triton`: `docker compose up -d` starts the daemon, the
-  router and the sidecar, and the instances are started (and swapped) by apply, by name.
-- Router and Triton services use `network_mode: host`, so every port is a host port; instance
-  ports (gRPC, HTTP, metrics) and the router's control port bind to 127.0.0.1 unless .env says
-  otherwise, and only the router's model ports listen on all interfaces. Triton's control APIs
+- HAProxy (the official image, configured as for the local runtime: tritonctl/deploy/proxy.py) owns
+  each model's stable gRPC port and balances requests over the instances' own gRPC ports;
+  `tritonctl apply --runtime compose` and the sidecar change its servers through its runtime API.
+  Triton services are in the profile `triton`: `docker compose up -d` starts the daemon, HAProxy
+  and the sidecar, and the instances are started (and swapped) by apply, by name.
+- HAProxy and Triton services use `network_mode: host`, so every port is a host port; instance
+  ports (gRPC, HTTP, metrics), HAProxy's runtime API and metrics bind to 127.0.0.1 unless .env
+  says otherwise, and only the model ports listen on all interfaces. Triton's control APIs
   (runtime/base.py RESTRICTED_APIS) answer only requests carrying TRITON_CONTROL_KEY.
 - The sidecar mounts exactly the folders it reads and writes, each at its host path (`sidecar_mounts`).
 - IPC: the MPS daemon's IPC namespace is `shareable` and every Triton service joins it
@@ -41,6 +43,7 @@ from pathlib import Path
 import yaml
 
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
+from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
 from tritonctl.deploy.runtime import restriction_flags
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan, relative_to
@@ -50,9 +53,9 @@ COMPOSE_FILE = "compose.yaml"
 ENV_FILE = ".env"
 REPOSITORY = "repository"
 MPS_DAEMON = "mps-daemon"
-ROUTER = "router"
+PROXY = "haproxy"
+PROXY_DIR = "haproxy"  # in the project folder: HAProxy's configuration
 TRITON_PROFILE = "triton"
-ROUTES_DIR = "/var/lib/tritonctl-router"
 PIPE_DIR = "/tmp/nvidia-mps"
 LOG_DIR = "/var/log/nvidia-mps"
 MODELS_DIR = "/models"
@@ -72,15 +75,22 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/p
 SETTINGS = [
     ("TRITON_IMAGE", "nvcr.io/nvidia/tritonserver", "Triton image (NGC); the MPS daemon runs from it too"),
     ("TRITON_TAG", "24.10-py3", "Triton 24.10 is Triton 2.51 (the release tritonctl is tested with, on CPU)"),
-    ("TRITON_GRPC_ADDRESS", "127.0.0.1", "each instance's own gRPC port: only the router connects to it"),
+    ("TRITON_GRPC_ADDRESS", "127.0.0.1", "each instance's own gRPC port: only HAProxy connects to it"),
     ("TRITON_HTTP_ADDRESS", "127.0.0.1", "HTTP (health, inference; model control asks for the key) stays on loopback"),
     (KEY, "", "the value Triton's control APIs ask for (model load/unload, shared memory, trace, logging): secret"),
     ("TRITON_METRICS_ADDRESS", "127.0.0.1", "Prometheus metrics; 0.0.0.0 to scrape from another host"),
     ("TRITON_SHM_SIZE", "1gb", "/dev/shm of the MPS daemon's IPC namespace, shared by every Triton service"),
     ("MODEL_REPOSITORY", f"./{REPOSITORY}", "rendered model repositories, one folder per instance"),
-    ("ROUTER_ADDRESS", "0.0.0.0", "where the models' stable gRPC ports listen (the router; clients connect here)"),
-    ("ROUTER_CONTROL_ADDRESS", "127.0.0.1", "the router's control endpoint (routes; no authentication)"),
-    ("ROUTER_CONTROL_PORT", "18090", "the router's control port (tritonctl apply and the sidecar switch routes here)"),
+    ("HAPROXY_IMAGE", "haproxy:2.6", "the official HAProxy image (2.6 or newer)"),
+    ("PROXY_ADDRESS", "0.0.0.0", "where the models' stable gRPC ports listen (HAProxy; clients connect here)"),
+    (
+        "PROXY_API_ADDRESS",
+        "127.0.0.1",
+        "HAProxy's runtime API (admin level, no authentication) and its metrics: keep them on loopback\n"
+        "(the PROXY_* values are written into haproxy/haproxy.cfg: re-render after changing them)",
+    ),
+    ("PROXY_API_PORT", "18090", "HAProxy's runtime API port (tritonctl apply and the sidecar change servers here)"),
+    ("PROXY_METRICS_PORT", "18091", "HAProxy's Prometheus metrics port (/metrics)"),
     ("DEPLOY_DIR", "", "this folder's absolute path on the host"),
     (
         "PLAN_FILE",
@@ -89,7 +99,7 @@ SETTINGS = [
         "folders of the plan it was rendered from: re-render after pointing this elsewhere",
     ),
     ("TRITONCTL_SRC", "", "the tritonctl source tree the tritonctl image is built from"),
-    ("TRITONCTL_IMAGE", "tritonctl:0.1.0", "the tritonctl image (docker/Dockerfile): the router and the sidecar"),
+    ("TRITONCTL_IMAGE", "tritonctl:0.1.0", "the tritonctl image (docker/Dockerfile): the sidecar"),
     ("DOCKER_SOCKET", DOCKER_SOCKET, "the Docker engine's socket on the host"),
     (
         "SIDECAR_USER",
@@ -116,7 +126,7 @@ class TritonService:
     name: str
     launch: Launch
     device_index: int
-    grpc_port: int  # the instance's own; clients use the model's port, on the router
+    grpc_port: int  # the instance's own; clients use the model's port, on HAProxy
     http_port: int
     metrics_port: int
 
@@ -134,7 +144,7 @@ class ComposeProject:
     name: str
     services: dict[str, TritonService]  # by instance name
     loaded: LoadedPlan  # the plan with its repository_dir in this folder, as the services mount it
-    control_url: str  # the router's control endpoint
+    proxy_api: str  # HAProxy's runtime API, host:port
 
 
 def service_name(instance: str, process_hash: str) -> str:
@@ -226,16 +236,12 @@ def read_previous(folder: Path) -> dict[str, Previous]:
         ) from None
 
 
-def check_ports(loaded: LoadedPlan, previous: dict[str, Previous], control_port: int, folder: Path) -> None:
-    """A model's port belongs to the router: it must be neither the router's control port nor a port of
-    a service of the previous render (it runs until its replacement is ready). New instances' ports
-    are allocated clear of model ports."""
+def check_ports(loaded: LoadedPlan, previous: dict[str, Previous], proxy_ports: dict[str, int], folder: Path) -> None:
+    """A model's port belongs to HAProxy: it must be none of HAProxy's own ports nor a port of a service
+    of the previous render (it runs until its replacement is ready). New instances' ports are allocated
+    clear of model ports."""
     for i, model in enumerate(loaded.plan.models):
-        held = (
-            [f"the router's control port (ROUTER_CONTROL_PORT in {folder / ENV_FILE})"]
-            if model.port == control_port
-            else []
-        )
+        held = [f"HAProxy's {name} in {folder / ENV_FILE}" for name, port in proxy_ports.items() if model.port == port]
         held += [
             f"held by service {name} ({prev.model}) of the deployment in {folder / COMPOSE_FILE}, which runs "
             "until its replacement is ready"
@@ -348,17 +354,47 @@ def current_settings(folder: Path) -> dict[str, str]:
     return {**{name: default for name, default, _ in SETTINGS}, **read_env(folder / ENV_FILE)}
 
 
-def control_url(values: dict[str, str]) -> str:
-    """Where tritonctl reaches the router's control endpoint."""
-    address = values["ROUTER_CONTROL_ADDRESS"]
-    return f"http://{'127.0.0.1' if address == '0.0.0.0' else address}:{values['ROUTER_CONTROL_PORT']}"
+def proxy_api(values: dict[str, str]) -> str:
+    """Where tritonctl reaches HAProxy's runtime API (host:port)."""
+    address = values["PROXY_API_ADDRESS"]
+    return f"{'127.0.0.1' if address == '0.0.0.0' else address}:{values['PROXY_API_PORT']}"
+
+
+def proxy_ports(values: dict[str, str], folder: Path) -> dict[str, int]:
+    """HAProxy's own ports from the settings, by setting name; TritonctlError for one that is not a port."""
+    ports = {}
+    for name in ("PROXY_API_PORT", "PROXY_METRICS_PORT"):
+        try:
+            ports[name] = int(values[name])
+        except ValueError:
+            raise TritonctlError(f"{name}={values[name]!r} is not a port number", file=folder / ENV_FILE) from None
+    return ports
+
+
+def proxy_config(plan: Plan, services: list[TritonService], values: dict[str, str]) -> str:
+    """HAProxy's configuration for the plan: each model's port in front of its planned services."""
+    weights = {p.instance: p.weight for _, p in plan.instances()}
+    routes: Routes = {model.port: [] for model in plan.models}
+    for model in plan.models:
+        mine = [s for s in services if s.launch.model == model.name]
+        for service, weight in zip(mine, haproxy_weights([weights[s.launch.instance] for s in mine]), strict=True):
+            routes[model.port].append(
+                Server(service.name, values["TRITON_GRPC_ADDRESS"], service.grpc_port, service.http_port, weight)
+            )
+    api = values["PROXY_API_ADDRESS"]
+    return render_config(
+        routes,
+        values["PROXY_ADDRESS"],
+        f"ipv4@{api}:{values['PROXY_API_PORT']}",
+        f"{api}:{values['PROXY_METRICS_PORT']}",
+    )
 
 
 def env_text(values: dict[str, str]) -> str:
     lines = [
         "# tritonctl: what operators change in this Compose project. compose.yaml reads these as ${VAR:-default}.",
         "# Re-renders keep the values here; delete this file to get the defaults back.",
-        "# Ports are not here (but the router's control port): model ports come from the plan, per-instance",
+        "# Ports are not here (but HAProxy's own): model ports come from the plan, per-instance",
         "# ports are fixed at render time (Compose cannot compute them from a base); re-render to change them.",
         "",
     ]
@@ -384,41 +420,18 @@ def _tritonctl_image(ref) -> dict:
     }
 
 
-def _router(ref) -> dict:
-    control = f"http://{ref('ROUTER_CONTROL_ADDRESS')}:{ref('ROUTER_CONTROL_PORT')}/routes"
-    return {
-        **_tritonctl_image(ref),
-        "entrypoint": ["python", "-m", "tritonctl.deploy.router"],
-        "command": [
-            f"--host={ref('ROUTER_ADDRESS')}",
-            f"--control-host={ref('ROUTER_CONTROL_ADDRESS')}",
-            f"--control-port={ref('ROUTER_CONTROL_PORT')}",
-            f"--routes={ROUTES_DIR}/routes.json",
-        ],
-        "network_mode": "host",  # model ports are host ports; instances' gRPC ports are on the host's loopback
-        "volumes": [{"type": "volume", "source": "router-state", "target": ROUTES_DIR}],
-        "healthcheck": {
-            "test": ["CMD", "python", "-c", "import sys, urllib.request; urllib.request.urlopen(sys.argv[1])", control],
-            "interval": "5s",
-            "timeout": "3s",
-            "retries": 3,
-        },
-        "restart": "unless-stopped",
-    }
-
-
 def _sidecar(ref, profile: str, docker_host: str, mounts: list[Mount], working_dir: Path) -> dict:
     binds = [{"type": "bind", "source": str(m.path), "target": str(m.path), "read_only": m.read_only} for m in mounts]
     return {
         **_tritonctl_image(ref),
         "profiles": [profile],
         "command": [ref("PLAN_FILE"), "--runtime", "compose", "--compose-dir", ref("DEPLOY_DIR")],
-        "network_mode": "host",  # reaches the instances' and the router's loopback ports
+        "network_mode": "host",  # reaches the instances' and HAProxy's loopback ports
         "user": ref("SIDECAR_USER"),
         "working_dir": str(working_dir),
         "environment": {"DOCKER_HOST": docker_host},
         "volumes": binds,
-        "depends_on": {ROUTER: {"condition": "service_healthy"}},
+        "depends_on": {PROXY: {"condition": "service_started"}},
         "restart": "unless-stopped",
     }
 
@@ -454,7 +467,14 @@ def compose_project(
                 },
                 "restart": "unless-stopped",
             },
-            ROUTER: _router(ref),
+            PROXY: {
+                "image": ref("HAPROXY_IMAGE"),
+                "network_mode": "host",  # model ports are host ports; instances' gRPC ports are on the host's loopback
+                "volumes": [
+                    {"type": "bind", "source": f"./{PROXY_DIR}", "target": "/usr/local/etc/haproxy", "read_only": True}
+                ],
+                "restart": "unless-stopped",
+            },
         },
     }
     for service in services:
@@ -535,7 +555,7 @@ def compose_project(
         "networks": ["socket-proxy"],
         "restart": "unless-stopped",
     }
-    out["volumes"] = {"mps-pipe": {}, "mps-log": {}, "router-state": {}}
+    out["volumes"] = {"mps-pipe": {}, "mps-log": {}}
     out["networks"] = {"socket-proxy": {}}
     return out
 
@@ -569,16 +589,11 @@ def write_compose(
     launches = {name: launch for name, (_, launch) in render(local, write=False).items()}
     check_shares(loaded, launches)
     values = settings(loaded, folder)
-    try:
-        control_port = int(values["ROUTER_CONTROL_PORT"])
-    except ValueError:
-        raise TritonctlError(
-            f"ROUTER_CONTROL_PORT={values['ROUTER_CONTROL_PORT']!r} is not a port number", file=folder / ENV_FILE
-        ) from None
+    own_ports = proxy_ports(values, folder)
     previous = read_previous(folder)
-    check_ports(loaded, previous, control_port, folder)
+    check_ports(loaded, previous, own_ports, folder)
     names = [service_name(i, launch.process_hash) for i, launch in launches.items()]
-    ports = allocate_ports(names, previous, {m.port for m in plan.models} | {control_port})
+    ports = allocate_ports(names, previous, {m.port for m in plan.models} | set(own_ports.values()))
     services = {
         instance: TritonService(name, launch, plan.device(launch.device).index, *ports[name])
         for (instance, launch), name in zip(launches.items(), names, strict=True)
@@ -595,4 +610,6 @@ def write_compose(
         )
         (folder / COMPOSE_FILE).write_text(header + yaml.dump(project, Dumper=_Dumper, sort_keys=False, width=120))
         write_private(folder / ENV_FILE, env_text(values))
-    return ComposeProject(project["name"], services, local, control_url(values))
+        (folder / PROXY_DIR).mkdir(exist_ok=True)
+        (folder / PROXY_DIR / "haproxy.cfg").write_text(proxy_config(plan, list(services.values()), values))
+    return ComposeProject(project["name"], services, local, proxy_api(values))

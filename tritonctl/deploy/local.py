@@ -1,38 +1,37 @@
 """Local runtime: one real tritonserver process per instance on this machine.
 
-Clients keep one address per model: the model's port is served by the router
-(tritonctl/deploy/router.py, one process per deployment), which forwards to the gRPC ports of the
-model's instances and drains connections when an instance is replaced. Every instance has
-its own gRPC, HTTP (health, model control) and metrics ports. Triton's control APIs answer only
-requests carrying the deployment's key (state.py `control_key`); the router's control endpoint
-listens on loopback only.
+Clients keep one address per model: the model's port is served by HAProxy (tritonctl/deploy/proxy.py,
+one per deployment), which balances each request over the model's instances as the plan weights
+them, and drains an instance before it is replaced. Every instance has its own gRPC, HTTP (health,
+model control) and metrics ports. Triton's control APIs answer only requests carrying the
+deployment's key (state.py `control_key`); HAProxy's runtime API is a unix socket in the state
+folder, readable by its owner only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
 from tritonctl.deploy import share
-from tritonctl.deploy.router import DRAIN_TIMEOUT_S
+from tritonctl.deploy.proxy import ProxyApi, Routes, Server, backend, haproxy_weights, render_config, server_name
 from tritonctl.deploy.runtime import (
     Health,
     InstanceRecord,
     StartError,
-    backends_of,
     http_ok,
     load_model,
-    put_json,
     restriction_flags,
     route_summary,
 )
@@ -44,7 +43,11 @@ from tritonctl.triton.binary import TritonBinary
 from tritonctl.triton.render import Launch
 
 EXIT_TIMEOUT_S = 10
-ROUTER_FILE = "router.json"
+HAPROXY_PATHS = ("/usr/sbin/haproxy",)  # where Debian installs it, off a non-root user's PATH
+PROXY_FILE = "haproxy.json"  # the running HAProxy's record
+PROXY_CONFIG = "haproxy.cfg"
+PROXY_SOCKET = "haproxy.sock"  # its runtime API
+ROUTES_FILE = "routes.json"  # what it serves: model port -> servers
 LOOPBACK = "127.0.0.1"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -64,7 +67,7 @@ def free_port(host: str) -> int:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    """True when nothing listens on the port. SO_REUSEADDR, as the router binds: connections the router
+    """True when nothing listens on the port. SO_REUSEADDR, as HAProxy binds: connections HAProxy
     closed linger in TIME_WAIT on the port, and they must not count as "in use"."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,9 +127,15 @@ def _answers(record: InstanceRecord) -> Health:
     return Health(True, server, server and http_ok(f"{base}/models/{record.model}/ready"))
 
 
-def _control_url(router: dict) -> str:
-    """The router's control endpoint, from its record (one without `control_host` listens on its `host`)."""
-    return f"http://{router.get('control_host', router['host'])}:{router['control_port']}"
+def haproxy_binary() -> str:
+    """The haproxy executable; TritonctlError saying how to install it where there is none."""
+    found = shutil.which("haproxy") or next((p for p in HAPROXY_PATHS if Path(p).is_file()), None)
+    if found is None:
+        raise TritonctlError(
+            "HAProxy is not installed, and every model's address is served by it: install it "
+            "(`make install` does, with `apt-get install haproxy`; HAProxy 2.6 or newer) and apply again"
+        )
+    return found
 
 
 class LocalRuntime:
@@ -134,7 +143,8 @@ class LocalRuntime:
     rehearses = False
 
     def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
-        """The plan as it is: the instances run from its own repositories."""
+        """The plan as it is (the instances run from its own repositories), once HAProxy is known to be there."""
+        haproxy_binary()
         return loaded
 
     def __init__(self, binary: TritonBinary | None, state_dir: Path):
@@ -300,61 +310,144 @@ class LocalRuntime:
                 pass
         share.remove(cgroup)
 
-    # The router: one per deployment, started on first use, recorded in the state folder.
+    # The proxy: one HAProxy per deployment, started on first use, recorded in the state folder.
 
-    def _router_record(self) -> dict | None:
-        """The running router's record, None when it does not run."""
+    def _proxy_record(self) -> dict | None:
+        """The running HAProxy's record (its master's pid and start time, metrics port), or None."""
         try:
-            rec = json.loads((self.state_dir / ROUTER_FILE).read_text())
+            rec = json.loads((self.state_dir / PROXY_FILE).read_text())
         except (OSError, ValueError):
             return None
         return rec if process_alive(rec["pid"], rec["start_ticks"]) else None
 
-    def _router_url(self, host: str) -> str:
-        rec = self._router_record()
+    @property
+    def _api(self) -> ProxyApi:
+        return ProxyApi(str(self.state_dir / PROXY_SOCKET))
+
+    def _routes(self) -> Routes:
+        try:
+            saved = json.loads((self.state_dir / ROUTES_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {int(port): [Server(**s) for s in servers] for port, servers in saved.items()}
+
+    def _write_routes(self, routes: Routes, host: str, metrics_port: int) -> Path:
+        """Save the routes and HAProxy's configuration for them (a restarted HAProxy serves the same)."""
+        write_json_atomic(
+            self.state_dir / ROUTES_FILE,
+            {str(port): [dataclasses.asdict(s) for s in servers] for port, servers in sorted(routes.items())},
+        )
+        config = self.state_dir / PROXY_CONFIG
+        text = render_config(routes, host, str(self.state_dir / PROXY_SOCKET), f"{LOOPBACK}:{metrics_port}")
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(text)
+        checked = subprocess.run([haproxy_binary(), "-c", "-q", "-f", str(tmp)], capture_output=True, text=True)
+        if checked.returncode != 0:
+            raise TritonctlError(f"HAProxy refused the rendered configuration: {checked.stderr.strip()}", file=tmp)
+        tmp.replace(config)
+        return config
+
+    def _start_proxy(self, routes: Routes, host: str) -> dict:
+        """Start HAProxy (master-worker) for these routes and wait until its runtime API answers."""
+        socket_path = self.state_dir / PROXY_SOCKET
+        if len(str(socket_path)) > 100:
+            raise TritonctlError(
+                f"the state folder's path is too long for HAProxy's runtime socket ({len(str(socket_path))} "
+                "characters, at most 100)",
+                file=self.state_dir,
+            )
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        metrics_port = free_port(LOOPBACK)
+        config = self._write_routes(routes, host, metrics_port)
+        log_path = self.state_dir / "logs" / "haproxy.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                [haproxy_binary(), "-W", "-db", "-f", str(config)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        stat = _proc_stat(proc.pid)
+        rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "metrics_port": metrics_port}
+        deadline = time.monotonic() + 10
+        while not self._api.answers():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self._stop_proxy(rec)
+                raise TritonctlError(f"HAProxy did not start: {_log_tail(log_path, 4)}", file=log_path)
+            time.sleep(0.05)
+        write_json_atomic(self.state_dir / PROXY_FILE, rec)
+        return rec
+
+    def _reload_proxy(self, rec: dict, routes: Routes) -> None:
+        """Rewrite the configuration for a new set of model ports and reload (the old worker finishes its requests)."""
+        self._write_routes(routes, rec["host"], rec["metrics_port"])
+        os.kill(rec["pid"], signal.SIGUSR2)
+        wanted = {backend(port) for port in routes}
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(TritonctlError):
+                listed = {line.split(",", 1)[0] for line in self._api("show stat -1 1 -1").splitlines()[1:] if line}
+                if listed - {"metrics", ""} == wanted:
+                    return
+            if time.monotonic() > deadline:
+                log_path = self.state_dir / "logs" / "haproxy.log"
+                raise TritonctlError(f"HAProxy did not reload: {_log_tail(log_path, 4)}", file=log_path)
+            time.sleep(0.05)
+
+    def route(self, host: str, port: int, backends: list[tuple[InstanceRecord, float]]) -> str:
+        weights = haproxy_weights([weight for _, weight in backends])
+        servers = [
+            Server(server_name(r.uid), r.host, r.backend_port, r.http_port, w)
+            for (r, _), w in zip(backends, weights, strict=True)
+        ]
+        routes = self._routes()
+        ports_before = set(routes)
+        routes.pop(port, None)
+        if servers:
+            routes[port] = servers
+        rec = self._proxy_record()
+        done: dict = {}
         if rec is None:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            (self.state_dir / "logs").mkdir(exist_ok=True)
-            port = free_port(LOOPBACK)
-            with (self.state_dir / "logs" / "router.log").open("ab") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "tritonctl.deploy.router", "--host", host, "--control-host", LOOPBACK,
-                     "--control-port", str(port), "--routes", str(self.state_dir / "routes.json")],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
-            stat = _proc_stat(proc.pid)
-            rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "control_host": LOOPBACK,
-                   "control_port": port}  # fmt: skip
-            write_json_atomic(self.state_dir / ROUTER_FILE, rec)
-            deadline = time.monotonic() + 10
-            while not http_ok(f"{_control_url(rec)}/routes"):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise TritonctlError("the router did not start", file=self.state_dir / "logs" / "router.log")
-                time.sleep(0.05)
-        return _control_url(rec)
+            if routes:
+                rec = self._start_proxy(routes, host)
+            else:
+                (self.state_dir / ROUTES_FILE).unlink(missing_ok=True)
+        elif set(routes) != ports_before:
+            self._reload_proxy(rec, routes)
+        else:
+            done = self._api.set_servers(port, servers)
+            self._write_routes(routes, rec["host"], rec["metrics_port"])
+        return route_summary(port, [f"{s.host}:{s.port} weight {s.weight}" for s in servers], done)
 
-    def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
-        backends = backends_of(records)
-        ok, answer = put_json(f"{self._router_url(host)}/routes/{port}", {"backends": backends}, DRAIN_TIMEOUT_S + 10)
-        if not ok:
-            raise TritonctlError(f"the router did not take the route for port {port}: {answer.strip()}")
-        return route_summary(port, backends, json.loads(answer))
+    def proxy_ok(self) -> bool:
+        return self._proxy_record() is not None and self._api.answers()
 
-    def router_ok(self) -> bool:
-        rec = self._router_record()
-        return rec is not None and http_ok(f"{_control_url(rec)}/routes")
+    def proxy_info(self) -> str:
+        rec = self._proxy_record()
+        if rec is None:
+            return "HAProxy: not running"
+        return (
+            f"HAProxy: pid {rec['pid']}, runtime API {self.state_dir / PROXY_SOCKET}, "
+            f"metrics http://{LOOPBACK}:{rec['metrics_port']}/metrics"
+        )
+
+    def proxy_metrics_url(self) -> str | None:
+        rec = self._proxy_record()
+        return None if rec is None else f"http://{LOOPBACK}:{rec['metrics_port']}/metrics"
+
+    def _stop_proxy(self, rec: dict) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rec["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while process_alive(rec["pid"], rec["start_ticks"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if process_alive(rec["pid"], rec["start_ticks"]):
+            for kill in (os.kill, os.killpg):  # the master, then its group (its worker)
+                with contextlib.suppress(ProcessLookupError):
+                    kill(rec["pid"], signal.SIGKILL)
 
     def shutdown(self) -> None:
-        """Stop the router (after `down` closed every route): SIGTERM, SIGKILL if it is still there after 5 s."""
-        rec = self._router_record()
+        """Stop HAProxy (after `down` closed every route): SIGTERM, SIGKILL to its group after 5 s."""
+        rec = self._proxy_record()
         if rec is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rec["pid"], signal.SIGTERM)
-            deadline = time.monotonic() + 5
-            while process_alive(rec["pid"], rec["start_ticks"]) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if process_alive(rec["pid"], rec["start_ticks"]):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(rec["pid"], signal.SIGKILL)
-        (self.state_dir / ROUTER_FILE).unlink(missing_ok=True)
-        (self.state_dir / "routes.json").unlink(missing_ok=True)
+            self._stop_proxy(rec)
+        for name in (PROXY_FILE, ROUTES_FILE, PROXY_CONFIG, PROXY_SOCKET):
+            (self.state_dir / name).unlink(missing_ok=True)

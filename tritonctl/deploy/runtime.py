@@ -117,15 +117,10 @@ def put_json(url: str, body: dict, timeout_s: float) -> tuple[bool, str]:
         return False, str(exc)
 
 
-def backends_of(records: list[InstanceRecord]) -> list[str]:
-    """The router's backends for these instances: their own gRPC addresses."""
-    return [f"{r.host}:{r.backend_port}" for r in records]
-
-
 def route_summary(port: int, backends: list[str], done: dict) -> str:
-    """One line on a route the router took, from its answer (`done`: drained and timed-out connections)."""
-    moved = f", drained {done['drained']} connection(s)" if done.get("drained") else ""
-    late = f", {done['timed_out']} closed at the drain timeout" if done.get("timed_out") else ""
+    """One line on a route the proxy took (`done`: servers drained, and cut off at the drain timeout)."""
+    moved = f", drained {done['drained']} server(s)" if done.get("drained") else ""
+    late = f", {done['timed_out']} cut off at the drain timeout" if done.get("timed_out") else ""
     return f"port {port} -> {', '.join(backends) or 'closed'}{moved}{late}"
 
 
@@ -157,17 +152,23 @@ class Runtime(Protocol):
     def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
         """Reload the running model from its repository (batch or queue delay changed); StartError on failure."""
 
-    def route(self, host: str, port: int, records: list[InstanceRecord]) -> str:
-        """Send the model address `port` to `records` (none: close it); returns once connections to the
-        instances no longer in the set have drained, with a line saying what moved."""
+    def route(self, host: str, port: int, backends: list[tuple[InstanceRecord, float]]) -> str:
+        """Send the model address `port` to these instances, each with its weight (none: close it); returns
+        once the instances no longer in the set hold no request, with a line saying what moved."""
 
     def stop(self, record: InstanceRecord) -> None:
         """Stop the instance, letting in-flight requests finish first."""
 
-    def router_ok(self) -> bool:
-        """Whether the router that serves the model addresses answers."""
+    def proxy_ok(self) -> bool:
+        """Whether the proxy that serves the model addresses answers."""
+
+    def proxy_info(self) -> str:
+        """One line on the proxy: where its runtime API and metrics are."""
+
+    def proxy_metrics_url(self) -> str | None:
+        """Where the proxy's Prometheus metrics are (None: not running)."""
 
     def shutdown(self) -> None:
-        """Stop what the runtime runs beside the instances, once none is left (the local router)."""
+        """Stop what the runtime runs beside the instances, once none is left (the proxy)."""
 
     def health(self, record: InstanceRecord) -> Health: ...

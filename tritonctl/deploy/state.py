@@ -119,7 +119,7 @@ def apply_lock(state_dir: Path):
 
 
 def straight_to_instances(targets: list[Endpoint], state_dir: Path) -> list[Endpoint]:
-    """The same endpoints at their instances' own gRPC ports instead of the models' addresses (the router);
+    """The same endpoints at their instances' own gRPC ports instead of the models' addresses (the proxy);
     one instance per model (a model's last recorded instance)."""
     own = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(state_dir).instances.values()}
     return [dataclasses.replace(t, url=own[t.model]) for t in targets]

@@ -1,23 +1,24 @@
-"""What the router costs: the same deployment loaded through the router and straight at the instances.
+"""What the proxy costs: the same deployment loaded through HAProxy and straight at the instances.
 
-    python bench/router_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
+    python bench/proxy_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
 
 Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
-`--rate-scale`) alternately to the models' addresses (the router) and to the instances' own
-gRPC ports, `--rounds` times each, and prints p50 and p99 per model, and the router's CPU
-time per request it forwarded (user + system, from /proc).
+`--rate-scale`) alternately to the models' addresses (HAProxy) and to the instances' own
+gRPC ports, `--rounds` times each, and prints p50 and p99 per model, and HAProxy's CPU
+time per request it forwarded (user + system of its master and worker, from /proc).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from cpu_demo import CLUSTER, MODEL, REPO
 
 from tritonctl.deploy.apply import apply_plan, down
-from tritonctl.deploy.local import ROUTER_FILE, LocalRuntime, cpu_seconds
+from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, cpu_seconds, proc_stat_fields
 from tritonctl.deploy.state import straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -27,13 +28,19 @@ from tritonctl.spec import load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import endpoints, run_load
 
-WORK = REPO / ".tritonctl" / "router-bench"
+WORK = REPO / ".tritonctl" / "proxy-bench"
+
+
+def group_cpu_seconds(group: int) -> float:
+    """CPU seconds used so far by every process of a process group (HAProxy's master leads its own)."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return sum(cpu_seconds(pid) for pid in pids if (f := proc_stat_fields(pid)) and int(f[2]) == group)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of (router, direct)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of (proxy, direct)")
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
     parser.add_argument("--policy", default="search", help="the plan to load (default search, the demo's)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
@@ -52,16 +59,16 @@ def main() -> None:
     try:
         routed = endpoints(loaded.plan)
         direct = straight_to_instances(routed, loaded.state_dir)
-        router = json.loads((loaded.state_dir / ROUTER_FILE).read_text())["pid"]
+        proxy = json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]
         print(f"{'round':5} {'path':7} " + " ".join(f"{e.model + ' p50/p99 ms':>26}" for e in routed))
         for round_ in range(args.rounds):
-            for name, targets in (("router", routed), ("direct", direct)):
-                before = cpu_seconds(router)
+            for name, targets in (("proxy", routed), ("direct", direct)):
+                before = group_cpu_seconds(proxy)
                 results = run_load(targets, args.duration, args.rate_scale, seed=round_)
                 cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
-                forwarded = sum(len(r.latencies_ms) for r in results) if name == "router" else 0
+                forwarded = sum(len(r.latencies_ms) for r in results) if name == "proxy" else 0
                 used = (
-                    f"  router CPU {1000 * (cpu_seconds(router) - before) / forwarded:.2f} ms/request"
+                    f"  HAProxy CPU {1000 * (group_cpu_seconds(proxy) - before) / forwarded:.3f} ms/request"
                     if forwarded
                     else ""
                 )

@@ -1,0 +1,184 @@
+"""HAProxy in front of the models: its rendered configuration, weights and runtime API, and its behaviour
+against real Triton (per-request weights, hostile clients, a missing binary)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import yaml
+
+from conftest import make_mlp, mlp_model, write_cluster
+from tritonctl.cli import main
+from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, haproxy_binary, process_alive
+from tritonctl.deploy.proxy import Server, haproxy_weights, parse_stat, render_config
+from tritonctl.deploy.state import load_state
+from tritonctl.planning.plan import load_plan
+
+SERVERS = {
+    8100: [Server("b.2", "127.0.0.1", 9002, 9102, 64), Server("a.1", "127.0.0.1", 9001, 9101, 256)],
+    8101: [Server("c.1", "127.0.0.1", 9003, 9103, 1)],
+}
+
+
+def test_the_configuration_is_deterministic_and_haproxy_accepts_it(tmp_path):
+    text = render_config(SERVERS, "127.0.0.1", str(tmp_path / "api.sock"), "127.0.0.1:9999")
+    assert text == render_config(
+        dict(reversed(SERVERS.items())), "127.0.0.1", str(tmp_path / "api.sock"), "127.0.0.1:9999"
+    )
+    assert text.index("server a.1") < text.index("server b.2")  # sorted, whatever the order given
+    assert "bind 127.0.0.1:8100 proto h2" in text and "check port 9101 check-proto h1" in text
+    (tmp_path / "haproxy.cfg").write_text(text)
+    checked = subprocess.run([haproxy_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_plan_weights_become_proportional_haproxy_weights():
+    assert haproxy_weights([1.0, 3.0]) == [85, 256]
+    assert haproxy_weights([2.0]) == [256]
+    assert haproxy_weights([0.001, 10.0]) == [1, 256]  # never 0: a weight-0 server gets nothing
+    assert haproxy_weights([]) == []
+
+
+def test_show_stat_is_read_per_backend_and_server():
+    text = (
+        "# pxname,svname,qcur,qmax,scur,smax,slim,stot,status,weight\n"
+        "port8100,FRONTEND,,,2,5,,,OPEN,\n"
+        "port8100,a.1,0,0,3,4,,,UP,256\n"
+        "port8100,b.2,0,0,0,1,,,DRAIN,0\n"
+        "port8100,BACKEND,0,0,3,5,,,UP,256\n"
+    )
+    stats = parse_stat(text)
+    assert set(stats) == {"port8100"} and set(stats["port8100"]) == {"a.1", "b.2"}
+    assert stats["port8100"]["a.1"].current == 3 and stats["port8100"]["b.2"].status == "DRAIN"
+
+
+def test_apply_without_haproxy_says_what_to_install_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "haproxy" else which(name, *a, **k))
+    monkeypatch.setattr("tritonctl.deploy.local.HAPROXY_PATHS", ())
+    capsys.readouterr()
+    assert main(["apply", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "HAProxy is not installed" in err and "apt-get install haproxy" in err and "Traceback" not in err
+    assert not load_state(load_plan(plan).state_dir).instances
+
+
+def _infer(client: grpcclient.InferenceServerClient) -> None:
+    inp = grpcclient.InferInput("x", [1, 16], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 16), np.float32))
+    assert client.infer("alpha", [inp]).as_numpy("y").shape == (1, 4)
+
+
+def _successes(metrics_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("nv_inference_request_success")
+    )
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory):
+    """Model alpha on two instances weighted 1 and 3 by the plan: (plan, {instance: record})."""
+    folder = tmp_path_factory.mktemp("replicas")
+    make_mlp(folder / "mlp.onnx")
+    plan = folder / "plan.yaml"
+    assert main(["plan", str(write_cluster(folder, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    data = yaml.safe_load(plan.read_text())
+    (placement,) = data["models"][0]["placements"]
+    placement.update(share=20, weight=1.0)
+    data["models"][0]["placements"] = [placement, {**placement, "instance": "alpha-1", "weight": 3.0}]
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["apply", str(plan)]) == 0
+    records = {r.instance: r for r in load_state(load_plan(plan).state_dir).instances.values()}
+    yield plan, records
+    main(["down", str(plan)])
+
+
+@pytest.mark.triton
+def test_weights_1_and_3_split_one_connections_requests_25_75(two_replicas):
+    plan, records = two_replicas
+    before = {name: _successes(r.metrics_port) for name, r in records.items()}
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{load_plan(plan).plan.models[0].port}") as client:
+        for _ in range(400):  # one client, one connection
+            _infer(client)
+    served = {name: _successes(r.metrics_port) - before[name] for name, r in records.items()}
+    assert sum(served.values()) == 400
+    assert abs(served["alpha-1"] / 400 - 0.75) <= 0.03, served
+
+
+@pytest.mark.triton
+def test_hostile_clients_leave_normal_requests_and_the_proxy_running(two_replicas):
+    plan, _ = two_replicas
+    port = load_plan(plan).plan.models[0].port
+    proxy = __import__("json").loads((load_plan(plan).state_dir / PROXY_FILE).read_text())
+    failures: list[str] = []
+    done = threading.Event()
+
+    def normal_client() -> None:
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+            while not done.is_set():
+                try:
+                    _infer(client)
+                except Exception as exc:  # noqa: BLE001 (every failure is what the test counts)
+                    failures.append(str(exc))
+                time.sleep(0.01)
+
+    worker = threading.Thread(target=normal_client)
+    worker.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as garbage:  # 1 MB of random bytes
+            with pytest.raises(OSError):
+                for _ in range(16):
+                    garbage.sendall(os.urandom(1 << 16))
+                garbage.settimeout(5)
+                assert garbage.recv(1) == b""  # or a reset: either way closed
+                raise OSError("closed")
+        with socket.create_connection(("127.0.0.1", port)) as http1:  # HTTP/1.1 to a gRPC port
+            http1.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            http1.settimeout(5)
+            with pytest.raises(OSError):
+                while http1.recv(4096):
+                    pass
+                raise OSError("closed")
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+        time.sleep(2)
+        for sock in idle:
+            sock.close()
+        time.sleep(0.5)
+    finally:
+        done.set()
+        worker.join()
+    assert failures == []
+    assert (
+        process_alive(proxy["pid"], proxy["start_ticks"]) and LocalRuntime(None, load_plan(plan).state_dir).proxy_ok()
+    )
+
+
+def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    port = load_plan(plan).plan.models[0].port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        capsys.readouterr()
+        assert main(["apply", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} is in use by another process" in err and "Traceback" not in err
+    state_dir = load_plan(plan).state_dir
+    assert not load_state(state_dir).instances and not Path(state_dir, PROXY_FILE).exists()
