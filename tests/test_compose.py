@@ -193,6 +193,36 @@ def test_rerender_keeps_the_operators_env_values(gpu_plan, tmp_path):
     assert read_env(out / ".env")["TRITON_TAG"] == "25.01-py3"
 
 
+def sidecar(out: Path) -> dict:
+    return yaml.safe_load((out / "compose.yaml").read_text())["services"]["tritonctl-sidecar"]
+
+
+def test_the_sidecar_replans_with_the_latency_model_it_was_rendered_with(gpu_plan, tmp_path, synthetic_lm, capsys):
+    out = tmp_path / "out"
+    assert render(gpu_plan, out) == 0
+    assert "--latency-model" not in sidecar(out)["command"]
+    assert "the sidecar will follow the plan file and report rates, not re-plan" in capsys.readouterr().out
+
+    assert render(gpu_plan, out, "--latency-model", str(synthetic_lm)) == 0
+    command = sidecar(out)["command"]
+    assert command[-2:] == ["--latency-model", f"${{LATENCY_MODEL:-{synthetic_lm}}}"]
+    assert read_env(out / ".env")["LATENCY_MODEL"] == str(synthetic_lm)
+    binds = {v["source"]: v.get("read_only", False) for v in sidecar(out)["volumes"] if v["type"] == "bind"}
+    assert binds[str(synthetic_lm.parent)] is True
+    for service in ("tritonctl-sidecar", "tritonctl-sidecar-proxied"):
+        assert yaml.safe_load((out / "compose.yaml").read_text())["services"][service]["command"] == command
+
+    assert render(gpu_plan, out) == 0  # a re-render (as apply does) keeps it
+    assert sidecar(out)["command"] == command
+
+
+def test_a_bad_latency_model_for_the_sidecar_is_refused_before_anything_is_written(gpu_plan, tmp_path, capsys):
+    (tmp_path / "lm.json").write_text("{}")
+    assert render(gpu_plan, tmp_path / "out", "--latency-model", str(tmp_path / "lm.json")) == 2
+    assert "lm.json" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_model_port_on_the_proxys_api_port_is_refused(gpu_plan, tmp_path, capsys):
     edit(gpu_plan, lambda d: d["models"][1].update(port=18090))
     assert render(gpu_plan, tmp_path / "out") == 2

@@ -25,10 +25,13 @@ from tritonctl.controller.decide import ControllerConfig, changed_rates, rebase,
 from tritonctl.controller.metrics import ProxyRates, RateEstimator, parse_metrics, parse_proxy_metrics
 from tritonctl.deploy.local import LocalRuntime, process_alive
 from tritonctl.deploy.state import load_state
+from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.planning.plan import load_plan
+from tritonctl.planning.planner import replan_artifacts
 from tritonctl.planning.policies.base import Choice, Demand
 from tritonctl.planning.policies.bda import bda
+from tritonctl.spec import load_cluster
 from tritonctl.triton.client import endpoints, run_load
 
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests
@@ -156,6 +159,70 @@ def test_rebase_keeps_every_path_pointing_at_the_same_file(planned, tmp_path):
     moved = rebase(loaded.plan, loaded.path.parent, tmp_path / "elsewhere")
     assert (tmp_path / "elsewhere" / moved.models[0].onnx).resolve() == loaded.resolve(loaded.plan.models[0].onnx)
     assert (tmp_path / "elsewhere" / moved.runtime.state_dir).resolve() == loaded.state_dir.resolve()
+
+
+# What the sidecar image has: the package without extras (docker/Dockerfile), so no torchvision.
+SIDECAR_REPLAN = """
+import sys
+sys.modules["torchvision"] = None  # the sidecar image has no torchvision: importing it fails
+from tritonctl.errors import TritonctlError
+from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
+from tritonctl.planning.plan import load_plan
+from tritonctl.planning.planner import make_plan, replan_artifacts
+from tritonctl.spec import load_cluster
+plan, lm = load_plan(sys.argv[1]), load_latency_model(sys.argv[2])
+cluster = load_cluster(plan.resolve(plan.plan.cluster_file)).with_rates(lambda m: m.rate * 1.5)
+try:
+    materialize(cluster, log=lambda _: None)
+    print("materialize: ok")
+except TritonctlError as exc:
+    print("materialize:", exc)
+new = make_plan(cluster, replan_artifacts(plan, cluster), "bda", plan.path, lm, log=lambda _: None)
+print("replanned:", {m.name: m.rate for m in new.models})
+"""
+
+
+def test_the_sidecar_replans_a_torchvision_cluster_without_torchvision(planned):
+    """A torchvision-source cluster whose plan names its exports: the controller re-plans from the plan's ONNX
+    files, where exporting again needs torchvision (and a writable export folder), which the sidecar lacks."""
+    loaded, _ = planned
+    folder = loaded.path.parent
+    cluster = folder / "cluster.yaml"
+    original = cluster.read_text()
+    data = yaml.safe_load(original)
+    for model in data["models"]:
+        model["source"] = "mobilenet_v2"
+    cluster.write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", SIDECAR_REPLAN, str(loaded.path), str(folder / "lm.json")],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    finally:
+        cluster.write_text(original)
+    assert out.returncode == 0, out.stderr
+    assert "exporting torchvision models needs torch and torchvision" in out.stdout
+    assert "replanned: {'alpha': 30.0, 'beta': 30.0}" in out.stdout
+
+
+def test_replan_refuses_an_onnx_file_changed_since_the_plan(planned, tmp_path):
+    loaded, _ = planned
+    plan = yaml.safe_load(loaded.path.read_text())
+    make_mlp(tmp_path / "other.onnx", seed=1)
+    plan["models"][0]["onnx"] = str(tmp_path / "other.onnx")
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+    moved = load_plan(tmp_path / "plan.yaml")
+    with pytest.raises(TritonctlError, match="changed since the plan was made"):
+        replan_artifacts(moved, load_cluster(loaded.resolve(loaded.plan.cluster_file)))
+
+
+def test_the_sidecar_image_installs_the_package_without_extras():
+    """docker/Dockerfile installs `.` alone, and torchvision is only an extra: what the test above leaves out."""
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert re.findall(r"pip install[^\n]*", dockerfile) == ["pip install --no-cache-dir ."]
+    requires = re.search(r"install_requires =\n((?:    .*\n)+)", (REPO / "setup.cfg").read_text()).group(1)
+    assert "torchvision" not in requires and "onnx" in requires
 
 
 # ---- real processes ------------------------------------------------------------------

@@ -182,3 +182,31 @@ def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts
     assert f"port {port} is in use by another process" in err and "Traceback" not in err
     state_dir = load_plan(plan).state_dir
     assert not load_state(state_dir).instances and not Path(state_dir, PROXY_FILE).exists()
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder on a read-only filesystem (a tmpfs mounted read-only: root too is refused writes)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_an_unwritable_state_folder_is_refused_before_anything_starts(tmp_path, read_only_folder, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    edit = yaml.safe_load(cluster.read_text())
+    edit["runtime"]["state_dir"] = str(read_only_folder)
+    cluster.write_text(yaml.safe_dump(edit))
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["apply", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert f"{read_only_folder} is not writable" in err and "Traceback" not in err
+    assert not any(read_only_folder.iterdir())
+    assert subprocess.run(["pgrep", "-f", f"haproxy.*{read_only_folder}"], capture_output=True).returncode == 1

@@ -156,7 +156,7 @@ class RuntimeSpec(_Strict):
     startup_timeout_s: TimeoutS = 120.0
     # Refuse a request that finds Triton's queue so long that it could only be late (render.queue_limit), rather
     # than serve it late and make the requests behind it late. A refused request is an error to its client. Off
-    # by default: measured through today's router, refused requests stalled the other models' answers
+    # by default: measured through an earlier Python proxy, refused requests stalled the other models' answers
     # (docs/real-load.md).
     reject_late: bool = False
     # How a CPU share is enforced: `weight`, a cgroup CPU weight in proportion to the share (work-conserving: an

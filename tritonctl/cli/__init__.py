@@ -175,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=_output_folder, help="compose: project folder (default: compose/ beside the plan)"
     )
     p.add_argument("--gpus", type=int, help="compose: GPUs on the target host (default: count them here, if any)")
+    p.add_argument(
+        "--latency-model",
+        help="compose: the latency model the sidecar re-plans with as rates move (kept in .env as LATENCY_MODEL; "
+        "without one the sidecar follows the plan file and never re-plans)",
+    )
     p = add(
         "apply",
         "deploy.cmd_apply",

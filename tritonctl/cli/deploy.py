@@ -36,7 +36,12 @@ def cmd_render(args) -> int:
         if gpus is None:
             say("note: no GPU found here (or no pynvml): the plan's GPUs are not checked; pass --gpus N to check")
         out = Path(args.output) if args.output else loaded.path.parent / "compose"
-        project = write_compose(loaded, out, gpus)
+        latency_model = Path(args.latency_model) if args.latency_model else None
+        if latency_model is not None:
+            load_latency_model(latency_model)  # refused here, not in the sidecar on the GPU host
+        project = write_compose(loaded, out, gpus, latency_model=latency_model)
+        if not project.replans:
+            say("note: no --latency-model: the sidecar will follow the plan file and report rates, not re-plan")
         for name, service in project.services.items():
             say(f"  {name:24} {service.name}  (GPU {service.device_index}, MPS {service.launch.share}%)")
         say(
@@ -44,6 +49,8 @@ def cmd_render(args) -> int:
             f"&& tritonctl apply {loaded.path} --runtime compose --compose-dir {out}"
         )
         return 0
+    if args.latency_model:
+        raise TritonctlError("only the compose target's sidecar re-plans", field="--latency-model")
     for name, (folder, launch) in render(loaded).items():
         say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
     return 0

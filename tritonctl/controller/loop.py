@@ -25,12 +25,11 @@ from tritonctl.deploy.apply import apply_plan
 from tritonctl.deploy.runtime import InstanceRecord, Runtime
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
-from tritonctl.export import materialize
 from tritonctl.files import sha256_file
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import warm_tables
 from tritonctl.planning.plan import LoadedPlan, Plan, load_plan, save_plan
-from tritonctl.planning.planner import make_plan
+from tritonctl.planning.planner import make_plan, replan_artifacts
 from tritonctl.spec import load_cluster
 
 HTTP_TIMEOUT_S = 5.0  # the state endpoint closes a connection that sends nothing for this long
@@ -106,16 +105,16 @@ class Controller:
             resume = self.state.plan
         self.state.policy = policy
         if lm is not None:  # before the instances start, so that it takes no CPU from their first requests
-            self._warm_planner(loaded.resolve(loaded.plan.cluster_file))
+            self._warm_planner(loaded)
         self._apply(Path(resume), Decision(time.time(), "adopt", "controller started: adopt or start the instances"))
 
-    def _warm_planner(self, spec_path: Path) -> None:
+    def _warm_planner(self, loaded: LoadedPlan) -> None:
         """Pay the planner's one-time costs now rather than in the first re-plan, which comes when the load has
         moved and the devices are busiest: loading the models' artifacts (imports, ONNX files) and building
         the queueing tables of every batch size."""
         began = time.monotonic()
         try:
-            materialize(load_cluster(spec_path), log=lambda _: None)
+            replan_artifacts(loaded, load_cluster(loaded.resolve(loaded.plan.cluster_file)))
         except TritonctlError as exc:  # the re-plan will say it again, with the decision it fails
             self.log(f"note: cannot prepare re-planning yet: {exc}")
             return
@@ -171,7 +170,7 @@ class Controller:
         """The second layer: the configured policy on the cluster at the new rates."""
         spec_path = current.resolve(current.plan.cluster_file)
         scaled = load_cluster(spec_path).with_rates(lambda m: round(rates.get(m.name, m.rate), 2))
-        artifacts = materialize(scaled, log=lambda _: None)
+        artifacts = replan_artifacts(current, scaled)
         return make_plan(scaled, artifacts, self.state.policy, current.path, self.lm, log=lambda _: None)
 
     # -- one tick

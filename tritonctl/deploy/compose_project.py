@@ -98,6 +98,13 @@ SETTINGS = [
         "the plan the sidecar's controller follows (applies again when it changes); the sidecar mounts the\n"
         "folders of the plan it was rendered from: re-render after pointing this elsewhere",
     ),
+    (
+        "LATENCY_MODEL",
+        "",
+        "the latency model the sidecar re-plans with as rates move (`tritonctl render --latency-model`); empty:\n"
+        "it follows PLAN_FILE and reports rates but never re-plans. The sidecar mounts its folder: re-render after\n"
+        "changing it",
+    ),
     ("TRITONCTL_SRC", "", "the tritonctl source tree the tritonctl image is built from"),
     ("TRITONCTL_IMAGE", "tritonctl:0.1.0", "the tritonctl image (docker/Dockerfile): the sidecar"),
     ("DOCKER_SOCKET", DOCKER_SOCKET, "the Docker engine's socket on the host"),
@@ -145,6 +152,7 @@ class ComposeProject:
     services: dict[str, TritonService]  # by instance name
     loaded: LoadedPlan  # the plan with its repository_dir in this folder, as the services mount it
     proxy_api: str  # HAProxy's runtime API, host:port
+    replans: bool  # the sidecar has a latency model to re-plan with
 
 
 def service_name(instance: str, process_hash: str) -> str:
@@ -301,9 +309,10 @@ def check_mount(path: Path) -> None:
         )
 
 
-def sidecar_mounts(loaded: LoadedPlan, deploy: Path) -> list[Mount]:
+def sidecar_mounts(loaded: LoadedPlan, deploy: Path, latency_model: Path | None) -> list[Mount]:
     """What the sidecar mounts: the project and the state folder read-write, the folders of the plan, its
-    cluster file and the exports read-only; a folder inside one already mounted with its access is left out."""
+    cluster file, the exports and the latency model read-only; a folder inside one already mounted with its
+    access is left out."""
     plan = loaded.plan
     wanted = [
         (deploy, False),
@@ -311,6 +320,7 @@ def sidecar_mounts(loaded: LoadedPlan, deploy: Path) -> list[Mount]:
         (loaded.path.parent, True),
         (loaded.resolve(plan.cluster_file).parent, True),
         *((loaded.resolve(model.onnx).parent, True) for model in plan.models),
+        *([(latency_model.parent, True)] if latency_model else []),
     ]
     mounts: list[Mount] = []
     for path, read_only in sorted(wanted, key=lambda w: (len(w[0].parts), w[1], w[0])):  # parents first
@@ -328,8 +338,9 @@ def docker_gid(socket: str) -> str:
         return "0"
 
 
-def settings(loaded: LoadedPlan, folder: Path) -> dict[str, str]:
-    """The .env values for a project written to `folder`: those of the .env already there, defaults for the rest."""
+def settings(loaded: LoadedPlan, folder: Path, latency_model: Path | None = None) -> dict[str, str]:
+    """The .env values for a project written to `folder`: those of the .env already there, defaults for the rest;
+    `latency_model`, when given, replaces the one .env names."""
     deploy = folder.resolve()
     values = {name: default for name, default, _ in SETTINGS}
     values["DEPLOY_DIR"] = str(deploy)
@@ -346,7 +357,10 @@ def settings(loaded: LoadedPlan, folder: Path) -> dict[str, str]:
     # Relative when the project lies inside the source tree, so the two can move to the GPU host together.
     values["TRITONCTL_SRC"] = relative_to(SOURCE, folder) if deploy.is_relative_to(SOURCE) else str(SOURCE)
     kept = read_env(folder / ENV_FILE)
-    return {name: kept.get(name, value) for name, value in values.items()}
+    values = {name: kept.get(name, value) for name, value in values.items()}
+    if latency_model is not None:
+        values["LATENCY_MODEL"] = str(latency_model.resolve())
+    return values
 
 
 def current_settings(folder: Path) -> dict[str, str]:
@@ -420,12 +434,13 @@ def _tritonctl_image(ref) -> dict:
     }
 
 
-def _sidecar(ref, profile: str, docker_host: str, mounts: list[Mount], working_dir: Path) -> dict:
+def _sidecar(ref, profile: str, docker_host: str, mounts: list[Mount], working_dir: Path, replans: bool) -> dict:
     binds = [{"type": "bind", "source": str(m.path), "target": str(m.path), "read_only": m.read_only} for m in mounts]
+    command = [ref("PLAN_FILE"), "--runtime", "compose", "--compose-dir", ref("DEPLOY_DIR")]
     return {
         **_tritonctl_image(ref),
         "profiles": [profile],
-        "command": [ref("PLAN_FILE"), "--runtime", "compose", "--compose-dir", ref("DEPLOY_DIR")],
+        "command": command + (["--latency-model", ref("LATENCY_MODEL")] if replans else []),
         "network_mode": "host",  # reaches the instances' and HAProxy's loopback ports
         "user": ref("SIDECAR_USER"),
         "working_dir": str(working_dir),
@@ -537,10 +552,11 @@ def compose_project(
             },
         }
     socket = {"type": "bind", "source": ref("DOCKER_SOCKET"), "target": DOCKER_SOCKET}
-    sidecar = _sidecar(ref, "sidecar", f"unix://{DOCKER_SOCKET}", mounts, plan_dir)
+    replans = bool(values["LATENCY_MODEL"])
+    sidecar = _sidecar(ref, "sidecar", f"unix://{DOCKER_SOCKET}", mounts, plan_dir, replans)
     sidecar["volumes"].append(socket)
     sidecar["group_add"] = [ref("DOCKER_GID")]
-    proxied = _sidecar(ref, "sidecar-proxied", f"tcp://127.0.0.1:{ref('SOCKET_PROXY_PORT')}", mounts, plan_dir)
+    proxied = _sidecar(ref, "sidecar-proxied", f"tcp://127.0.0.1:{ref('SOCKET_PROXY_PORT')}", mounts, plan_dir, replans)
     proxied["depends_on"]["docker-socket-proxy"] = {"condition": "service_started"}
     out["services"]["tritonctl-sidecar"] = sidecar
     out["services"]["tritonctl-sidecar-proxied"] = proxied
@@ -574,10 +590,16 @@ class _Dumper(yaml.SafeDumper):
 
 
 def write_compose(
-    loaded: LoadedPlan, folder: Path, gpus: int | None, write: bool = True, repositories: bool = True
+    loaded: LoadedPlan,
+    folder: Path,
+    gpus: int | None,
+    write: bool = True,
+    repositories: bool = True,
+    latency_model: Path | None = None,
 ) -> ComposeProject:
     """Check the plan, then write compose.yaml, .env and (with `repositories`) the model repositories
-    into `folder` (only compute the project if not `write`).
+    into `folder` (only compute the project if not `write`). `latency_model`: the sidecar re-plans with it
+    (a re-render without one keeps the one .env names).
 
     Every check runs before the first write: a refused plan leaves the folder as it was.
     """
@@ -588,7 +610,7 @@ def write_compose(
     local = LoadedPlan(plan.model_copy(update={"runtime": runtime}), loaded.path)
     launches = {name: launch for name, (_, launch) in render(local, write=False).items()}
     check_shares(loaded, launches)
-    values = settings(loaded, folder)
+    values = settings(loaded, folder, latency_model)
     own_ports = proxy_ports(values, folder)
     previous = read_previous(folder)
     check_ports(loaded, previous, own_ports, folder)
@@ -598,7 +620,8 @@ def write_compose(
         instance: TritonService(name, launch, plan.device(launch.device).index, *ports[name])
         for (instance, launch), name in zip(launches.items(), names, strict=True)
     }
-    mounts = sidecar_mounts(loaded, folder.resolve())
+    replan_model = Path(values["LATENCY_MODEL"]) if values["LATENCY_MODEL"] else None
+    mounts = sidecar_mounts(loaded, folder.resolve(), replan_model)
     project = compose_project(plan, list(services.values()), values, mounts, loaded.path.parent)
     if write:
         if repositories:
@@ -612,4 +635,4 @@ def write_compose(
         write_private(folder / ENV_FILE, env_text(values))
         (folder / PROXY_DIR).mkdir(exist_ok=True)
         (folder / PROXY_DIR / "haproxy.cfg").write_text(proxy_config(plan, list(services.values()), values))
-    return ComposeProject(project["name"], services, local, proxy_api(values))
+    return ComposeProject(project["name"], services, local, proxy_api(values), replan_model is not None)

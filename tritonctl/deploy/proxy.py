@@ -29,9 +29,8 @@ DRAIN_TIMEOUT_S = 30.0  # the longest a drained server may keep requests before 
 CHECK_TIMEOUT_S = 15.0  # the longest a new server may take to pass its health check
 MAX_WEIGHT = 256  # HAProxy's weights are 0-256
 MAX_CONNECTIONS = 1024  # client connections at once, over all models
-# Inference requests are large (a 224x224 float image is 602 KB) where HAProxy's defaults suit web pages: measured
-# on the demo, 64 KB buffers and a 1 MB HTTP/2 window took 0.8-1.0 ms of CPU a request, the defaults (16 KB,
-# 64 KB) 1.3-1.8 ms and larger buffers more (bench/proxy_overhead.py; docs/evaluation.md).
+# Inference requests are large (a 224x224 float image is 602 KB) where HAProxy's defaults (16 KB buffers, a 64 KB
+# HTTP/2 window) suit web pages; these took the least CPU per request on the demo (docs/evaluation.md#the-proxy).
 BUFFER_BYTES = 1 << 16
 WINDOW_BYTES = 1 << 20
 IDLE_TIMEOUT_S = 300  # a client connection that carries nothing for this long is closed

@@ -8,12 +8,13 @@ from functools import partial
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
-from tritonctl.export import Artifact
+from tritonctl.export import Artifact, inspect_onnx, materialize
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, task_latency
 from tritonctl.planning.plan import (
     Device,
+    LoadedPlan,
     Placement,
     Plan,
     PlannedModel,
@@ -31,6 +32,27 @@ from tritonctl.spec import Cluster, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
 RUNTIME_OVERHEAD_MB = 64
+
+
+def replan_artifacts(loaded: LoadedPlan, cluster: Cluster) -> dict[str, Artifact]:
+    """The artifacts to re-plan `cluster` with, as a deployment's controller does: the ONNX files `loaded` serves
+    (checked against the hashes it recorded), so that re-planning needs neither torchvision nor a writable
+    export folder; the cluster's exports as `materialize` makes them when the plan does not serve every model."""
+    planned = {m.name: m for m in loaded.plan.models}
+    if any(m.name not in planned for m in cluster.spec.models):
+        return materialize(cluster, log=lambda _: None)
+    artifacts = {}
+    for model in cluster.spec.models:
+        path = loaded.resolve(planned[model.name].onnx)
+        artifact = inspect_onnx(path)
+        if artifact.sha256 != planned[model.name].onnx_sha256:
+            raise TritonctlError(
+                f"{path} changed since the plan was made (its SHA-256 differs): plan again with `tritonctl plan`",
+                file=loaded.path,
+                field=f"models[{model.name}].onnx",
+            )
+        artifacts[model.name] = artifact
+    return artifacts
 
 
 def devices_of(cluster: Cluster) -> list[Device]:

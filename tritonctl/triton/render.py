@@ -71,7 +71,7 @@ def queue_limit(model: PlannedModel, placement: Placement) -> int | None:
 
     A bound on the queue, not Triton's queue timeout: measured, the timeout (SLO less the batch time) refused
     3-7% of requests at half the rates a plan serves, where the same plan without it answered every one of them
-    within the SLO. Off by default: through today's router, refused requests stalled other models' answers
+    within the SLO. Off by default: through an earlier Python proxy, refused requests stalled other models' answers
     (docs/real-load.md)."""
     if placement.predicted is None or not placement.predicted.exec_ms:
         return None
