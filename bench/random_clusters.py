@@ -1,75 +1,119 @@
-"""Clusters nobody tuned for: models, SLOs and rates drawn at random over a profiled set of models.
+"""Clusters nobody tuned for: models, SLOs and rates drawn at random from a pool of torchvision models.
 
-    python bench/random_clusters.py BASE_CLUSTER --latency-model LM --out DIR [--count 3] [--seed 0]
+    python bench/random_clusters.py --out DIR [--count 3] [--seed 0] [--pool NAME ...] [--base-port 8300]
 
-Each cluster takes 3 to all of BASE_CLUSTER's models (its exports, so the latency model made on this
-CPU covers them), an SLO per model of 3-8x its batch-1 latency with the whole device, and rates that put
-a load of 0.3-1.0 on the machine (the device-seconds per second its requests take at batch 1 with the
-whole device, split between the models by a flat Dirichlet draw). The draws are seeded; the files and
-a table of what was drawn go to DIR.
+Each cluster takes 3 to 6 models of the pool (torchvision architectures with seeded random weights, all
+light enough for a 2-core CPU), exported to ONNX by tritonctl. Each model's batch-1 latency alone on the
+whole CPU is measured here with onnxruntime (the median of 20 runs on all cores); its SLO is drawn at 3-8x
+that, and the rates put a load of 0.3-1.0 on the machine (the CPU-seconds per second its requests take at
+that latency, split between the models by a flat Dirichlet draw). The draws are seeded; the cluster files
+a table of what was drawn and `pool.yaml` (the whole pool, exported) go to DIR. Profile each cluster from scratch before planning it
+(`tritonctl profile`, `tritonctl fit`), then measure it with bench/real_load.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import yaml
 
-from tritonctl.latency.model import load_latency_model
+from tritonctl.export import materialize
 from tritonctl.spec import load_cluster
 
+POOL = (
+    "mobilenet_v2",
+    "mnasnet1_0",
+    "efficientnet_b0",
+    "resnet18",
+    "mobilenet_v3_large",
+    "shufflenet_v2_x1_0",
+    "squeezenet1_1",
+    "regnet_y_400mf",
+)
+REPO = Path(__file__).resolve().parent.parent
 
-def draw(base: dict, lm, rng: np.random.Generator, name: str) -> tuple[dict, float]:
-    """One cluster drawn from `base` (a cluster file's content); returns it and the load it puts on the machine."""
-    models = base["models"]
-    k = int(rng.integers(3, len(models) + 1))
-    chosen = [models[i] for i in sorted(rng.choice(len(models), size=k, replace=False))]
-    units = base["devices"][0]["units"]
-    alone_ms = {m["name"]: lm.t_inf(m["name"], 1, units) for m in chosen}
+
+def alone_ms(path: Path, runs: int = 20) -> float:
+    """Median batch-1 latency of an ONNX image model with onnxruntime on every core."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+    for _ in range(3):
+        session.run(None, {name: x})
+    times = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        session.run(None, {name: x})
+        times.append(1000 * (time.perf_counter() - began))
+    return float(np.median(times))
+
+
+def draw(pool: list[str], measured: dict[str, float], rng: np.random.Generator) -> tuple[list[dict], float]:
+    """Models, SLOs and rates of one cluster; returns its models and the load they put on the machine."""
+    k = int(rng.integers(3, min(6, len(pool)) + 1))
+    chosen = [pool[i] for i in sorted(rng.choice(len(pool), size=k, replace=False))]
     load = float(rng.uniform(0.3, 1.0))
     split = rng.dirichlet(np.ones(k))
-    drawn = []
-    for m, part in zip(chosen, split, strict=True):
-        slo = round(float(rng.uniform(3, 8)) * alone_ms[m["name"]])
-        rate = round(1000 * load * float(part) / alone_ms[m["name"]], 1)
-        drawn.append({**m, "slo_ms": slo, "rate": max(rate, 0.5)})
-    return {**base, "name": name, "models": drawn}, load
+    models = []
+    for name, part in zip(chosen, split, strict=True):
+        slo = round(float(rng.uniform(3, 8)) * measured[name])
+        rate = max(0.5, round(1000 * load * float(part) / measured[name], 1))
+        models.append({"name": name, "source": name, "input": {"shape": [3, 224, 224]}, "slo_ms": slo, "rate": rate})
+    return models, load
+
+
+def cluster_file(name: str, models: list[dict], out: Path, base_port: int) -> dict:
+    here = out.resolve()
+    return {
+        "name": name,
+        "devices": [{"kind": "cpu", "count": 1, "cores": os.cpu_count() or 1, "units": 100, "memory_mb": 8192}],
+        "models": models,
+        "runtime": {
+            "repository_dir": os.path.relpath(REPO / "model_repository" / name, here),
+            "export_dir": os.path.relpath(REPO / "model_repository" / "exports", here),
+            "state_dir": os.path.relpath(REPO / ".tritonctl" / name, here),
+            "base_port": base_port,
+        },
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("base", type=Path)
-    parser.add_argument("--latency-model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--count", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool", nargs="+", default=list(POOL), help="torchvision architectures to draw from")
+    parser.add_argument("--base-port", type=int, default=8300, help="cluster i's models listen from here + 10 i")
     args = parser.parse_args()
-    base_cluster = load_cluster(args.base)
-    base = yaml.safe_load(args.base.read_text())
-    runtime = base_cluster.spec.runtime
-    lm = load_latency_model(args.latency_model)
-    rng = np.random.default_rng(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
-    lines = ["| cluster | load | models (SLO ms, req/s) |", "|---|---|---|"]
+    pool = [{"name": n, "source": n, "input": {"shape": [3, 224, 224]}, "slo_ms": 1000, "rate": 1} for n in args.pool]
+    (args.out / "pool.yaml").write_text(yaml.safe_dump(cluster_file("pool", pool, args.out, args.base_port - 10)))
+    artifacts = materialize(load_cluster(args.out / "pool.yaml"))
+    measured = {name: alone_ms(artifacts[name].path) for name in args.pool}
+    rng = np.random.default_rng(args.seed)
+    lines = [
+        f"Batch-1 latency alone, onnxruntime on {os.cpu_count()} cores (ms): "
+        + ", ".join(f"{n} {t:.1f}" for n, t in measured.items()),
+        "",
+        "| cluster | load | models (SLO ms, req/s) |",
+        "|---|---|---|",
+    ]
     for i in range(args.count):
         name = f"random-{args.seed}-{i}"
-        cluster, load = draw(base, lm, rng, name)
-        here = args.out.resolve()
-        cluster["runtime"] = {  # the base's folders as seen from the new file, named after it; ports of its own
-            "repository_dir": os.path.relpath(base_cluster.resolve(runtime.repository_dir).with_name(name), here),
-            "export_dir": os.path.relpath(base_cluster.resolve(runtime.export_dir), here),
-            "state_dir": os.path.relpath(base_cluster.resolve(runtime.state_dir).with_name(name), here),
-            "base_port": runtime.base_port + 10 * (i + 1),
-        }
+        models, load = draw(args.pool, measured, rng)
         (args.out / f"{name}.yaml").write_text(
             "# Drawn by bench/random_clusters.py (seeded): not tuned by hand.\n"
-            + yaml.safe_dump(cluster, sort_keys=False)
+            + yaml.safe_dump(cluster_file(name, models, args.out, args.base_port + 10 * i), sort_keys=False)
         )
-        models = ", ".join(f"{m['name']} ({m['slo_ms']}, {m['rate']})" for m in cluster["models"])
-        lines.append(f"| {name} | {load:.2f} | {models} |")
+        listed = ", ".join(f"{m['name']} ({m['slo_ms']}, {m['rate']})" for m in models)
+        lines.append(f"| {name} | {load:.2f} | {listed} |")
     (args.out / "clusters.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

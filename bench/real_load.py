@@ -11,7 +11,9 @@ Deployments:
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
   turns runtime.reject_late on, `-direct` sends the requests straight to the instances' own
-  ports instead of the model ports (HAProxy).
+  ports instead of the model ports (HAProxy), `-replan` plans for each scale's rates and applies
+  that plan before loading it (a shadow swap, as the controller does when rates move), where
+  other deployments keep the plan for 1x.
 
 Each deployment is loaded at every rate scale (x the cluster's rates, all models at once,
 open-loop Poisson) with every tool in turn, never two at once. Printed and written to
@@ -42,6 +44,7 @@ from cpu_accounting import every_process, group
 from tritonctl.cli import main as tritonctl
 from tritonctl.deploy.local import free_ports
 from tritonctl.deploy.state import straight_to_instances
+from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
@@ -50,8 +53,8 @@ from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import Endpoint, LoadResult, endpoints, run_load
-from tritonctl.triton.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
-from tritonctl.triton.render import place_file, python_glue, render_config
+from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
+from tritonctl.triton.render import MODEL_VERSION, place_file, python_glue, render_config
 
 ANSWERED_IN_SLO = 0.99  # a scale is served when every model answers this part of its requests within the SLO
 
@@ -82,8 +85,8 @@ def row(deployment: str, tool: str, scale: float, r: LoadResult, predicted: floa
     )  # fmt: skip
 
 
-def refused_row(deployment: str, scale: float, target: Endpoint, predicted: float | None) -> Row:
-    """A perf_analyzer run that stopped at a refused request: nothing measured, the scale not served."""
+def stopped_row(deployment: str, scale: float, target: Endpoint, predicted: float | None) -> Row:
+    """A perf_analyzer run that stopped (at a refused request, or failed): nothing measured, the scale not served."""
     nan = float("nan")
     return Row(deployment, "perf_analyzer", scale, target.model, target.slo_ms, target.rate * scale, nan, nan,
                nan, nan, nan, 0.0, -1, predicted)  # fmt: skip
@@ -97,7 +100,7 @@ def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
     repo = folder / "models"
     for model in loaded.plan.models:
         placement = Placement(instance=f"{model.name}-0", device="cpu", share=1, batch=1)
-        version = repo / model.name / "1"
+        version = repo / model.name / MODEL_VERSION
         version.mkdir(parents=True, exist_ok=True)
         (repo / model.name / "config.pbtxt").write_text(render_config("handwritten", model, placement, one_thread))
         place_file(loaded.resolve(model.onnx), version / "model.onnx")
@@ -106,7 +109,7 @@ def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
     grpc, http, metrics = free_ports("127.0.0.1", 3)
     cmd = [str(binary.path), f"--model-repository={repo}", f"--grpc-port={grpc}", f"--http-port={http}",
            f"--metrics-port={metrics}", "--grpc-address=127.0.0.1", "--http-address=127.0.0.1",
-           "--metrics-address=127.0.0.1"]  # fmt: skip
+           "--metrics-address=127.0.0.1", "--exit-timeout-secs=5"]  # fmt: skip
     if binary.backend_dir:
         cmd.append(f"--backend-directory={binary.backend_dir}")
     with (folder / "tritonserver.log").open("wb") as log:
@@ -124,9 +127,13 @@ def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
                 raise SystemExit(f"the hand-written tritonserver did not start: see {folder / 'tritonserver.log'}")
             time.sleep(0.5)
         yield [replace(e, url=f"127.0.0.1:{grpc}") for e in endpoints(loaded.plan)]
-    finally:
+    finally:  # an overloaded server may hold thousands of queued requests: it gets 5 s to drain, then is killed
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager
@@ -144,23 +151,23 @@ def deployed(name: str, plan_path: Path, folder: Path) -> Iterator[list[Endpoint
         tritonctl(["down", str(plan_path)])
 
 
-def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path) -> Path:
-    """The plan of deployment `name` (handwritten: the naive plan, for its exports and ports); the naive plan has
-    predictions where the latency model covers the cluster."""
+def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, scale: float = 1.0) -> Path:
+    """The plan of deployment `name` for the cluster's rates x `scale` (handwritten: the naive plan, for its exports
+    and ports); the naive plan has predictions where the latency model covers the cluster."""
     base, *options = name.split("-")
     cluster = load_cluster(cluster_path)
     changes = {}
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
-                        "late": {"reject_late": True}, "direct": {}}[option])  # fmt: skip
-    cluster = cluster.with_runtime(**changes)
+                        "late": {"reject_late": True}, "direct": {}, "replan": {}}[option])  # fmt: skip
+    cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
     lm = load_latency_model(lm_path) if lm_path else None
     if lm is not None and not {m.name for m in cluster.spec.models} <= set(lm.models):
         lm = None
     if base == "best" and lm is None:
         raise SystemExit(f"the best plan needs a latency model of every model of {cluster_path}")
     policy = "search" if base == "best" else "spread"
-    path = out / f"plan-{name}.yaml"
+    path = out / (f"plan-{name}.yaml" if scale == 1.0 else f"plan-{name}-x{scale:g}.yaml")
     plan = make_plan(cluster, materialize(cluster, log=lambda _: None), policy, path, lm, log=print)
     save_plan(plan, path)
     return path
@@ -229,9 +236,9 @@ def run_once(name: str, tool: str, scale: float, targets, predicted, args, pa, f
     if tool == "perf_analyzer":
         try:
             results = run_perf_analyzer(pa, targets, args.duration, scale, folder / f"pa-{scale:g}")
-        except RequestsRefused as exc:  # refused requests: this scale is not served
-            print(f"{name:14} {tool:13} x{scale:<4g} stopped: {exc.message[:120]}")
-            return [refused_row(name, scale, t, predicted.get(t.model)) for t in targets]
+        except TritonctlError as exc:  # refused requests (or a failed run): this scale is not measured as served
+            print(f"{name:14} {tool:13} x{scale:<4g} stopped: {exc.message[:160]}")
+            return [stopped_row(name, scale, t, predicted.get(t.model)) for t in targets]
     else:
         results = run_load(targets, args.duration, scale)
     if scale == 1.0 and tool == "perf_analyzer":
@@ -267,8 +274,12 @@ def main() -> None:
         predicted = predicted_p99(plan_path) if name != "handwritten" else {}
         folder = raw / name  # the hand-written repository, perf_analyzer's logs and exports: not kept
         folder.mkdir()
-        with deployed(name, plan_path, folder) as targets:
+        with deployed(name, plan_path, folder) as targets:  # targets: the rates at 1x, scaled by the load
             for scale in args.scales:
+                if "replan" in name.split("-")[1:]:
+                    scaled = plan_for(name, args.cluster, args.latency_model, args.out, scale)
+                    assert tritonctl(["apply", str(scaled), "--accept-misses"]) == 0
+                    predicted = predicted_p99(scaled)
                 for tool in args.tools:
                     rows += run_once(name, tool, scale, targets, predicted, args, pa, folder)
         (args.out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")

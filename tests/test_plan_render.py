@@ -152,6 +152,13 @@ def test_reject_late_renders_a_queue_limit_that_a_reload_can_change(mlp_cluster)
     folder, _ = render(LoadedPlan(slower, loaded.path))["alpha-0"]
     policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
     assert policy.max_queue_size == 1  # a batch predicted past the SLO: one batch waits, no more
+    # 10 ms alone, but the instances taking turns beside it stretch a batch to 20 ms at the plan's load
+    held = Prediction(exec_ms=10.0, latency_ms=45.0, throughput_rps=50.0, meets_slo=True, in_slo_rps=alpha.rate)
+    turns = alpha.placements[0].model_copy(update={"predicted": held})
+    shared = loaded.plan.model_copy(update={"models": [alpha.model_copy(update={"placements": [turns]})]})
+    folder, _ = render(LoadedPlan(shared, loaded.path))["alpha-0"]
+    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == 1  # (50 - 20) / 20 batches of its held time, not (50 - 10) / 10 of its own
 
 
 @pytest.fixture(scope="module")

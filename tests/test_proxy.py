@@ -20,7 +20,7 @@ import yaml
 from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, haproxy_binary, process_alive
-from tritonctl.deploy.proxy import Server, haproxy_weights, parse_stat, render_config
+from tritonctl.deploy.proxy import Server, balance, haproxy_weights, parse_stat, render_config
 from tritonctl.deploy.state import load_state
 from tritonctl.planning.plan import load_plan
 
@@ -40,6 +40,13 @@ def test_the_configuration_is_deterministic_and_haproxy_accepts_it(tmp_path):
     (tmp_path / "haproxy.cfg").write_text(text)
     checked = subprocess.run([haproxy_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_equal_replicas_go_to_the_least_busy_and_unequal_ones_by_weighted_turns(tmp_path):
+    text = render_config(SERVERS, "127.0.0.1", str(tmp_path / "api.sock"), "127.0.0.1:9999")
+    port8100, port8101 = text.split("\nbackend port8100\n")[1].split("\nbackend port8101\n")
+    assert "balance roundrobin" in port8100 and "balance leastconn" in port8101
+    assert balance([Server("a", "h", 1, 2, 7), Server("b", "h", 3, 4, 7)]) == "leastconn"
 
 
 def test_plan_weights_become_proportional_haproxy_weights():
@@ -121,6 +128,17 @@ def test_weights_1_and_3_split_one_connections_requests_25_75(two_replicas):
 
 
 @pytest.mark.triton
+def test_perf_analyzer_measures_a_model_served_by_two_replicas(two_replicas, capsys):
+    """Its statistics requests reach either replica: unless told the model's version, perf_analyzer stops when
+    a window's request count falls from one replica's to the other's."""
+    plan, _ = two_replicas
+    capsys.readouterr()
+    assert main(["load", str(plan), "--tool", "perf_analyzer", "--duration", "6"]) == 0
+    (cells,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("alpha")]
+    assert int(cells[1]) > 0 and int(cells[3]) == 0
+
+
+@pytest.mark.triton
 def test_hostile_clients_leave_normal_requests_and_the_proxy_running(two_replicas):
     plan, _ = two_replicas
     port = load_plan(plan).plan.models[0].port
@@ -166,6 +184,26 @@ def test_hostile_clients_leave_normal_requests_and_the_proxy_running(two_replica
     assert (
         process_alive(proxy["pid"], proxy["start_ticks"]) and LocalRuntime(None, load_plan(plan).state_dir).proxy_ok()
     )
+
+
+@pytest.mark.triton
+def test_replicas_of_equal_weight_go_to_the_least_busy_and_the_change_reloads_the_proxy(two_replicas):
+    """Weights 1 and 3 become 1 and 1: HAProxy reloads to least-connections (a request goes where fewer are in
+    progress) and one connection's requests are split evenly; no request fails across the change."""
+    plan, records = two_replicas
+    data = yaml.safe_load(plan.read_text())
+    for placement in data["models"][0]["placements"]:
+        placement["weight"] = 1.0
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["apply", str(plan)]) == 0
+    state_dir = load_plan(plan).state_dir
+    assert "balance leastconn" in (state_dir / "haproxy.cfg").read_text()
+    before = {name: _successes(r.metrics_port) for name, r in records.items()}
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{load_plan(plan).plan.models[0].port}") as client:
+        for _ in range(200):
+            _infer(client)
+    served = {name: _successes(r.metrics_port) - before[name] for name, r in records.items()}
+    assert sum(served.values()) == 200 and abs(served["alpha-1"] / 200 - 0.5) <= 0.1, served
 
 
 def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts(tmp_path, capsys):

@@ -25,7 +25,16 @@ from functools import cached_property
 from pathlib import Path
 
 from tritonctl.deploy import share
-from tritonctl.deploy.proxy import ProxyApi, Routes, Server, backend, haproxy_weights, render_config, server_name
+from tritonctl.deploy.proxy import (
+    ProxyApi,
+    Routes,
+    Server,
+    backend,
+    balance,
+    haproxy_weights,
+    render_config,
+    server_name,
+)
 from tritonctl.deploy.runtime import (
     Health,
     InstanceRecord,
@@ -398,9 +407,8 @@ class LocalRuntime:
             Server(server_name(r.uid), r.host, r.backend_port, r.http_port, w)
             for (r, _), w in zip(backends, weights, strict=True)
         ]
-        routes = self._routes()
-        ports_before = set(routes)
-        routes.pop(port, None)
+        before = self._routes()
+        routes = {p: s for p, s in before.items() if p != port}
         if servers:
             routes[port] = servers
         rec = self._proxy_record()
@@ -410,7 +418,7 @@ class LocalRuntime:
                 rec = self._start_proxy(routes, host)
             else:
                 (self.state_dir / ROUTES_FILE).unlink(missing_ok=True)
-        elif set(routes) != ports_before:
+        elif set(routes) != set(before) or balance(servers) != balance(before.get(port, servers)):
             self._reload_proxy(rec, routes)
         else:
             done = self._api.set_servers(port, servers)

@@ -2,7 +2,7 @@
 
 One HAProxy (master-worker) serves a deployment: a frontend per model on the model's port
 (HTTP/2 without TLS, as gRPC clients speak it) and a backend per model with a server per
-placement, weighted as the plan says, sending gRPC over HTTP/2 to the instance's own gRPC port
+placement, weighted as the plan says (`balance`), sending gRPC over HTTP/2 to the instance's own gRPC port
 and health-checked on its Triton HTTP ready endpoint. Its configuration is rendered from the
 routes (`render_config`, deterministic) and written to the state folder with the runtime socket
 and the master's pid.
@@ -10,8 +10,8 @@ and the master's pid.
 Changing a model's servers goes through HAProxy's runtime API, with no reload and no client
 reconnect (`ProxyApi.set_servers`): add the new server, wait until its check passes, drain the
 old one, wait until it holds no request, then delete it. Only a change in the set of model
-ports (a model added or removed) rewrites the configuration and reloads (the old worker
-finishes what it holds). HAProxy also exports Prometheus metrics on a loopback port.
+ports (a model added or removed), or in how a model's requests are dealt (`balance`), rewrites
+the configuration and reloads (the old worker finishes what it holds). HAProxy also exports Prometheus metrics on a loopback port.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ def backend(port: int) -> str:
     return f"port{port}"
 
 
+def balance(servers: list[Server]) -> str:
+    """How a model's requests are dealt to its servers. Replicas of equal weight: to the one with the fewest
+    requests in progress, a shorter queue than taking turns. Unequal weights: weighted round robin, which keeps
+    the plan's split at any load (least-connections would send every request of a light load to the heaviest)."""
+    return "leastconn" if len({s.weight for s in servers}) <= 1 else "roundrobin"
+
+
 def server_options(server: Server) -> str:
     """The options of a server line, the same in the configuration and in `add server`."""
     return (
@@ -110,7 +117,7 @@ def render_config(routes: Routes, host: str, api: str, metrics: str) -> str:
             f"    default_backend {backend(port)}",
             "",
             f"backend {backend(port)}",
-            "    balance roundrobin",
+            f"    balance {balance(routes[port])}",
             "    option httpchk GET /v2/health/ready",
             *(f"    server {s.name} {server_options(s)}" for s in sorted(routes[port], key=lambda s: s.name)),
         ]

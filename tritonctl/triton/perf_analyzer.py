@@ -29,6 +29,7 @@ import numpy as np
 from tritonctl.errors import TritonctlError
 from tritonctl.triton.binary import cache_dir
 from tritonctl.triton.client import Endpoint, LoadResult
+from tritonctl.triton.render import MODEL_VERSION
 
 VERSION = "2.41.1"  # the last tritonclient wheel with bin/perf_analyzer
 INSTALL_HINT = (
@@ -36,6 +37,9 @@ INSTALL_HINT = (
     f"tritonclient=={VERSION}), or put perf_analyzer on PATH, or set TRITONCTL_PERF_ANALYZER"
 )
 WINDOWS = 3
+# A time window in which no request was answered stops perf_analyzer ("No valid requests recorded"); a model
+# expecting fewer than this many per window is measured in windows of a request count instead.
+MIN_PER_WINDOW = 5
 LIBS = {"libcudart.so.12": "libcudart-*.so.12*", "libb64.so.0d": "libb64-*.so.0d*"}
 
 
@@ -123,15 +127,29 @@ def write_intervals(path: Path, times: np.ndarray) -> None:
     path.write_text("\n".join(str(max(1, round(g))) for g in gaps_us) + "\n")
 
 
-def command(pa: PerfAnalyzer, target: Endpoint, intervals: Path, duration_s: float, export: Path) -> list[str]:
+def command(
+    pa: PerfAnalyzer, target: Endpoint, intervals: Path, duration_s: float, rate: float, export: Path
+) -> list[str]:
+    """perf_analyzer's command for one model at `rate`: windows of a third of the duration each, or for a model
+    too slow to fill them, windows of as many requests as a third of the duration brings (one at least)."""
+    per_window = rate * window_ms(duration_s) / 1000
+    if per_window >= MIN_PER_WINDOW:
+        windows = ["--measurement-interval", str(window_ms(duration_s))]
+    else:
+        windows = ["--measurement-mode", "count_windows", "--measurement-request-count", str(max(1, int(per_window)))]
     return [
         str(pa.binary),
         "-m", target.model,
+        # The version, named: unnamed, perf_analyzer picks the one whose server-side request count grew over a
+        # window, and behind the proxy a window's two statistics may come from two replicas (or from an instance
+        # and its shadow during a swap), so that count can fall and it stops ("failed to find the requested
+        # model version"). Its server-side figures are unused here.
+        "-x", MODEL_VERSION,
         "-u", target.url,
         "-i", "grpc",
         "--async",
         "--request-intervals", str(intervals),
-        "--measurement-interval", str(window_ms(duration_s)),
+        *windows,
         "--stability-percentage", "1000",
         "--max-trials", str(WINDOWS),
         "--profile-export-file", str(export),
@@ -182,13 +200,14 @@ def run_perf_analyzer(
     procs = []
     schedules = {}
     for i, target in enumerate(targets):
-        schedules[target.model] = arrivals(max(target.rate * rate_scale, 0.1), 2 * duration_s + 60, seed + i)
+        rate = max(target.rate * rate_scale, 0.1)
+        schedules[target.model] = arrivals(rate, 2 * duration_s + 60, seed + i)
         intervals = out_dir / f"{target.model}.intervals"
         write_intervals(intervals, schedules[target.model])
         export = out_dir / f"{target.model}.json"
         export.unlink(missing_ok=True)
         log = (out_dir / f"{target.model}.log").open("w")
-        cmd = command(pa, target, intervals, duration_s, export)
+        cmd = command(pa, target, intervals, duration_s, rate, export)
         env = {**os.environ, **pa.env}
         procs.append((target, export, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
     results = []

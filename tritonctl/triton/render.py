@@ -36,6 +36,8 @@ from tritonctl.spec import DTYPES
 # must not hand traffic to an instance that has not paid for them yet.
 WARMUP_COUNT = 3
 
+MODEL_VERSION = "1"  # every rendered model repository holds one version of its model
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -66,17 +68,18 @@ def queue_limit(model: PlannedModel, placement: Placement) -> int | None:
     """With `runtime.reject_late`, how many requests Triton's queue holds before it refuses the next: a request
     that finds k batches ahead of it (the running one included) starts after about k batch times, so with more
     than (SLO - batch time) / batch time of them it can only be late, and serving it would make the requests
-    behind it late too. At least one batch; None (no limit) without a prediction to size it by. A plan made with
-    a latency margin predicts longer batches, so its queues are shorter by as much.
+    behind it late too. The batch time is how long a batch holds the instance at the plan's load (1000 x batch /
+    predicted throughput: beside co-runners, or slowed by the instances taking turns with it), not its time
+    alone. At least one batch; None (no limit) without a prediction to size it by. A plan made with a latency
+    margin predicts longer batches, so its queues are shorter by as much.
 
     A bound on the queue, not Triton's queue timeout: measured, the timeout (SLO less the batch time) refused
     3-7% of requests at half the rates a plan serves, where the same plan without it answered every one of them
-    within the SLO. Off by default: through an earlier Python proxy, refused requests stalled other models' answers
-    (docs/real-load.md)."""
-    if placement.predicted is None or not placement.predicted.exec_ms:
+    within the SLO."""
+    if placement.predicted is None or not placement.predicted.throughput_rps:
         return None
-    exec_ms = placement.predicted.exec_ms
-    batches = max(1, math.floor((model.slo_ms - exec_ms) / exec_ms)) if exec_ms < model.slo_ms else 1
+    batch_ms = 1000 * placement.batch / placement.predicted.throughput_rps
+    batches = max(1, math.floor((model.slo_ms - batch_ms) / batch_ms)) if batch_ms < model.slo_ms else 1
     return batches * placement.batch
 
 
@@ -218,7 +221,7 @@ def render_instance(
     launch = launch_for(cluster, model, placement, device, config, cpu_share, threads)
     if not write:
         return launch
-    version_dir = folder / "models" / model.name / "1"
+    version_dir = folder / "models" / model.name / MODEL_VERSION
     version_dir.mkdir(parents=True, exist_ok=True)
     _write(folder / "models" / model.name / "config.pbtxt", config)
     place_file(onnx_path, version_dir / "model.onnx")

@@ -12,14 +12,17 @@ splitting wins. Every plan of `spread` and `time-sharing`
 
 From the starts (LPT by work, spread, time-sharing, everything alone where it fits) it
 climbs, taking the best neighbour each round: move 5, 10 or 25 units of share between two
-models on a device, move a model to another device, swap two models across devices, or
-switch a device between splitting and taking turns. Batches come from BDA on split devices
+models on a device, move a model to another device, swap two models across devices,
+switch a device between splitting and taking turns, or run one instance more or fewer of a
+model taking turns with a CPU (replicas behind the proxy, each with its part of the rate).
+Batches come from BDA on split devices
 (exact for a fixed placement) and from the duty cycle on shared-in-turn ones; a model BDA
 finds no feasible batch for keeps the batch that serves most of its requests within the
 SLO on that placement (partial service, stated in the plan as a predicted miss) instead of
 being dropped from the plan. A placement is judged by its predicted goodput first -
 requests per second within their SLOs, `queueing.goodput` per model - then by the
-goodput if every request were served in its turn (no late request rejected), then by total
+goodput if every request were served in its turn (no late request rejected), then by the
+fewest instances (a replica costs memory and CPU the model does not see), then by total
 throughput sum b / t_inf (problem (1)). The second key matters where a model is overloaded:
 `queueing.goodput` credits it with what its capacity would serve by rejecting late requests,
 the same for every share that keeps its capacity above its rate, and without the key the
@@ -35,6 +38,7 @@ clock, so that a plan does not depend on the machine's speed).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, goodputs
@@ -51,7 +55,26 @@ MAX_EVALUATIONS = 300
 TURNS = 0  # the share of a model on a device whose models take turns with all of it
 GOODPUT_TIE = 1e-4  # goodputs within this part of the offered load tie, and throughput decides
 
-Placement = dict[str, tuple[str, int]]  # model -> (device id, share in units, or TURNS)
+MAX_COPIES = 8  # instances of one model taking turns with one CPU device, at most
+
+
+class Spot(NamedTuple):
+    """Where a candidate placement puts a model: a device, its share in units (or TURNS), and how many instances
+    of it take turns with that device (more than one only on a CPU, where replicas beat threads: two 1-thread
+    instances serve about 1.9x one instance's requests on 2 cores, and a queue served by two is shorter)."""
+
+    device: str
+    share: int
+    copies: int = 1
+
+
+Placement = dict[str, Spot]  # model -> where it runs
+
+
+def max_copies(device: Device) -> int:
+    """Instances of one model that may take turns with `device`: one a core on a CPU, one on a GPU (whose turns
+    run one after another, so a second instance adds nothing)."""
+    return 1 if device.kind != "cpu" else max(1, min(MAX_COPIES, int(device.cores or 1)))
 
 
 def _split(names: list[str], weights: dict[str, float], units: int, floor: dict[str, int]) -> dict[str, int] | None:
@@ -67,7 +90,7 @@ def _split(names: list[str], weights: dict[str, float], units: int, floor: dict[
 
 
 def _turns(placement: Placement, device: str) -> bool:
-    return any(dev == device and share == TURNS for dev, share in placement.values())
+    return any(spot.device == device and spot.share == TURNS for spot in placement.values())
 
 
 def _resplit(
@@ -76,10 +99,11 @@ def _resplit(
     """`names` as the models of `device`, in turns if it already takes turns, else split in proportion to work."""
     if not names:
         return {}
-    if _turns(placement, device.id) or len(names) == 1:
-        return {n: (device.id, TURNS if len(names) > 1 else device.units) for n in names}
+    if _turns(placement, device.id) or len(names) == 1:  # models that stay keep their copies
+        copies = {n: placement[n].copies if placement[n].device == device.id else 1 for n in names}
+        return _normal({n: Spot(device.id, TURNS, copies[n]) for n in names}, [device])
     shares = _split(names, work, device.units, floor)
-    return None if shares is None else {n: (device.id, s) for n, s in shares.items()}
+    return None if shares is None else {n: Spot(device.id, s) for n, s in shares.items()}
 
 
 def _starts(
@@ -102,14 +126,14 @@ def _starts(
     assignments = [lpt]
     try:
         spread_choice = {n: c[0] for n, c in spread(demands, devices, lm).items()}
-        yield {n: (c.device, c.share) for n, c in spread_choice.items()}
+        yield {n: Spot(c.device, c.share) for n, c in spread_choice.items()}
         assignments.append({n: c.device for n, c in spread_choice.items()})
     except PlacementError:
         pass
     try:
         shared = time_sharing(demands, devices, lm)
         if all(len(c) == 1 for c in shared.values()):
-            yield {n: (c[0].device, TURNS) for n, c in shared.items()}
+            yield _normal({n: Spot(c[0].device, TURNS) for n, c in shared.items()}, devices)
             assignments.append({n: c[0].device for n, c in shared.items()})
     except PlacementError:
         pass
@@ -119,23 +143,26 @@ def _starts(
             for device in devices:
                 names = [n for n, dev in assignment.items() if dev == device.id]
                 if turns and len(names) > 1:
-                    placement.update({n: (device.id, TURNS) for n in names})
+                    placement.update({n: Spot(device.id, TURNS) for n in names})
                     continue
                 shares = _split(names, work, device.units, floor) if names else {}
                 if shares is None:
                     break
-                placement.update({n: (device.id, s) for n, s in shares.items()})
+                placement.update({n: Spot(device.id, s) for n, s in shares.items()})
             else:
                 yield _normal(placement, devices)
 
 
 def _normal(placement: Placement, devices: list[Device]) -> Placement:
-    """A model alone on a device taking turns has all of it."""
+    """A single instance alone on a device taking turns has all of it."""
     units = {d.id: d.units for d in devices}
     count: dict[str, int] = {}
-    for dev, _ in placement.values():
-        count[dev] = count.get(dev, 0) + 1
-    return {n: (dev, units[dev] if s == TURNS and count[dev] == 1 else s) for n, (dev, s) in placement.items()}
+    for spot in placement.values():
+        count[spot.device] = count.get(spot.device, 0) + spot.copies
+    return {
+        n: Spot(spot.device, units[spot.device]) if spot.share == TURNS and count[spot.device] == 1 else spot
+        for n, spot in placement.items()
+    }
 
 
 def _neighbours(
@@ -145,19 +172,19 @@ def _neighbours(
     names = sorted(placement)
     for a in names:  # move share between two models on one split device, in small and large steps
         for b in names:
-            (dev_a, sa), (dev_b, sb) = placement[a], placement[b]
+            (dev_a, sa, _), (dev_b, sb, _) = placement[a], placement[b]
             for step in MOVES:
                 if a != b and dev_a == dev_b and sa != TURNS and sb - step >= max(floor[b], STEP):
-                    yield {**placement, a: (dev_a, sa + step), b: (dev_b, sb - step)}
+                    yield {**placement, a: Spot(dev_a, sa + step), b: Spot(dev_b, sb - step)}
     for a in names:  # move a model; a split device re-splits in proportion to work
-        origin = placement[a][0]
+        origin = placement[a].device
         for device in devices:
             if device.id == origin:
                 continue
-            moved = dict(placement)
+            moved = {n: spot for n, spot in placement.items() if n != a}
             for dev, group in (
-                (origin, [n for n in names if placement[n][0] == origin and n != a]),
-                (device.id, [n for n in names if placement[n][0] == device.id] + [a]),
+                (origin, [n for n in names if placement[n].device == origin and n != a]),
+                (device.id, [n for n in names if placement[n].device == device.id] + [a]),
             ):
                 shares = _resplit(placement, by_id[dev], group, work, floor)
                 if shares is None:
@@ -165,21 +192,28 @@ def _neighbours(
                 moved.update(shares)
             else:
                 yield _normal(moved, devices)
-    for i, a in enumerate(names):  # swap two models across devices, shares stay with the device
+    for i, a in enumerate(names):  # swap two models across devices, shares (and copies) stay with the device
         for b in names[i + 1 :]:
-            (dev_a, sa), (dev_b, sb) = placement[a], placement[b]
+            (dev_a, sa, ca), (dev_b, sb, cb) = placement[a], placement[b]
             if dev_a != dev_b and (sb == TURNS or sb >= floor[a]) and (sa == TURNS or sa >= floor[b]):
-                yield {**placement, a: (dev_b, sb), b: (dev_a, sa)}
+                yield {**placement, a: Spot(dev_b, sb, cb), b: Spot(dev_a, sa, ca)}
     for device in devices:  # switch a device between split shares and turns
-        group = [n for n in names if placement[n][0] == device.id]
+        group = [n for n in names if placement[n].device == device.id]
         if len(group) < 2:
             continue
         if _turns(placement, device.id):
             shares = _split(group, work, device.units, floor)
             if shares is not None:
-                yield {**placement, **{n: (device.id, s) for n, s in shares.items()}}
+                yield {**placement, **{n: Spot(device.id, s) for n, s in shares.items()}}
         else:
-            yield {**placement, **{n: (device.id, TURNS) for n in group}}
+            yield {**placement, **{n: Spot(device.id, TURNS) for n in group}}
+    for a in names:  # one instance more or fewer of a model taking turns with a CPU (or alone on one)
+        spot, device = placement[a], by_id[placement[a].device]
+        alone = spot.share == device.units and sum(s.device == device.id for s in placement.values()) == 1
+        if (spot.share == TURNS or alone) and spot.copies < max_copies(device):
+            yield {**placement, a: Spot(device.id, TURNS, spot.copies + 1)}
+        if spot.copies > 1:
+            yield _normal({**placement, a: Spot(device.id, TURNS, spot.copies - 1)}, devices)
 
 
 def _partial(
@@ -255,8 +289,8 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         if key in judged:
             return judged[key]
         evaluations += 1
-        split = [d for d in demands if placement[d.name][1] != TURNS]
-        choices = {d.name: Choice(*placement[d.name]) for d in split}
+        split = [d for d in demands if placement[d.name].share != TURNS]
+        choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
         decision = bda(choices, split, devices, lm)
         batches = _partial(choices, decision.batches, decision.infeasible, split, devices, lm, memo)
         # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
@@ -270,9 +304,11 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         capacity = throughput(choices, batches, lm)
         cycles = {}
         for device in devices:
-            group = [by_name[n] for n, (dev, s) in placement.items() if dev == device.id and s == TURNS]
-            if not group:
+            members = [(by_name[n], s.copies) for n, s in placement.items() if s.device == device.id and s.share == TURNS]
+            if not members:
                 continue
+            # every instance at the part of its model's rate that the balancer sends it
+            group = [Demand(d.name, d.slo_ms, d.rate / copies, d.memory_mb) for d, copies in members for _ in range(copies)]
             plan = schedule(group, device, lm)
             ok = plan is not None and _memory_fits([d.name for d in group], by_name, device, plan[1], lm)
             cycle, group_batches = plan if plan is not None else (0.0, {d.name: 1 for d in group})
@@ -280,10 +316,14 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
             batches.update(group_batches)
             # a batch server taking its turn's time per batch (turn_service_ms), with its queueing (eq. 2)
             service = turn_service_ms([(d.name, group_batches[d.name], d.rate) for d in group], device, lm)
-            for d, t in zip(group, service, strict=True):
-                served[d.name], in_turn[d.name] = goodputs(d.rate, group_batches[d.name], t, d.slo_ms) if ok else (0, 0)
+            held = dict(zip((d.name for d in group), service, strict=True))  # a model's copies hold alike
+            for d, copies in members:
+                each = goodputs(d.rate / copies, group_batches[d.name], held[d.name], d.slo_ms) if ok else (0, 0)
+                served[d.name], in_turn[d.name] = copies * each[0], copies * each[1]
             capacity += sum(1000 * group_batches[d.name] / t for d, t in zip(group, service, strict=True)) if ok else 0
-        score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), -capacity)
+        # an instance more costs memory and CPU the latency model does not see: only goodput pays for one
+        instances = sum(spot.copies for spot in placement.values())
+        score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), instances, -capacity)
         judged[key] = (score, (batches, served, cycles))
         return judged[key]
 
@@ -310,15 +350,15 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
         raise PlacementError(
             f"no placement the search found serves {', '.join(unserved)} within its SLO at all", shed=unserved
         )
-    split = [d for d in demands if placement[d.name][1] != TURNS]
-    out = with_batches({d.name: Choice(*placement[d.name]) for d in split}, batches, split, lm)
+    split = [d for d in demands if placement[d.name].share != TURNS]
+    choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
+    out = with_batches(choices, batches, split, lm)
     for d in demands:
-        device, share = placement[d.name]
+        device, share, copies = placement[d.name]
         if share == TURNS:
-            units = by_id[device].units
-            mates = sum(dev == device and s == TURNS for dev, s in placement.values())
+            mates = sum(s.copies for s in placement.values() if s.device == device and s.share == TURNS)
             exec_ms = lm.t_inf(d.name, batches[d.name], turn_share(by_id[device], mates))
             # as time-sharing does: the batcher waits at most what one cycle leaves of the SLO
             delay = int(1000 * max(0.0, d.slo_ms - cycles[device] - exec_ms)) if batches[d.name] > 1 else 0
-            out[d.name] = [Choice(device, units, batches[d.name], delay, turns=True)]
+            out[d.name] = [Choice(device, by_id[device].units, batches[d.name], delay, turns=True)] * copies
     return out

@@ -30,7 +30,7 @@ def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[flo
         batches = {d.name: _keeps_up(d, share, lm) for d in group}
         if any(b is None for b in batches.values()):
             return None
-        return sum(lm.t_inf(n, b, share) for n, b in batches.items()) / slots, batches
+        return sum(lm.t_inf(d.name, batches[d.name], share) for d in group) / slots, batches
     batches = {d.name: 1 for d in group}
     for _ in range(100):
         cycle = sum(lm.t_inf(d.name, batches[d.name], share) for d in group) / slots
