@@ -229,7 +229,8 @@ def test_apply_refuses_a_plan_predicted_to_miss_unless_told(capsys, synthetic_lm
     assert rc == 2 and "predicted to miss SLOs" in err and "alpha-0" in err and "--accept-misses" in err
     assert not load_state(load_plan(plan).state_dir).instances
     rc, out, _ = run_cli(capsys, "apply", str(plan), "--accept-misses")
-    assert rc == 0 and len(load_state(load_plan(plan).state_dir).instances) == 2
+    planned = len(load_plan(plan).plan.instances())  # replicas where one instance queues past the SLO
+    assert rc == 0 and len(load_state(load_plan(plan).state_dir).instances) == planned >= 2
 
 
 def test_predicted_load_adds_each_placements_busy_part_of_its_device(capsys, synthetic_lm, mlp_cluster):
