@@ -4,7 +4,7 @@
 
 Each cluster takes 3 to 6 models of the pool (torchvision architectures with seeded random weights, all
 light enough for a 2-core CPU), exported to ONNX by tritonctl. Each model's batch-1 latency alone on the
-whole CPU is measured here with onnxruntime (the median of 20 runs on all cores); its SLO is drawn at 3-8x
+CPU is measured here with onnxruntime (the median of 20 runs on 2 threads, `inss_scaled.measure_ms`); its SLO is drawn at 3-8x
 that, and the rates put a load of 0.3-1.0 on the machine (the CPU-seconds per second its requests take at
 that latency, split between the models by a flat Dirichlet draw). The draws are seeded; the cluster files
 a table of what was drawn and `pool.yaml` (the whole pool, exported) go to DIR. Profile each cluster from scratch before planning it
@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime
 import yaml
+from inss_scaled import measure_ms
 
 from tritonctl.export import materialize
 from tritonctl.spec import load_cluster
@@ -36,23 +35,6 @@ POOL = (
     "regnet_y_400mf",
 )
 REPO = Path(__file__).resolve().parent.parent
-
-
-def alone_ms(path: Path, runs: int = 20) -> float:
-    """Median batch-1 latency of an ONNX image model with onnxruntime on every core."""
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
-    for _ in range(3):
-        session.run(None, {name: x})
-    times = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        session.run(None, {name: x})
-        times.append(1000 * (time.perf_counter() - began))
-    return float(np.median(times))
 
 
 def draw(pool: list[str], measured: dict[str, float], rng: np.random.Generator) -> tuple[list[dict], float]:
@@ -96,10 +78,10 @@ def main() -> None:
     pool = [{"name": n, "source": n, "input": {"shape": [3, 224, 224]}, "slo_ms": 1000, "rate": 1} for n in args.pool]
     (args.out / "pool.yaml").write_text(yaml.safe_dump(cluster_file("pool", pool, args.out, args.base_port - 10)))
     artifacts = materialize(load_cluster(args.out / "pool.yaml"))
-    measured = {name: alone_ms(artifacts[name].path) for name in args.pool}
+    measured = {name: measure_ms(artifacts[name].path, batch=1, repeats=20) for name in args.pool}
     rng = np.random.default_rng(args.seed)
     lines = [
-        f"Batch-1 latency alone, onnxruntime on {os.cpu_count()} cores (ms): "
+        "Batch-1 latency alone, onnxruntime on 2 threads (ms): "
         + ", ".join(f"{n} {t:.1f}" for n, t in measured.items()),
         "",
         "| cluster | load | models (SLO ms, req/s) |",
