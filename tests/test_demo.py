@@ -46,4 +46,5 @@ def test_demo_serves_every_model_of_the_cpu_demo(tmp_path):
     assert set(rows) == {m["name"] for m in spec["models"]}
     for sent, ok, failed in rows.values():
         assert sent > 0 and ok == sent and failed == 0
-    assert "stopped 3 instance(s)" in run.stdout
+    started = run.stdout.count("\n  ready    ")  # one a placement: replicas where one instance would queue too long
+    assert started >= 3 and f"stopped {started} instance(s)" in run.stdout
