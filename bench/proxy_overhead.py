@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from cpu_demo import CLUSTER, MODEL, REPO
 
 from tritonctl.deploy.apply import apply_plan, down
-from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, cpu_seconds, proc_stat_fields
+from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, group_cpu_seconds
 from tritonctl.deploy.state import straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -31,12 +30,6 @@ from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import endpoints, run_load
 
 WORK = REPO / ".tritonctl" / "proxy-bench"
-
-
-def group_cpu_seconds(group: int) -> float:
-    """CPU seconds used so far by every process of a process group (HAProxy's master leads its own)."""
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-    return sum(cpu_seconds(pid) for pid in pids if (f := proc_stat_fields(pid)) and int(f[2]) == group)
 
 
 def main() -> None:

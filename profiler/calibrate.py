@@ -37,7 +37,7 @@ from tritonctl.triton.binary import find_tritonserver
 
 from .grid import HELDOUT_BATCHES, TRAIN_BATCHES, Member
 from .harness import Harness
-from .run import planned_for_profile
+from .run import COST_GAP_MS, planned_for_profile
 
 # (batch, share as a fraction of the usable units): both thread regimes of a 2-core CPU.
 FIT_POINTS = ((1, 1.0), (8, 1.0), (2, 0.5))
@@ -45,6 +45,9 @@ CHECK_POINTS = ((4, 0.75), (3, 0.35))
 # Rounds over every point; a point's latency is the median of its rounds. One round was not enough on a 2-vCPU
 # VM with neighbours: the same point differed by 20-30% between runs.
 ROUNDS = 3
+# The CPU a request costs outside its model is measured here too (a CPU's own, not carried over), on fewer
+# requests than a profile's.
+CALIBRATE_COST_REQUESTS = 200
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ def calibrate(
                 for measured, (name, batch, units, _) in zip(rounds, plan, strict=True):
                     (stats,) = harness.measure((Member(name, units, batch),))
                     measured.append(stats.p50_ms)
+            log(f"  CPU a request costs outside each model: {CALIBRATE_COST_REQUESTS} batch-1 requests through HAProxy")
+            costs = {name: harness.request_cost(name, CALIBRATE_COST_REQUESTS, COST_GAP_MS) for name in artifacts}
         except StartError as exc:
             raise TritonctlError(f"calibration stopped: {exc}") from None
         finally:
@@ -141,7 +146,9 @@ def calibrate(
             f"{' / '.join(f'{m:.1f}' for m in measured)} (source model {points[-1].before_ms:6.1f} ms)")  # fmt: skip
     factors = factors_of(lm, points)
     meta = {"calibrated": {"from": str(source), "from_device": lm.device.fingerprint.get("model"), "factors": factors}}
-    calibrated = scaled(lm, factors, cpu_fingerprint(), meta)
+    request_cpu_ms = {name: cost.server_cpu_ms + cost.proxy_cpu_ms for name, cost in costs.items()}
+    log("  " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in request_cpu_ms.items()))
+    calibrated = scaled(lm, factors, cpu_fingerprint(), meta, request_cpu_ms)
     points = [Point(**{**asdict(p), "after_ms": calibrated.t_inf(p.model, p.batch, p.share)}) for p in points]
     checks = [p for p in points if not p.fitted]
     calibrated.meta["calibrated"].update(

@@ -24,7 +24,7 @@ from tritonctl.deploy import share as cgroups
 from tritonctl.deploy.local import LocalRuntime, cpu_seconds, free_port
 from tritonctl.deploy.runtime import InstanceRecord
 from tritonctl.errors import TritonctlError
-from tritonctl.latency.dataset import MemoryPoint, WakePoint
+from tritonctl.latency.dataset import MemoryPoint, RequestCost, WakePoint
 from tritonctl.latency.model import MAX_BATCH
 from tritonctl.planning.plan import Device, Placement, PlannedModel
 from tritonctl.shares import CFS_PERIOD_US, cpu_cores, threads_for
@@ -135,6 +135,32 @@ class Harness:
             raise TritonctlError(f"measuring the wake-up of {model} failed: {exc}") from None
         return points
 
+    def request_cost(self, model: str, requests: int, gap_ms: float) -> RequestCost:
+        """CPU that batch-1 requests cost outside the model's own process: `requests` sent through HAProxy to
+        the model's instance with the whole device, each after an idle gap drawn exponential with mean `gap_ms`
+        (open-loop traffic wakes the server's threads for each request: back to back, a request costs less),
+        against the CPU time of the Triton server process (its front end: the model runs in the backend stub)
+        and of HAProxy."""
+        record = self.instance(model, self.device.units)
+        port = free_port(self.host)
+        self.runtime.route(self.host, port, [(record, 1.0)])
+        request = self._request(model, 1)
+        gaps = np.random.default_rng(0).exponential(gap_ms / 1000, requests)
+        try:
+            with grpcclient.InferenceServerClient(f"{self.host}:{port}") as client:
+                for _ in range(WARMUP_REPS):
+                    client.infer(model, [request])
+                server, proxy = cpu_seconds(record.pid), self.runtime.proxy_cpu_seconds()
+                for gap in gaps:
+                    time.sleep(gap)
+                    client.infer(model, [request])
+                server, proxy = cpu_seconds(record.pid) - server, self.runtime.proxy_cpu_seconds() - proxy
+        except Exception as exc:  # tritonclient raises InferenceServerException, grpc errors, ...
+            raise TritonctlError(f"measuring what a request of {model} costs failed: {exc}") from None
+        finally:
+            self.runtime.route(self.host, port, [])
+        return RequestCost(model, requests, round(1000 * server / requests, 4), round(1000 * proxy / requests, 4))
+
     def _request(self, model: str, batch: int) -> grpcclient.InferInput:
         tensor = self.models[model][0].inputs[0]
         shape = [batch, *concrete_shape(tensor.shape)]
@@ -149,6 +175,7 @@ class Harness:
         for record in self.pool.values():
             self.runtime.stop(record)
         self.pool.clear()
+        self.runtime.shutdown()  # HAProxy, where `request_cost` started it
 
     def measure(self, members: tuple[Member, ...]) -> list[Stats]:
         """Run every member's closed loop at once; solo when there is one member."""

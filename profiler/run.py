@@ -36,6 +36,8 @@ from .harness import Harness
 # Wake-up: per model, single requests after each idle gap (ms), WAKE_REQUESTS of them per gap.
 WAKE_GAPS_MS = (0, 5, 10, 20, 30, 50, 100, 200)
 WAKE_REQUESTS = 30
+# Request cost: per model, batch-1 requests through HAProxy, after exponential idle gaps of this mean.
+COST_REQUESTS, COST_GAP_MS = 400, 5.0
 
 
 def _tensors(sigs) -> list[Tensor]:
@@ -168,27 +170,40 @@ def profile(
                     harness.memory,
                 )
                 harness.memory = []
-        woken = {w.model for w in dataset.wake}
+        woken, costed = {w.model for w in dataset.wake}, {c.model for c in dataset.requests}
         for name in names:
-            if name not in woken and (budget_s is None or time.monotonic() - started <= budget_s):
-                log(f"wake-up of {name}: single requests after idle gaps of {', '.join(map(str, WAKE_GAPS_MS))} ms")
-                try:
-                    points = harness.wake(name, WAKE_GAPS_MS, WAKE_REQUESTS)
-                except StartError as exc:
-                    raise TritonctlError(f"profiling stopped: {exc}") from None
-                known = {(m.model, m.threads, m.batch) for m in dataset.memory}  # a resumed run warms up again
-                dataset.append([], [m for m in harness.memory if (m.model, m.threads, m.batch) not in known], points)
-                harness.memory = []
+            if budget_s is not None and time.monotonic() - started > budget_s:
+                break
+            try:
+                if name not in woken:
+                    gaps = ", ".join(map(str, WAKE_GAPS_MS))
+                    log(f"wake-up of {name}: single requests after idle gaps of {gaps} ms")
+                    _append_extra(dataset, harness, wake=harness.wake(name, WAKE_GAPS_MS, WAKE_REQUESTS))
+                if name not in costed:
+                    log(f"CPU a request of {name} costs: {COST_REQUESTS} batch-1 requests through HAProxy")
+                    cost = harness.request_cost(name, COST_REQUESTS, COST_GAP_MS)
+                    _append_extra(dataset, harness, requests=[cost])
+            except StartError as exc:
+                raise TritonctlError(f"profiling stopped: {exc}") from None
     finally:
         harness.close()
         dataset.metadata["duration_s"] = round(dataset.metadata["duration_s"] + time.monotonic() - started, 1)
         grid_done = {(r.group, r.members[0].model) for r in runs} <= dataset.done
-        dataset.metadata["complete"] = grid_done and set(names) <= {w.model for w in dataset.wake}
+        extras = {w.model for w in dataset.wake} & {c.model for c in dataset.requests}
+        dataset.metadata["complete"] = grid_done and set(names) <= extras
         if harness.server_version:
             dataset.metadata["software"] = software_versions(harness.server_version)
         dataset.metadata["grid"] = {"runs": len(runs)}
         dataset.write_metadata()
     return dataset
+
+
+def _append_extra(dataset: Dataset, harness: Harness, **measured) -> None:
+    """Append a per-model measurement (wake-up points, request cost) and the footprints of any instance it
+    started (a resumed run warms its instances up again: footprints already known are left out)."""
+    known = {(m.model, m.threads, m.batch) for m in dataset.memory}
+    dataset.append([], [m for m in harness.memory if (m.model, m.threads, m.batch) not in known], **measured)
+    harness.memory = []
 
 
 def _describe(run: Run) -> str:

@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from conftest import REPO
 from tritonctl.export import materialize
+from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import Device, LoadedPlan, Prediction, load_plan, save_plan
 from tritonctl.planning.planner import make_plan
 from tritonctl.planning.policies import Demand, PlacementError
@@ -217,3 +218,56 @@ def test_gpu_plan_is_refused_by_the_local_runtime(inss_plan, capsys):
 
     assert main(["apply", str(inss_plan.path)]) == 2
     assert "targets GPUs" in capsys.readouterr().err
+
+
+def test_device_sets_try_fewest_devices_first_keeping_the_hosts_numbering(tmp_path):
+    from conftest import make_mlp, mlp_model, write_cluster
+    from tritonctl.planning.planner import device_sets
+
+    make_mlp(tmp_path / "mlp.onnx")
+    two = {"kind": "cpu", "count": 2, "cores": 2, "units": 100, "memory_mb": 4096}
+    one = {**two, "count": 1, "cores": 4}
+    cluster = load_cluster(write_cluster(tmp_path, [mlp_model("alpha")], devices=[two, one]))
+    sets = [sorted(s) for s in device_sets(cluster)]
+    assert sets[:2] == [["cpu0"], ["cpu2"]] and sorted(sets[2:4]) == [["cpu0", "cpu1"], ["cpu0", "cpu2"]]
+    assert sets[-1] == ["cpu0", "cpu1", "cpu2"] and len(sets) == 5
+
+
+def one_device_capacity(lm) -> float:
+    """Requests/s one whole 2-core device serves of the synthetic model "alpha" within the test models' 50 ms."""
+    return max(1000 * b / t for b in range(1, 33) if (t := lm.t_inf("alpha", b, 100)) <= 50)
+
+
+@pytest.mark.parametrize(("rate", "devices"), [(5, 1), (None, 2)])
+def test_plan_minimise_devices_uses_the_fewest_that_serve_every_model(tmp_path, capsys, synthetic_lm, rate, devices):
+    from conftest import make_mlp, mlp_model, write_cluster
+    from tritonctl.cli import main
+
+    make_mlp(tmp_path / "mlp.onnx")
+    lm = load_latency_model(synthetic_lm)
+    if rate is None:  # one device does not carry both models within their SLO (queueing), two do
+        rate = 0.2 * one_device_capacity(lm)
+    device = {"kind": "cpu", "count": 3, "cores": 2, "units": 100, "memory_mb": 4096}
+    models = [mlp_model("alpha", rate=rate), mlp_model("beta", rate=rate)]
+    cluster = write_cluster(tmp_path, models, devices=[device])
+    plan = tmp_path / "plan.yaml"
+    argv = ["plan", str(cluster), "--latency-model", str(synthetic_lm), "--minimise", "devices", "-o", str(plan)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    planned = load_plan(plan).plan
+    assert len(planned.devices) == devices and f"fewest devices: {devices} of 3" in out
+    assert all(p.predicted.meets_slo for _, p in planned.instances())
+
+
+def test_plan_minimise_devices_says_why_where_not_even_all_serve(tmp_path, capsys, synthetic_lm):
+    from conftest import make_mlp, mlp_model, write_cluster
+    from tritonctl.cli import main
+
+    make_mlp(tmp_path / "mlp.onnx")
+    rate = 3 * one_device_capacity(load_latency_model(synthetic_lm))
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=rate)])  # one device
+    argv = ["plan", str(cluster), "--latency-model", str(synthetic_lm), "--minimise", "devices"]
+    assert main(argv) == 2
+    assert "more than all 1 devices could carry" in capsys.readouterr().err and not (tmp_path / "plan.yaml").exists()
+    assert main(["plan", str(cluster), "--minimise", "devices"]) == 2
+    assert "--minimise devices needs a latency model" in capsys.readouterr().err

@@ -182,3 +182,15 @@ def test_search_adds_a_replica_where_one_instance_queues_past_the_slo_and_only_t
     slo = {d.name: d.slo_ms for d in demands}
     assert all(p99 <= slo[n] for (n, _), p99 in capacity_and_p99(out, demands, device, lm)[1].items())
     assert all(len(cs) == 1 for cs in search(demo(0.1), [device], lm).values())
+
+
+def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_others_are_busy():
+    from tritonctl.planning.policies.timesharing import _stretch
+
+    assert _stretch([], 2) == 1.0
+    # three others busy half the time on 2 slots: 0-3 busy beside it with 1/8, 3/8, 3/8, 1/8;
+    # 1 or 2 busy in all run at full speed, 3 at 2/3 of it, 4 at half
+    assert _stretch([0.5, 0.5, 0.5], 2) == pytest.approx((1 + 3 + 3 * 1.5 + 2) / 8)
+    # 1.7 slots: one other busy half the time slows a batch by 2 / 1.7 that half (the mean number busy, 1.5, is
+    # below the slots and would say nothing)
+    assert _stretch([0.5], 1.7) == pytest.approx(0.5 + 0.5 * 2 / 1.7)

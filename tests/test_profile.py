@@ -69,8 +69,9 @@ def test_profile_from_another_device_is_refused(tmp_path, capsys):
     assert "measured on another device (Some Other CPU" in err and "metadata.json" in err
 
 
-def test_profile_measures_the_wake_up_of_every_model(tmp_path, monkeypatch, capsys):
-    """Only the wake-up measurement (the grid narrowed to nothing), on real Triton instances."""
+def test_profile_measures_the_wake_up_and_request_cost_of_every_model(tmp_path, monkeypatch, capsys):
+    """Only the wake-up and request-cost measurements (the grid narrowed to nothing), on real Triton instances
+    and a real HAProxy."""
     monkeypatch.setattr(run, "solo_runs", lambda names, units: [])
     monkeypatch.setattr(run, "coloc_runs", lambda names, units: [])
     monkeypatch.setattr(run, "WAKE_GAPS_MS", (0, 30))
@@ -81,6 +82,10 @@ def test_profile_measures_the_wake_up_of_every_model(tmp_path, monkeypatch, caps
     dataset = load_dataset(tmp_path / "profile")
     assert sorted((w.model, w.gap_ms) for w in dataset.wake) == [("alpha", 0), ("alpha", 30), ("beta", 0), ("beta", 30)]
     assert all(0 < w.p50_ms < 1000 for w in dataset.wake) and dataset.metadata["complete"] is True
+    # every request costs the Triton server process and HAProxy some CPU, well under a 10 ms tick each
+    assert sorted(c.model for c in dataset.requests) == ["alpha", "beta"]
+    assert all(0 < c.server_cpu_ms < 10 and 0 < c.proxy_cpu_ms < 10 for c in dataset.requests)
+    assert not (tmp_path / "profile" / "work" / "haproxy.json").exists()  # HAProxy stopped with the profile
     # resumed without its wake-up: measured again, and the warm-up's memory points are not written twice
     (tmp_path / "profile" / "wake.csv").write_text("model,gap_ms,p50_ms\n")
     assert main(["profile", str(cluster), "-o", str(tmp_path / "profile")]) == 0

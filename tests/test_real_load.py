@@ -166,14 +166,33 @@ def test_reserved_cores_are_left_out_of_the_plan(tmp_path, capsys):
     assert rc == 0 and sum(p.share for _, p in plan.instances()) <= 75
 
 
-def test_a_cluster_reserving_more_keeps_the_larger_reservation_and_still_checks_it(tmp_path):
+def test_a_cluster_reserving_more_adds_to_its_reservation_and_still_checks_it(tmp_path):
     make_mlp(tmp_path / "mlp.onnx")
     device = {"kind": "cpu", "count": 1, "cores": 2, "units": 100, "memory_mb": 4096, "reserved_cores": 0.5}
     cluster = load_cluster(write_cluster(tmp_path, [mlp_model("alpha")], devices=[device]))
-    assert cluster.reserving(1.0).spec.devices[0].usable_units == 50
-    assert cluster.reserving(0.25).spec.devices[0].reserved_cores == 0.5
+    assert cluster.reserving(1.0).spec.devices[0].usable_units == 25  # 0.5 + 1.0 of the 2 cores
+    assert cluster.reserving(part=0.25).spec.devices[0].reserved_cores == 1.0  # a quarter of its 2 cores more
     with pytest.raises(ValueError, match="leaves nothing to plan with"):
-        cluster.reserving(2.0)
+        cluster.reserving(1.5)
+
+
+def test_the_plan_reserves_the_cpu_requests_cost_outside_the_models(tmp_path, capsys, synthetic_lm, mlp_cluster):
+    """Two models at 20 requests/s, each request 12.5 ms of CPU outside its model: half a core is reserved;
+    at 50 ms a request nothing is left, and the plan is refused."""
+    data = json.loads(synthetic_lm.read_text())
+    for params in data["models"].values():
+        params["request_cpu_ms"] = 12.5
+    lm = tmp_path / "lm.json"
+    lm.write_text(json.dumps(data))
+    rc, out, _ = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(lm), "-o", str(tmp_path / "p.yaml"))
+    (device,) = load_plan(tmp_path / "p.yaml").plan.devices
+    assert rc == 0 and "reserving 0.50 cores" in out and (device.units, device.cores) == (75, 1.5)
+    for params in data["models"].values():
+        params["request_cpu_ms"] = 50.0
+    lm.write_text(json.dumps(data))
+    rc, _, err = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(lm), "-o", str(tmp_path / "q.yaml"))
+    assert rc == 2 and "the requests cost 2.00 of 2 cores outside the models" in err and "models" in err
+    assert not (tmp_path / "q.yaml").exists()
 
 
 def test_busy_cores_sees_a_process_burning_one_core():
@@ -263,8 +282,10 @@ def test_calibration_recovers_a_speed_batching_and_share_factor(synthetic_lm):
     ]
     (k, gamma, delta) = factors_of(lm, points)["alpha"]
     assert (k, gamma, delta) == pytest.approx((1.6, 0.2, 0.3), abs=1e-6)
-    carried = scaled(lm, {"alpha": (k, gamma, delta), "beta": (1.0, 0.0, 0.0)}, {"id": "here"}, {"calibrated": {}})
+    factors = {"alpha": (k, gamma, delta), "beta": (1.0, 0.0, 0.0)}
+    carried = scaled(lm, factors, {"id": "here"}, {"calibrated": {}}, {"alpha": 1.25, "beta": 0.5})
     assert carried.t_inf("alpha", 4, 75) == pytest.approx(truth(4, 75), rel=0.02)
+    assert carried.models["alpha"].request_cpu_ms == 1.25  # this CPU's, measured: not carried over
     assert carried.t_inf("alpha", 3, 35) == pytest.approx(truth(3, 35), rel=0.02)
     assert carried.device.fingerprint == {"id": "here"} and carried.t_inf("beta", 4, 75) == lm.t_inf("beta", 4, 75)
     one_share = [p for p in points if p.share == 100]  # batch alone: no share term to fit
@@ -282,6 +303,11 @@ def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tm
     assert [turn_threads(two_cores, n) for n in (1, 2, 4)] == [2, 1, 1]
     assert [turn_share(two_cores, n) for n in (1, 2, 4)] == [100, 50, 50]
     assert [turn_slots(two_cores, n) for n in (1, 2, 4)] == [1, 2, 2]
+    # 0.3 of the cores reserved: one instance still runs on 2 threads, one-thread instances fit 1.7 at once
+    left = two_cores.model_copy(update={"units": 85, "cores": 1.7})
+    assert [turn_threads(left, n) for n in (1, 2, 4)] == [2, 1, 1]
+    assert [turn_share(left, n) for n in (1, 2, 4)] == [85, 50, 50]
+    assert [turn_slots(left, n) for n in (1, 2, 4)] == [1, 1.7, 1.7]
     for names, threads in ((["alpha", "beta"], "1"), (["alpha"], "2")):
         cluster = write_cluster(tmp_path, [mlp_model(n, rate=5) for n in names])
         plan = tmp_path / "plan.yaml"

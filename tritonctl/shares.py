@@ -43,8 +43,9 @@ def turn_threads(device: Device, sharing: int) -> int:
     """onnxruntime threads of each of `sharing` CPU instances that take turns with a whole device: between them
     never more than its cores, one at least. Oversubscribed, the threads of one parallel operator wait for each
     other at its barrier while the kernel runs another instance's threads (measured: four 2-thread instances on
-    2 cores served ResNet18's p99 at 4x the prediction)."""
-    return max(1, math.floor(device.cores / sharing + 1e-9))
+    2 cores served ResNet18's p99 at 4x the prediction). Rounded like a share's threads: a device left 1.7
+    cores by reservations still runs one instance on 2 threads."""
+    return threads_for_cores(device.cores / sharing)
 
 
 def turn_share(device: Device, sharing: int) -> int:
@@ -55,12 +56,14 @@ def turn_share(device: Device, sharing: int) -> int:
     return min(device.units, round(device.units * turn_threads(device, sharing) / device.cores))
 
 
-def turn_slots(device: Device, sharing: int) -> int:
+def turn_slots(device: Device, sharing: int) -> float:
     """How many of `sharing` instances taking turns with a device run at once at full speed: on a CPU as many
-    as their threads leave cores for, on a GPU one (its batches queue)."""
+    as their threads leave cores for, a fraction where reservations leave part of a core (1.7 cores, one
+    thread each: 1.7), one at least (fewer cores than threads already slow each instance: `turn_share`); on
+    a GPU one (its batches queue)."""
     if device.kind != "cpu":
         return 1
-    return max(1, min(sharing, math.floor(device.cores / turn_threads(device, sharing) + 1e-9)))
+    return max(1.0, min(sharing, device.cores / turn_threads(device, sharing)))
 
 
 def cpu_weight(device: Device, share: int) -> int:

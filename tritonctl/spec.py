@@ -196,10 +196,13 @@ class Cluster:
         runtime = self.spec.runtime.model_copy(update=changes)
         return Cluster(self.spec.model_copy(update={"runtime": runtime}), self.path)
 
-    def reserving(self, cores: float) -> Cluster:
-        """The same cluster with at least `cores` of every CPU device reserved (validated: something must be left)."""
+    def reserving(self, cores: float = 0.0, part: float = 0.0) -> Cluster:
+        """The same cluster with `cores` and `part` of its cores more reserved on every CPU device (validated:
+        something must be left, else pydantic's ValidationError)."""
         devices = [
-            DeviceGroup.model_validate({**d.model_dump(), "reserved_cores": max(d.reserved_cores, cores)})
+            DeviceGroup.model_validate(
+                {**d.model_dump(), "reserved_cores": d.reserved_cores + cores + part * d.cores}
+            )
             if d.kind == "cpu"
             else d
             for d in self.spec.devices

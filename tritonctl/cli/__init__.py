@@ -139,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict", action="store_true", help="fail if any model cannot be served (default: plan the others, list it)"
     )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
+    p.add_argument(
+        "--minimise",
+        choices=["devices"],
+        help="devices: plan on the fewest of the cluster's devices that serve every model within its SLO, and say "
+        "which (needs --latency-model; fails, saying why, where not even all of them do)",
+    )
     add_margin(p)
     p = add(
         "calibrate",

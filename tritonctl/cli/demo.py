@@ -41,7 +41,8 @@ def cmd_demo(args) -> int:
     spec = _reserve_what_is_busy(load_cluster(cluster))
     if latency_model and load_latency_model(latency_model).device.fingerprint.get("id") != cpu_fingerprint()["id"]:
         here = _calibrated_path(Path(latency_model), spec.resolve(spec.spec.runtime.state_dir))
-        if not here.is_file():  # calibrated once per CPU, kept in the state folder
+        # calibrated once per CPU, kept in the state folder; again where it lacks what requests cost outside the models
+        if not here.is_file() or not any(p.request_cpu_ms for p in load_latency_model(here).models.values()):
             say(f"== 0/4 calibrate {latency_model}: it was profiled on another CPU")
             _calibrate(str(cluster), Path(latency_model), here)
         latency_model = str(here)
@@ -70,15 +71,18 @@ def cmd_demo(args) -> int:
 
 def _reserve_what_is_busy(cluster: Cluster) -> Cluster:
     """The cluster with the cores that other processes keep busy right now reserved (in quarters, at most 3/4 of
-    the machine), saying so: a plan for cores that something else uses misses its SLOs."""
+    the machine, what the cluster reserves already counted), saying so: a plan for cores that something else
+    uses misses its SLOs."""
     busy = busy_cores()
-    cores = cluster.spec.devices[0].cores
     if cluster.kind != "cpu" or busy < BUSY:
         return cluster
-    reserve = min(math.ceil(busy * 4) / 4, 0.75 * cores)
+    cores, declared = cluster.spec.devices[0].cores, cluster.spec.devices[0].reserved_cores
+    reserve = min(math.ceil(busy * 4) / 4, 0.75 * cores) - declared
+    if reserve <= 0:
+        return cluster
     say(
-        f"other processes keep {busy:.2f} of this machine's cores busy: reserving {reserve:g} of the cluster's "
-        f"{cores:g} cores for them (devices[].reserved_cores) and planning with the rest"
+        f"other processes keep {busy:.2f} of this machine's cores busy: reserving {reserve:g} more of the "
+        f"cluster's {cores:g} cores for them (devices[].reserved_cores) and planning with the rest"
     )
     return cluster.reserving(reserve)
 

@@ -15,7 +15,7 @@ from tritonctl.files import load_yaml
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.compare import format_rows, margins, run_policies, upper_bound_rps, write_bench
 from tritonctl.planning.plan import Plan, load_plan, save_plan
-from tritonctl.planning.planner import HEADROOM, check_latency_model, make_plan, predicted_load
+from tritonctl.planning.planner import HEADROOM, check_latency_model, fewest_devices, make_plan, predicted_load
 from tritonctl.planning.policies import POLICIES
 from tritonctl.planning.policies.inss import default_policy_file
 from tritonctl.planning.simulate import format_sim, read_trace, simulate
@@ -30,6 +30,7 @@ def _plan(
     strict: bool = False,
     policy_file: str | None = None,
     margin: float = 0.0,
+    minimise: str | None = None,
 ) -> Path:
     cluster = cluster_arg if isinstance(cluster_arg, Cluster) else load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
@@ -43,7 +44,10 @@ def _plan(
     elif margin:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     trained = Path(policy_file) if policy_file else None
-    plan = make_plan(cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained)
+    if minimise:  # "devices", the one objective offered
+        plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained)
+    else:
+        plan = make_plan(cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained)
     save_plan(plan, out)
     say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
@@ -63,17 +67,23 @@ def _plan(
         if load > HEADROOM:
             say(
                 f"WARNING: {device} is predicted {100 * load:.0f}% busy: no headroom for bursts or for the work the "
-                "plan does not count (proxy, clients, the system); reserve cores (devices[].reserved_cores), lower "
+                "plan does not count (clients, the system); reserve cores (devices[].reserved_cores), lower "
                 "the rates or add devices"
             )
     return out
 
 
 def cmd_plan(args) -> int:
+    if args.minimise and not args.latency_model:
+        raise TritonctlError(
+            "--minimise devices needs a latency model: without one nothing says which devices are enough",
+            field="--latency-model",
+        )
     policy = args.policy or ("search" if args.latency_model else "spread")
     out = _plan(
-        args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin
-    )
+        args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin,
+        args.minimise,
+    )  # fmt: skip
     if output.JSON:
         emit({"path": str(out), "plan": load_plan(out).plan.model_dump(mode="json")})
     return 0

@@ -101,6 +101,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS if fields else 0.0
 
 
+def group_cpu_seconds(group: int) -> float:
+    """CPU seconds used so far by every process of a process group (HAProxy's master leads its own)."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return sum(cpu_seconds(pid) for pid in pids if (f := proc_stat_fields(pid)) and int(f[2]) == group)
+
+
 def _proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, start time in clock ticks) of a process, None when it does not exist."""
     fields = proc_stat_fields(pid)
@@ -159,7 +165,7 @@ class LocalRuntime:
     def __init__(self, binary: TritonBinary | None, state_dir: Path):
         """`binary` may be None for a runtime that only probes and stops instances."""
         self.binary = binary
-        self.state_dir = state_dir
+        self.state_dir = state_dir.absolute()  # HAProxy reads a relative socket path as host:port
 
     @cached_property
     def control_key(self) -> str:
@@ -350,9 +356,10 @@ class LocalRuntime:
         text = render_config(routes, host, str(self.state_dir / PROXY_SOCKET), f"{LOOPBACK}:{metrics_port}")
         tmp = config.with_suffix(".tmp")
         tmp.write_text(text)
-        checked = subprocess.run([haproxy_binary(), "-c", "-q", "-f", str(tmp)], capture_output=True, text=True)
+        checked = subprocess.run([haproxy_binary(), "-c", "-f", str(tmp)], capture_output=True, text=True)
         if checked.returncode != 0:
-            raise TritonctlError(f"HAProxy refused the rendered configuration: {checked.stderr.strip()}", file=tmp)
+            alerts = [line for line in checked.stderr.splitlines() if "[ALERT]" in line]
+            raise TritonctlError(f"HAProxy refused the rendered configuration: {' '.join(alerts[:2])}", file=tmp)
         tmp.replace(config)
         return config
 
@@ -427,6 +434,11 @@ class LocalRuntime:
 
     def proxy_ok(self) -> bool:
         return self._proxy_record() is not None and self._api.answers()
+
+    def proxy_cpu_seconds(self) -> float:
+        """CPU seconds HAProxy (master and worker) has used so far; 0 when it is not running."""
+        rec = self._proxy_record()
+        return 0.0 if rec is None else group_cpu_seconds(rec["pid"])
 
     def proxy_info(self) -> str:
         rec = self._proxy_record()

@@ -8,6 +8,8 @@
     <dir>/models.csv        per model: operators, input/output/weight/activation bytes
     <dir>/memory.csv        per instance warm-up: resident memory after each batch size
     <dir>/wake.csv          per model: median latency of single requests sent after an idle gap
+    <dir>/requests.csv      per model: CPU a batch-1 request costs outside the model (Triton's front
+                            end, HAProxy)
 
 Rows are appended as they are measured, so an interrupted profile resumes where it stopped.
 The CSVs read with the csv module or pandas.
@@ -84,6 +86,18 @@ class WakePoint:
 
 
 @dataclass(frozen=True)
+class RequestCost:
+    """CPU milliseconds one batch-1 request of `model` costs outside the model's own process, over `requests`
+    sent one after another through HAProxy: Triton's front end (its server process; the model runs in the
+    backend stub) and HAProxy. The plan reserves cores for them in proportion to the request rate."""
+
+    model: str
+    requests: int
+    server_cpu_ms: float
+    proxy_cpu_ms: float
+
+
+@dataclass(frozen=True)
 class ModelFeatures:
     model: str
     onnx_sha256: str
@@ -131,6 +145,7 @@ class Dataset:
         rows: list[Measurement],
         memory: list[MemoryPoint],
         wake: list[WakePoint] = (),
+        requests: list[RequestCost] = (),
     ):
         self.folder = folder
         self.metadata = metadata
@@ -138,6 +153,7 @@ class Dataset:
         self.rows = rows
         self.memory = memory
         self.wake = list(wake)
+        self.requests = list(requests)
 
     @property
     def done(self) -> set[tuple[str, str]]:
@@ -153,7 +169,12 @@ class Dataset:
             writer = csv.DictWriter(fh, [f.name for f in fields(ModelFeatures)])
             writer.writeheader()
             writer.writerows(asdict(m) for m in models)
-        for name, cls in (("measurements.csv", Measurement), ("memory.csv", MemoryPoint), ("wake.csv", WakePoint)):
+        for name, cls in (
+            ("measurements.csv", Measurement),
+            ("memory.csv", MemoryPoint),
+            ("wake.csv", WakePoint),
+            ("requests.csv", RequestCost),
+        ):
             with (folder / name).open("w", newline="") as fh:
                 csv.DictWriter(fh, [f.name for f in fields(cls)]).writeheader()
         return dataset
@@ -163,14 +184,21 @@ class Dataset:
         tmp.write_text(json.dumps(self.metadata, indent=2, sort_keys=True) + "\n")
         tmp.replace(self.folder / "metadata.json")
 
-    def append(self, rows: list[Measurement], memory: list[MemoryPoint] = (), wake: list[WakePoint] = ()) -> None:
+    def append(
+        self,
+        rows: list[Measurement],
+        memory: list[MemoryPoint] = (),
+        wake: list[WakePoint] = (),
+        requests: list[RequestCost] = (),
+    ) -> None:
         for name, cls, items, target in (
             ("measurements.csv", Measurement, rows, self.rows),
             ("memory.csv", MemoryPoint, memory, self.memory),
             ("wake.csv", WakePoint, wake, self.wake),
+            ("requests.csv", RequestCost, requests, self.requests),
         ):
             path = self.folder / name
-            new = not path.exists()  # wake.csv: profiles from before it was measured lack it
+            new = not path.exists()  # wake.csv, requests.csv: profiles from before they were measured lack them
             with path.open("a", newline="") as fh:
                 writer = csv.DictWriter(fh, [f.name for f in fields(cls)])
                 if new:
@@ -211,4 +239,5 @@ def load_dataset(folder: str | Path) -> Dataset:
             f"measurements of models without features: {', '.join(unknown)}", file=folder / "measurements.csv"
         )
     wake = _read_csv(folder / "wake.csv", WakePoint) if (folder / "wake.csv").exists() else []
-    return Dataset(folder, metadata, models, rows, _read_csv(folder / "memory.csv", MemoryPoint), wake)
+    requests = _read_csv(folder / "requests.csv", RequestCost) if (folder / "requests.csv").exists() else []
+    return Dataset(folder, metadata, models, rows, _read_csv(folder / "memory.csv", MemoryPoint), wake, requests)

@@ -5,6 +5,7 @@ Held-out rows are never used here; `report.py` judges the fit on them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -67,6 +68,14 @@ def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> L
         )
         for name, feat in features.items()
     }
+    for name in params:
+        costs = [c for c in dataset.requests if c.model == name]
+        if not costs:
+            log(f"  {name}: no requests.csv row: the CPU its requests cost outside it is not counted (profile again)")
+            continue
+        server, proxy = (float(np.median([getattr(c, k) for c in costs])) for k in ("server_cpu_ms", "proxy_cpu_ms"))
+        params[name] = dataclasses.replace(params[name], request_cpu_ms=round(server + proxy, 4))
+        log(f"  {name}: {server + proxy:.2f} ms of CPU a request outside it (Triton {server:.2f}, HAProxy {proxy:.2f})")
     device = DeviceParams(
         kind=kind,
         fingerprint=dataset.metadata["device"],

@@ -73,6 +73,9 @@ class ModelParams:
     # (idle gap ms, extra ms): what a request takes beyond one sent back to back when the instance has been
     # idle that long (profile's wake.csv; none where it was not measured). The simulator adds it; plans do not.
     wake: tuple[tuple[float, float], ...] = ()
+    # CPU ms a batch-1 request costs outside the model's own process: Triton's front end and HAProxy (profile's
+    # requests.csv; 0 where not measured). The planner reserves rate x this of a CPU device's cores.
+    request_cpu_ms: float = 0.0
 
 
 @dataclass
@@ -293,11 +296,16 @@ def load_latency_model(path: str | Path) -> LatencyModel:
 
 
 def scaled(
-    lm: LatencyModel, factors: dict[str, tuple[float, float, float]], fingerprint: dict, meta: dict
+    lm: LatencyModel,
+    factors: dict[str, tuple[float, float, float]],
+    fingerprint: dict,
+    meta: dict,
+    request_cpu_ms: dict[str, float],
 ) -> LatencyModel:
     """`lm` carried to another device of the same kind: each model's running time at batch b with c of the
     device's C cores times k * b^gamma * (c / C)^delta, (k, gamma, delta) its factors measured there
-    (`tritonctl calibrate`); upload, interference and spread terms kept, the new device's fingerprint."""
+    (`tritonctl calibrate`), and the CPU a request costs outside it as measured there; upload, interference
+    and spread terms kept, the new device's fingerprint."""
     full = lm.eff(lm.device.units)
 
     def times(name: str, p: ModelParams) -> ModelParams:
@@ -306,7 +314,7 @@ def scaled(
             y * k * 2 ** (gamma * x[0]) * (math.exp(x[1]) / full) ** delta
             for x, y in zip(p.lwr_X, p.lwr_y, strict=True)
         ]
-        return dataclasses.replace(p, lwr_y=lwr_y)
+        return dataclasses.replace(p, lwr_y=lwr_y, request_cpu_ms=round(request_cpu_ms[name], 4))
 
     models = {name: times(name, p) for name, p in lm.models.items() if name in factors}
     device = dataclasses.replace(lm.device, fingerprint=fingerprint)

@@ -184,6 +184,7 @@ def _plot_errors(results: list[Evaluated], path: Path) -> None:
     models = sorted({e.row.model for e in results})
     axes[0].boxplot([[100 * e.error("inss") for e in results if e.row.model == m] for m in models], tick_labels=models)
     axes[0].set(ylabel="abs. error (%)", title="by model (InSS-style)")
+    axes[0].tick_params(axis="x", labelrotation=25)  # torchvision names are long
     sizes = sorted({e.row.n_colocated for e in results})
     axes[1].boxplot(
         [[100 * e.error("inss") for e in results if e.row.n_colocated == n] for n in sizes],

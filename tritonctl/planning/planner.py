@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 from collections.abc import Callable
 from functools import partial
@@ -28,7 +30,7 @@ from tritonctl.planning.policies import POLICIES, Choice, Demand, PlacementError
 from tritonctl.planning.policies.inss import default_policy_file, load_trained
 from tritonctl.planning.policies.timesharing import turn_service_ms
 from tritonctl.shares import turn_share
-from tritonctl.spec import Cluster, ModelSpec
+from tritonctl.spec import Cluster, DeviceGroup, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
 RUNTIME_OVERHEAD_MB = 64
@@ -56,11 +58,17 @@ def replan_artifacts(loaded: LoadedPlan, cluster: Cluster) -> dict[str, Artifact
 
 
 def devices_of(cluster: Cluster) -> list[Device]:
-    devices: list[Device] = []
+    return [device for _, members in device_groups(cluster) for device in members]
+
+
+def device_groups(cluster: Cluster) -> list[tuple[DeviceGroup, list[Device]]]:
+    """Each device group of the cluster with its devices, numbered across the cluster as the host numbers them."""
+    groups: list[tuple[DeviceGroup, list[Device]]] = []
+    index = 0
     for group in cluster.spec.devices:
+        members = []
         for _ in range(group.count):
-            index = len(devices)
-            devices.append(
+            members.append(
                 Device(
                     id=f"{group.kind}{index}",
                     kind=group.kind,
@@ -71,7 +79,19 @@ def devices_of(cluster: Cluster) -> list[Device]:
                     cores=group.cores * group.usable_units / group.units if group.cores else None,
                 )
             )
-    return devices
+            index += 1
+        groups.append((group, members))
+    return groups
+
+
+def device_sets(cluster: Cluster) -> list[frozenset[str]]:
+    """The sets of the cluster's devices a plan on fewer of them may use, fewest devices first: so many of each
+    group's (identical) devices, the first ones of it."""
+    groups = [[d.id for d in members] for _, members in device_groups(cluster)]
+    counts = sorted(  # fewest first; among as few, more of the groups listed first
+        itertools.product(*(range(len(ids) + 1) for ids in groups)), key=lambda c: (sum(c), [-n for n in c])
+    )
+    return [frozenset(i for ids, n in zip(groups, c, strict=True) for i in ids[:n]) for c in counts if sum(c)]
 
 
 def demands_of(cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel | None) -> list[Demand]:
@@ -216,6 +236,41 @@ def predict(
     return out
 
 
+def request_cores(cluster: Cluster, lm: LatencyModel) -> float:
+    """Cores the cluster's requests keep busy outside their models at its rates: Triton's front ends and
+    HAProxy, at the CPU per request the profile measured (`ModelParams.request_cpu_ms`)."""
+    return sum(m.rate * lm.models[m.name].request_cpu_ms for m in cluster.spec.models if m.name in lm.models) / 1000
+
+
+def _reserve_for_requests(
+    cluster: Cluster, lm: LatencyModel, log: Callable[[str], None], only: frozenset[str] | None
+) -> Cluster:
+    """The cluster with the cores its requests take outside their models reserved, spread over the CPU devices
+    it plans on (`only`, else all) in proportion to their cores (the planner does not yet know where each model
+    goes)."""
+    cores = request_cores(cluster, lm)
+    if not cores:
+        return cluster
+    total = sum(
+        group.cores
+        for group, members in device_groups(cluster)
+        for d in members
+        if d.kind == "cpu" and (only is None or d.id in only)
+    )
+    try:
+        reserved = cluster.reserving(part=cores / total)
+    except ValueError:
+        raise TritonctlError(
+            f"at these rates the requests cost {cores:.2f} of {total:g} cores outside the models (Triton's front "
+            "ends and HAProxy, measured per request by the profile), which with devices[].reserved_cores leaves "
+            "nothing to plan with: lower the rates or give the cluster more cores",
+            file=cluster.path,
+            field="models",
+        ) from None
+    log(f"reserving {cores:.2f} cores for what the requests cost outside the models (Triton's front ends, HAProxy)")
+    return reserved
+
+
 def unservable(demand: Demand, devices: list[Device], lm: LatencyModel | None) -> str | None:
     """Why a model cannot be served on these devices whatever the policy, or None.
 
@@ -282,8 +337,10 @@ def make_plan(
     log: Callable[[str], None] = print,
     strict: bool = False,
     policy_file: Path | None = None,
+    only: frozenset[str] | None = None,
 ) -> Plan:
-    """Run `policy` on the cluster and return the plan to be saved at `plan_path`.
+    """Run `policy` on the cluster (on the devices `only` names, else all) and return the plan to be saved at
+    `plan_path`.
 
     Models that cannot be served are left out of the plan and listed in its `unserved`
     with the reason; placements predicted to miss their SLO (partial service) say so in
@@ -299,7 +356,9 @@ def make_plan(
             file=cluster.path,
             field="runtime.base_port",
         )
-    devices = devices_of(cluster)
+    if lm is not None and cluster.kind == "cpu":
+        cluster = _reserve_for_requests(cluster, lm, log, only)
+    devices = [d for d in devices_of(cluster) if only is None or d.id in only]
     demands = demands_of(cluster, artifacts, lm)
     fn = POLICIES[policy].fn
     if POLICIES[policy].trained:
@@ -397,6 +456,34 @@ def make_plan(
             cpu_share=runtime.cpu_share,
         ),
     )
+
+
+def fewest_devices(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    policy: str,
+    plan_path: Path,
+    lm: LatencyModel,
+    log: Callable[[str], None] = print,
+    policy_file: Path | None = None,
+) -> Plan:
+    """The plan of `policy` on the fewest of the cluster's devices that serves every model within its SLO at its
+    rate, as predicted (how many GPUs do these models need?): device sets tried from the smallest
+    (`device_sets`). Where not even all of them do, the error says why for all of them."""
+    *smaller, every = device_sets(cluster)
+    plan = None
+    for only in smaller:
+        with contextlib.suppress(TritonctlError):
+            plan = make_plan(
+                cluster, artifacts, policy, plan_path, lm, log=lambda _: None, strict=True, policy_file=policy_file,
+                only=only,
+            )  # fmt: skip
+            break
+    if plan is None:
+        plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=log, strict=True, policy_file=policy_file)
+    used = [d.id for d in plan.devices]
+    log(f"fewest devices: {len(used)} of {len(every)} ({', '.join(used)}) serve every model within its SLO")
+    return plan
 
 
 HEADROOM = 0.85  # a device predicted busier than this has no room for bursts or for what the plan does not count

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.shares import turn_share, turn_slots
+
+STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances taking turns are and how long they take
 
 
 def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
@@ -61,14 +65,28 @@ def turn_service_ms(members: list[tuple[str, int, float]], device: Device, lm: L
     A GPU runs the turns one after another: a batch waits for the others' (the duty cycle), so
     the cycle is what each batch costs. A CPU runs them at once, `turn_slots` at full speed:
     a batch takes its time alone (`turn_share`), stretched while more instances are busy than
-    there are slots, by the expected number busy beside it (each other instance busy for the
-    part of the time its own rate and batches keep it so) over the slots."""
+    there are slots (`_stretch`), each other instance busy for the part of the time its own
+    rate and stretched batches keep it so (a fixed point, a few rounds from the times alone)."""
     share, slots = turn_share(device, len(members)), turn_slots(device, len(members))
     alone = [lm.t_inf(model, batch, share) for model, batch, _ in members]
     if device.kind != "cpu":
         return [sum(alone)] * len(members)
-    busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate), t in zip(members, alone, strict=True)]
-    return [t * max(1.0, (1 + sum(busy) - b) / slots) for t, b in zip(alone, busy, strict=True)]
+    held = alone
+    for _ in range(STRETCH_ROUNDS):
+        busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate), t in zip(members, held, strict=True)]
+        held = [t * _stretch(busy[:i] + busy[i + 1 :], slots) for i, t in enumerate(alone)]
+    return held
+
+
+def _stretch(others: list[float], slots: float) -> float:
+    """How many times as long as alone a batch takes while each other instance is busy with its probability:
+    n busy at once (the batch's own included) each run at min(1, slots / n) of full speed, averaged over the
+    number of others busy (Poisson binomial). The mean of the slowdown, not the slowdown of the mean number
+    busy: with 1.8 slots, one other busy in two turns costs a batch 5%, not nothing."""
+    count = np.array([1.0])
+    for p in others:
+        count = np.convolve(count, [1 - p, p])
+    return float(count @ np.maximum(1.0, np.arange(1, len(count) + 1) / slots))
 
 
 def _slack(group: list[Demand], planned: tuple[float, dict[str, int]], device: Device, lm: LatencyModel) -> float:
