@@ -146,7 +146,7 @@ def calibrate(
             f"{' / '.join(f'{m:.1f}' for m in measured)} (source model {points[-1].before_ms:6.1f} ms)")  # fmt: skip
     factors = factors_of(lm, points)
     meta = {"calibrated": {"from": str(source), "from_device": lm.device.fingerprint.get("model"), "factors": factors}}
-    request_cpu_ms = {name: cost.server_cpu_ms + cost.proxy_cpu_ms for name, cost in costs.items()}
+    request_cpu_ms = {name: cost.cpu_ms for name, cost in costs.items()}
     log("  " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in request_cpu_ms.items()))
     calibrated = scaled(lm, factors, cpu_fingerprint(), meta, request_cpu_ms)
     points = [Point(**{**asdict(p), "after_ms": calibrated.t_inf(p.model, p.batch, p.share)}) for p in points]

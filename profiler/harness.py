@@ -157,8 +157,6 @@ class Harness:
                 server, proxy = cpu_seconds(record.pid) - server, self.runtime.proxy_cpu_seconds() - proxy
         except Exception as exc:  # tritonclient raises InferenceServerException, grpc errors, ...
             raise TritonctlError(f"measuring what a request of {model} costs failed: {exc}") from None
-        finally:
-            self.runtime.route(self.host, port, [])
         return RequestCost(model, requests, round(1000 * server / requests, 4), round(1000 * proxy / requests, 4))
 
     def _request(self, model: str, batch: int) -> grpcclient.InferInput:
@@ -175,7 +173,7 @@ class Harness:
         for record in self.pool.values():
             self.runtime.stop(record)
         self.pool.clear()
-        self.runtime.shutdown()  # HAProxy, where `request_cost` started it
+        self.runtime.shutdown()  # HAProxy and the routes `request_cost` gave it
 
     def measure(self, members: tuple[Member, ...]) -> list[Stats]:
         """Run every member's closed loop at once; solo when there is one member."""

@@ -88,13 +88,17 @@ class WakePoint:
 @dataclass(frozen=True)
 class RequestCost:
     """CPU milliseconds one batch-1 request of `model` costs outside the model's own process, over `requests`
-    sent one after another through HAProxy: Triton's front end (its server process; the model runs in the
+    sent through HAProxy after idle gaps: Triton's front end (its server process; the model runs in the
     backend stub) and HAProxy. The plan reserves cores for them in proportion to the request rate."""
 
     model: str
     requests: int
     server_cpu_ms: float
     proxy_cpu_ms: float
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.server_cpu_ms + self.proxy_cpu_ms
 
 
 @dataclass(frozen=True)
