@@ -8,9 +8,8 @@ from synthetic import synthetic_dataset
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.planning.plan import Device
-from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import MAX_BATCH, bda, bda_policy, broken_constraint, queue_delay_us
-from tritonctl.planning.policies.optimal import optimal
 
 
 @pytest.fixture(scope="module")
@@ -72,33 +71,6 @@ def test_queue_delay_fills_the_batch_within_the_slack():
     assert queue_delay_us(1, 100, 50, 10) == 0
     assert queue_delay_us(4, 100, 500, 10) == 30_000  # three more arrivals at 100/s
     assert queue_delay_us(4, 100, 25, 10) == 15_000  # but no more than the SLO leaves
-
-
-def test_optimal_is_at_least_as_good_as_every_candidate_it_knows(lm):
-    demands = [Demand("alpha", 150, 200, 100), Demand("beta", 400, 60, 100)]
-    devices = cpu()
-    best = optimal(demands, devices, lm)
-
-    def throughput(choices) -> float:
-        placement = {n: c[0] for n, c in choices.items()}
-        return sum(
-            1000
-            * c.batch
-            / lm.t_inf(
-                n,
-                c.batch,
-                c.share,
-                tuple((m, o.share, o.batch) for m, o in placement.items() if m != n and o.device == c.device),
-            )
-            for n, c in placement.items()
-        )
-
-    assert throughput(best) >= throughput(bda_policy(demands, devices, lm)) * 0.98  # the grid misses 1-unit splits
-    assert sum(c[0].share for c in best.values()) <= 100
-    with pytest.raises(PolicyLimit, match="too large for the optimal policy"):
-        optimal([Demand(f"m{i}", 100, 1, 10) for i in range(8)], cpu() * 4, lm)
-    with pytest.raises(PlacementError, match="needs a fitted latency model"):
-        optimal(demands, devices, None)
 
 
 def test_a_latency_margin_leaves_headroom_for_slower_batches(lm):

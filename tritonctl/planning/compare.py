@@ -5,13 +5,15 @@ plan is simulated at the cluster's rates. Reported per policy: planning time, mo
 unserved, placements the latency model predicts to miss their SLO, planned capacity (sum of
 b / t_inf, the objective of InSS problem (1)) and its share of a simple upper bound (every
 device's units spent on the model with the best throughput per unit, interference ignored),
-and from the simulator throughput, goodput, SLO violations, drops and devices used. The
+the goodput the plan predicts and its share of the `optimal` policy's (the proven optimum of
+that goodput over search's layouts, where optimal is among the policies), and from the simulator throughput, goodput, SLO violations, drops and devices used. The
 margins of the best of tritonctl's own policies over each baseline are by simulated goodput
 (requests served within their SLO per second).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,8 @@ class BenchRow:
     devices: int
     unserved: int = 0
     predicted_misses: int = 0
+    predicted_goodput_rps: float = 0.0  # what the plan itself predicts within the SLOs
+    of_optimum: float | None = None  # predicted goodput over the optimal policy's (None: optimal not run)
     error: str = ""
 
 
@@ -105,9 +109,11 @@ def run_policies(
                 devices=sim.devices_used,
                 unserved=len(plan.unserved),
                 predicted_misses=sum(not p.predicted.meets_slo for _, p in plan.instances()),
+                predicted_goodput_rps=sum(p.predicted.in_slo_rps for _, p in plan.instances()),
             )
         )
-    return rows
+    optimum = next((r.predicted_goodput_rps for r in rows if r.policy == "optimal" and not r.error), 0.0)
+    return [dataclasses.replace(r, of_optimum=r.predicted_goodput_rps / optimum) if optimum > 0 else r for r in rows]
 
 
 def arrived_requests(sim: SimResult, plan: Plan, cluster: Cluster) -> int:
@@ -120,17 +126,19 @@ def arrived_requests(sim: SimResult, plan: Plan, cluster: Cluster) -> int:
 
 def format_rows(rows: list[BenchRow]) -> str:
     head = (
-        "| policy | plan ms | unserved | predicted misses | capacity req/s | of bound | throughput | goodput | "
-        "SLO violations | drops | devices |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| policy | plan ms | unserved | predicted misses | capacity req/s | of bound | predicted goodput | of optimum | "
+        "throughput | goodput | SLO violations | drops | devices |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         if r.error:
-            lines.append(f"| {r.policy} | failed: {r.error} | | | | | | | | | |")
+            lines.append(f"| {r.policy} | failed: {r.error} | | | | | | | | | | | |")
             continue
+        of_optimum = "-" if r.of_optimum is None else f"{100 * r.of_optimum:.1f}%"
         lines.append(
             f"| {r.policy} | {r.plan_ms:.1f} | {r.unserved} | {r.predicted_misses} | {r.capacity_rps:.1f} | "
-            f"{100 * r.of_bound:.0f}% | {r.throughput_rps:.1f} | {r.goodput_rps:.1f} | "
+            f"{100 * r.of_bound:.0f}% | {r.predicted_goodput_rps:.1f} | {of_optimum} | {r.throughput_rps:.1f} | "
+            f"{r.goodput_rps:.1f} | "
             f"{100 * r.violations:.2f}% | {100 * r.drops:.2f}% | {r.devices} |"
         )
     return "\n".join(lines)

@@ -242,7 +242,7 @@ def request_cores(cluster: Cluster, lm: LatencyModel) -> float:
     return sum(m.rate * lm.models[m.name].request_cpu_ms for m in cluster.spec.models if m.name in lm.models) / 1000
 
 
-def _reserve_for_requests(
+def reserve_for_requests(
     cluster: Cluster, lm: LatencyModel, log: Callable[[str], None], only: frozenset[str] | None
 ) -> Cluster:
     """The cluster with the cores its requests take outside their models reserved, spread over the CPU devices
@@ -357,13 +357,15 @@ def make_plan(
             field="runtime.base_port",
         )
     if lm is not None and cluster.kind == "cpu":
-        cluster = _reserve_for_requests(cluster, lm, log, only)
+        cluster = reserve_for_requests(cluster, lm, log, only)
     devices = [d for d in devices_of(cluster) if only is None or d.id in only]
     demands = demands_of(cluster, artifacts, lm)
     fn = POLICIES[policy].fn
     if POLICIES[policy].trained:
         path = policy_file or default_policy_file(cluster.spec.name)
         fn = partial(fn, trained=load_trained(path, cluster.spec.name, [d.name for d in demands], devices))
+    if POLICIES[policy].logs:
+        fn = partial(fn, log=log)
     unserved = {d.name: why for d in demands if (why := unservable(d, devices, lm))}
     try:
         choices, shed = place(policy, fn, [d for d in demands if d.name not in unserved], devices, lm)

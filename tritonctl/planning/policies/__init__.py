@@ -36,7 +36,11 @@ POLICIES: dict[str, PolicyInfo] = {
     "time-sharing": PolicyInfo(
         time_sharing, "whole devices taken in turns, batching only (no spatial sharing)", sharing="temporal"
     ),
-    "optimal": PolicyInfo(optimal, "exact optimum of problem (1) on a 5-unit share grid, BDA batches; small clusters"),
+    "optimal": PolicyInfo(
+        optimal,
+        "the goodput optimum over search's layouts (split on a 5-unit grid, or in turns), by an integer program",
+        logs=True,
+    ),
 }
 
 __all__ = ["POLICIES", "Choice", "Demand", "PlacementError", "Policy", "PolicyInfo", "PolicyLimit"]

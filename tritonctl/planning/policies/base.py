@@ -54,3 +54,4 @@ class PolicyInfo:
     help: str
     sharing: str = "spatial"  # "temporal": every instance gets its whole device, instances take turns
     trained: bool = False  # needs a trained policy file: the planner loads it and passes it as `trained=`
+    logs: bool = False  # says how it went (a solver's bound and gap): the planner passes its `log=`

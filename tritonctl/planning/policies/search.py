@@ -46,8 +46,7 @@ from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
 from tritonctl.planning.policies.spread import spread
-from tritonctl.planning.policies.timesharing import schedule, time_sharing, turn_service_ms
-from tritonctl.shares import turn_share
+from tritonctl.planning.policies.timesharing import time_sharing, turn_choices, turn_outcome
 
 STEP = 5  # share grid, in units
 MOVES = (STEP, 2 * STEP, 5 * STEP)  # share moved between two models at a time: large steps jump over plateaus
@@ -302,29 +301,22 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
             fits = reason != "memory"
             served[name], in_turn[name] = goodputs(d.rate, batches[name], t, d.slo_ms) if fits else (0.0, 0.0)
         capacity = throughput(choices, batches, lm)
-        cycles = {}
+        taking_turns = {}
         for device in devices:
-            members = [(by_name[n], s.copies) for n, s in placement.items() if s.device == device.id and s.share == TURNS]
-            if not members:
-                continue
-            # every instance at the part of its model's rate that the balancer sends it
-            group = [Demand(d.name, d.slo_ms, d.rate / copies, d.memory_mb) for d, copies in members for _ in range(copies)]
-            plan = schedule(group, device, lm)
-            ok = plan is not None and _memory_fits([d.name for d in group], by_name, device, plan[1], lm)
-            cycle, group_batches = plan if plan is not None else (0.0, {d.name: 1 for d in group})
-            cycles[device.id] = cycle
-            batches.update(group_batches)
-            # a batch server taking its turn's time per batch (turn_service_ms), with its queueing (eq. 2)
-            service = turn_service_ms([(d.name, group_batches[d.name], d.rate) for d in group], device, lm)
-            held = dict(zip((d.name for d in group), service, strict=True))  # a model's copies hold alike
-            for d, copies in members:
-                each = goodputs(d.rate / copies, group_batches[d.name], held[d.name], d.slo_ms) if ok else (0, 0)
-                served[d.name], in_turn[d.name] = copies * each[0], copies * each[1]
-            capacity += sum(1000 * group_batches[d.name] / t for d, t in zip(group, service, strict=True)) if ok else 0
+            members = [
+                (by_name[n], s.copies) for n, s in placement.items() if s.device == device.id and s.share == TURNS
+            ]
+            if members:
+                turns = turn_outcome(members, device, lm)
+                taking_turns[device.id] = (members, turns)
+                batches.update(turns.batches)
+                served.update(turns.served)
+                in_turn.update(turns.in_turn)
+                capacity += turns.capacity
         # an instance more costs memory and CPU the latency model does not see: only goodput pays for one
         instances = sum(spot.copies for spot in placement.values())
         score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), instances, -capacity)
-        judged[key] = (score, (batches, served, cycles))
+        judged[key] = (score, (batches, served, taking_turns))
         return judged[key]
 
     starts = sorted((judge(p)[0], k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
@@ -344,7 +336,7 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
             current, score, outcome = improved
         if best is None or score < best[1]:
             best = (current, score, outcome)
-    placement, _, (batches, served, cycles) = best
+    placement, _, (batches, served, taking_turns) = best
     unserved = sorted(n for n, g in served.items() if g <= 0)
     if unserved:
         raise PlacementError(
@@ -353,12 +345,6 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
     split = [d for d in demands if placement[d.name].share != TURNS]
     choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
     out = with_batches(choices, batches, split, lm)
-    for d in demands:
-        device, share, copies = placement[d.name]
-        if share == TURNS:
-            mates = sum(s.copies for s in placement.values() if s.device == device and s.share == TURNS)
-            exec_ms = lm.t_inf(d.name, batches[d.name], turn_share(by_id[device], mates))
-            # as time-sharing does: the batcher waits at most what one cycle leaves of the SLO
-            delay = int(1000 * max(0.0, d.slo_ms - cycles[device] - exec_ms)) if batches[d.name] > 1 else 0
-            out[d.name] = [Choice(device, by_id[device].units, batches[d.name], delay, turns=True)] * copies
+    for device_id, (members, turns) in taking_turns.items():
+        out.update(turn_choices(members, by_id[device_id], turns, lm))
     return out

@@ -12,12 +12,15 @@ into replicas of equal rate on separate devices.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
+from tritonctl.latency.queueing import goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
+from tritonctl.planning.policies.bda import memory_at
 from tritonctl.shares import turn_share, turn_slots
 
 STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances taking turns are and how long they take
@@ -76,6 +79,54 @@ def turn_service_ms(members: list[tuple[str, int, float]], device: Device, lm: L
         busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate), t in zip(members, held, strict=True)]
         held = [t * _stretch(busy[:i] + busy[i + 1 :], slots) for i, t in enumerate(alone)]
     return held
+
+
+@dataclass(frozen=True)
+class Turns:
+    """What a set of models taking turns with one device serves: per model its goodput (every copy together)
+    and the same with every request served in its turn, the batches, the duty cycle and sum b / t."""
+
+    served: dict[str, float]
+    in_turn: dict[str, float]
+    batches: dict[str, int]
+    cycle: float
+    capacity: float
+
+
+def turn_outcome(members: list[tuple[Demand, int]], device: Device, lm: LatencyModel) -> Turns:
+    """Members (model, copies) taking turns with `device`, each copy at its part of the model's rate: a batch
+    server holding its instance for `turn_service_ms` per batch, with its queueing (eq. 2). Nothing is served
+    where the schedule finds no batches or the batches do not fit the device's memory."""
+    group = [Demand(d.name, d.slo_ms, d.rate / copies, d.memory_mb) for d, copies in members for _ in range(copies)]
+    plan = schedule(group, device, lm)
+    batches = plan[1] if plan is not None else {d.name: 1 for d in group}
+    fits = plan is not None and sum(memory_at(d, batches[d.name], lm) for d in group) <= device.memory_mb
+    if not fits:
+        zero = {d.name: 0.0 for d, _ in members}
+        return Turns(zero, dict(zero), batches, 0.0, 0.0)
+    service = turn_service_ms([(d.name, batches[d.name], d.rate) for d in group], device, lm)
+    held = dict(zip((d.name for d in group), service, strict=True))  # a model's copies hold alike
+    served, in_turn = {}, {}
+    for d, copies in members:
+        each = goodputs(d.rate / copies, batches[d.name], held[d.name], d.slo_ms)
+        served[d.name], in_turn[d.name] = copies * each[0], copies * each[1]
+    capacity = sum(1000 * batches[d.name] / t for d, t in zip(group, service, strict=True))
+    return Turns(served, in_turn, batches, plan[0], capacity)
+
+
+def turn_choices(
+    members: list[tuple[Demand, int]], device: Device, outcome: Turns, lm: LatencyModel
+) -> dict[str, list[Choice]]:
+    """The placements of members taking turns with `device`: each copy with all of it, batched as planned, its
+    batcher waiting at most what one cycle leaves of the SLO (as time-sharing's)."""
+    share = turn_share(device, sum(copies for _, copies in members))
+    out = {}
+    for d, copies in members:
+        batch = outcome.batches[d.name]
+        exec_ms = lm.t_inf(d.name, batch, share)
+        delay = int(1000 * max(0.0, d.slo_ms - outcome.cycle - exec_ms)) if batch > 1 else 0
+        out[d.name] = [Choice(device.id, device.units, batch, delay, turns=True)] * copies
+    return out
 
 
 def _stretch(others: list[float], slots: float) -> float:

@@ -1,0 +1,77 @@
+"""The `optimal` policy on every shipped example: its goodput, the bound it proved, the gap and the time, beside
+what `search` predicts for its own plan.
+
+    python bench/optimal_proof.py [--out bench/results/optimal.md] [--time-limit 300]
+
+Each example with the latency model it is benchmarked with (the CPU demo with its committed
+profile, the InSS setups with the H100 profile and the SCALED CPU profile, whose setups are
+SYNTHETIC). Goodput here is what the latency model predicts (requests/s within the SLOs): the
+solver's objective, and for both plans the sum of what `plan` predicts for each placement (the
+planner's predictions, the same for both; they differ from the solver's objective in how a
+model served whole is counted: its rate there, its share within the SLO here). Run it on a quiet
+machine; it says which CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+from tritonctl.export import materialize
+from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.latency.model import load_latency_model
+from tritonctl.planning.planner import demands_of, devices_of, make_plan, reserve_for_requests
+from tritonctl.spec import load_cluster
+
+solver = importlib.import_module("tritonctl.planning.policies.optimal")  # the package exports the function
+ROOT = Path(__file__).resolve().parent.parent
+SETUPS = [
+    ("examples/cpu-demo/cluster.yaml", "profiles/cpu-demo/latency-model.json"),
+    ("examples/torchvision-four/cluster.yaml", "profiles/torchvision-four/latency-model.json"),
+    *((f"examples/inss-gpu/{s}.yaml", "profiles/inss-gpu/latency-model.json") for s in ("six-4", "eight-4", "eight-5")),
+    ("examples/inss-gpu/cluster.yaml", "profiles/inss-gpu/latency-model.json"),
+    *(
+        (f"examples/inss-scaled/{s}.yaml", "profiles/inss-scaled/latency-model.json")
+        for s in ("six-4", "eight-4", "eight-5")
+    ),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/optimal.md")
+    parser.add_argument("--time-limit", type=float, default=solver.TIME_LIMIT_S)
+    args = parser.parse_args()
+    lines = [
+        f"CPU: {cpu_fingerprint()['model']}",
+        "",
+        "| cluster | latency model | models x devices | optimal goodput | bound | gap | status | solve s "
+        "| predicted goodput: optimal's plan | search's plan | search of optimal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cluster_file, model_file in SETUPS:
+        cluster = load_cluster(ROOT / cluster_file)
+        lm = load_latency_model(ROOT / model_file)
+        artifacts = materialize(cluster, log=lambda _: None)
+        planned = reserve_for_requests(cluster, lm, lambda _: None, None) if cluster.kind == "cpu" else cluster
+        demands, devices = demands_of(planned, artifacts, lm), devices_of(planned)  # the cores make_plan plans with
+        outcome = solver.solve(demands, devices, lm, args.time_limit)
+        predicted = {}
+        for policy in ("optimal", "search"):
+            plan = make_plan(cluster, artifacts, policy, Path("/dev/null"), lm, log=lambda _: None)
+            predicted[policy] = sum(p.predicted.in_slo_rps for _, p in plan.instances())
+        row = (
+            f"| {cluster_file} | {model_file} | {len(demands)} x {len(devices)} | {outcome.goodput:.2f} | "
+            f"{outcome.bound:.2f} | {100 * outcome.gap:.2f}% | {outcome.status} | {outcome.seconds:.1f} | "
+            f"{predicted['optimal']:.2f} | {predicted['search']:.2f} | "
+            f"{100 * predicted['search'] / predicted['optimal']:.1f}% |"
+        )
+        print(row, flush=True)
+        lines.append(row)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The `optimal` policy (an integer program over search's layouts), on a latency model fitted to SYNTHETIC data."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import pytest
+
+from synthetic import synthetic_dataset
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.planning.plan import Device
+from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
+from tritonctl.planning.policies.bda import bda
+from tritonctl.planning.policies.timesharing import turn_outcome
+
+solver = importlib.import_module("tritonctl.planning.policies.optimal")  # the package exports the function
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
+
+
+def cpu(units: int = 100) -> Device:
+    return Device(id="cpu0", kind="cpu", index=0, memory_mb=4096, units=units, cores=2.0)
+
+
+def brute_force(demands: list[Demand], device: Device, lm) -> float:
+    """The best goodput on one device by trying every layout: each subset split on the 5-unit grid (a model BDA
+    serves counts its rate), or taking turns with every number of copies."""
+    best = 0.0
+    floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
+    for size in range(1, len(demands) + 1):
+        for group in itertools.combinations(demands, size):
+            levels = [range(max(5, -(-floor[d.name] // 5) * 5), device.units + 1, 5) for d in group]
+            for shares in itertools.product(*levels):
+                if sum(shares) > device.units:
+                    continue
+                placement = {d.name: Choice(device.id, s) for d, s in zip(group, shares, strict=True)}
+                decision = bda(placement, list(group), [device], lm)
+                served = sum(d.rate for d in group if d.name not in decision.infeasible)
+                if decision.ok:
+                    best = max(best, served)
+            for copies in itertools.product(range(1, 3), repeat=size):
+                outcome = turn_outcome(list(zip(group, copies, strict=True)), device, lm)
+                if all(g > 0 for g in outcome.served.values()):
+                    best = max(best, sum(outcome.served.values()))
+    return best
+
+
+@pytest.mark.parametrize(
+    "demands",
+    [
+        [Demand("alpha", 150, 150, 100), Demand("beta", 400, 50, 100)],  # both fit: split or turns
+        [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)],  # tight: not every layout serves both
+    ],
+)
+def test_the_optimum_is_what_trying_every_layout_finds_and_it_says_it_proved_it(lm, demands):
+    lines = []
+    outcome = solver.solve(demands, [cpu()], lm)
+    assert outcome.goodput == pytest.approx(brute_force(demands, cpu(), lm), rel=1e-6)
+    assert outcome.gap == 0 and "optimal in" in outcome.summary()
+    choices = solver.optimal(demands, [cpu()], lm, log=lines.append) if len(outcome.choices) == len(demands) else {}
+    assert all(len(cs) >= 1 for cs in choices.values())
+    if choices:
+        assert lines and lines[0].startswith("optimal policy: goodput")
+
+
+def test_on_two_devices_it_serves_what_one_cannot_and_keeps_each_within_its_units(lm):
+    demands = [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)]
+    one = solver.solve(demands, [cpu()], lm)
+    devices = [cpu(), Device(id="cpu1", kind="cpu", index=1, memory_mb=4096, units=100, cores=2.0)]
+    two = solver.solve(demands, devices, lm)
+    assert two.goodput >= one.goodput and two.goodput == pytest.approx(sum(d.rate for d in demands), rel=1e-3)
+    assert {c.device for cs in two.choices.values() for c in cs} <= {"cpu0", "cpu1"}
+    for x in devices:
+        split = [c.share for cs in two.choices.values() for c in cs if c.device == x.id and not c.turns]
+        assert sum(split) <= x.units
+
+
+def test_a_time_limit_reports_the_gap_instead_of_optimal():
+    stopped = solver.Outcome({}, goodput=90.0, bound=100.0, status="Time limit reached", seconds=300.0, cuts=0)
+    assert stopped.gap == pytest.approx(0.1)
+    assert "best found, gap 10.00% (Time limit reached)" in stopped.summary() and ": optimal" not in stopped.summary()
+
+
+def test_too_large_or_without_a_latency_model_it_says_so(lm):
+    many_cores = Device(id="cpu0", kind="cpu", index=0, memory_mb=1 << 20, units=100, cores=8.0)
+    with pytest.raises(PolicyLimit, match="too large for the optimal policy"):
+        solver.solve([Demand(f"m{i}", 100, 1, 10) for i in range(6)], [many_cores], lm)  # 9^6 sets taking turns
+    with pytest.raises(PlacementError, match="needs a fitted latency model"):
+        solver.optimal([Demand("alpha", 150, 150, 100)], [cpu()], None)
