@@ -113,8 +113,9 @@ def longest_batch_ms(demand: Demand, batch: int, low: float) -> float:
     return low
 
 
-def split_options(demand: Demand, device: Device, lm: LatencyModel) -> list[Option]:
-    """The options of a model on a split device that hold at least alone, dominated batches left out."""
+def split_options(demand: Demand, device: Device, lm: LatencyModel, pressure: float) -> list[Option]:
+    """The options of a model on a split device that hold at least alone, dominated batches left out (`pressure`:
+    the most its co-runners can put on it)."""
     p, d = lm.models[demand.name], lm.device
     out = []
     for share in range(max(STEP, math.ceil(p.share_range[0] / STEP) * STEP), device.units + 1, STEP):
@@ -140,15 +141,16 @@ def split_options(demand: Demand, device: Device, lm: LatencyModel) -> list[Opti
                     p.n_ops * d.sched_a,
                     p.n_ops * d.sched_b,
                     slack,
-                )  # fmt: skip
+                )
             )
-        out += _undominated(candidates)
+        out += _undominated(candidates, pressure)
     return out
 
 
-def _undominated(options: list[Option]) -> list[Option]:
-    """Options of one share no other dominates: another holds wherever this one does (its slack less its terms
-    at no pressure and at full pressure is at least this one's) in no more memory."""
+def _undominated(options: list[Option], pressure: float) -> list[Option]:
+    """Options of one share no other dominates: another holds wherever this one does (its slack less its terms,
+    linear in the co-runners' pressure, is at least this one's at none and at the most there can be) in no more
+    memory."""
 
     def room(o: Option, pressure: float) -> float:
         return o.slack_ms - o.shared_ms - o.per_pressure * pressure
@@ -156,13 +158,12 @@ def _undominated(options: list[Option]) -> list[Option]:
     def dominates(a: Option, b: Option) -> bool:
         if a.memory_mb > b.memory_mb or a.per_corunner > b.per_corunner:
             return False
-        return all(room(a, x) >= room(b, x) for x in (0.0, 100.0))
+        return all(room(a, x) >= room(b, x) for x in (0.0, pressure))
 
-    kept = []
-    for o in options:
-        if not any(dominates(k, o) and (k.memory_mb, k.batch) != (o.memory_mb, o.batch) for k in options if k is not o):
-            kept.append(o)
-    return kept
+    def beaten(o: Option) -> bool:  # of two that dominate each other, the larger batch stays
+        return any(dominates(k, o) and (not dominates(o, k) or k.batch > o.batch) for k in options if k is not o)
+
+    return [o for o in options if not beaten(o)]
 
 
 def turn_sets(demands: list[Demand], device: Device) -> list[tuple[tuple[Demand, int], ...]]:
@@ -217,7 +218,8 @@ class _Program:
             key = _kind(device)
             if key not in evaluated:
                 sets = turn_sets(demands, device)  # refuses a cluster with too many before any work
-                splits[key] = [o for d in demands for o in split_options(d, device, lm)]
+                most = sum(max(lm.cache_pressure(d.name, s) for s in (1, device.units)) for d in demands)
+                splits[key] = [o for d in demands for o in split_options(d, device, lm, most)]
                 evaluated[key] = [(s, turn_outcome(list(s), device, lm)) for s in sets]
             self.options += [(dataclasses.replace(o, device=device.id), None) for o in splits[key]]
             for members, outcome in evaluated[key]:
