@@ -11,6 +11,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from tritonctl.cli import main
 from tritonctl.deploy.apply import down
 from tritonctl.deploy.local import LocalRuntime
 from tritonctl.deploy.state import load_state
@@ -139,3 +140,32 @@ def synthetic_lm(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("lm") / "profile"
     fit_latency_model(synthetic_dataset(folder), log=lambda _: None).save(folder / "latency-model.json")
     return folder / "latency-model.json"
+
+
+def edit(path: Path, change) -> None:
+    """Change a YAML file (a plan, a cluster) in place: `change` edits its data."""
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture
+def gpu_plan(tmp_path: Path) -> Path:
+    """Three models on two GPUs (rendered, never run); alpha has a second replica on gpu1 (same model port, its own
+    instance), weighted 1 against its first's 3."""
+    make_mlp(tmp_path / "mlp.onnx")
+    gpus = [{"kind": "gpu", "count": 2, "units": 100, "memory_mb": 8000}]
+    cluster = write_cluster(tmp_path, [mlp_model(n) for n in ("alpha", "beta", "gamma")], devices=gpus)
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0
+
+    def add_replica(data):
+        next(m for m in data["models"] if m["name"] == "beta")["placements"][0]["share"] = 60
+        alpha = next(m for m in data["models"] if m["name"] == "alpha")
+        alpha["placements"][0]["weight"] = 3.0
+        alpha["placements"].append(
+            {**alpha["placements"][0], "instance": "alpha-1", "device": "gpu1", "share": 40, "weight": 1.0}
+        )
+
+    edit(plan, add_replica)
+    return plan

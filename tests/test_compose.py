@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import REPO, make_mlp, mlp_model, write_cluster
+from conftest import REPO, edit
 from tritonctl.cli import main
 from tritonctl.deploy.apply import apply_plan, down
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime, Outcome
@@ -26,31 +26,6 @@ from tritonctl.planning.plan import load_plan
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
-
-
-def edit(path: Path, change) -> None:
-    data = yaml.safe_load(path.read_text())
-    change(data)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-@pytest.fixture
-def gpu_plan(tmp_path: Path) -> Path:
-    """Three models on two GPUs; alpha has a second replica on gpu1 (same gRPC port, own service)."""
-    make_mlp(tmp_path / "mlp.onnx")
-    gpus = [{"kind": "gpu", "count": 2, "units": 100, "memory_mb": 8000}]
-    cluster = write_cluster(tmp_path, [mlp_model(n) for n in ("alpha", "beta", "gamma")], devices=gpus)
-    plan = tmp_path / "plan.yaml"
-    assert main(["plan", str(cluster), "-o", str(plan)]) == 0
-
-    def add_replica(data):
-        beta = next(m for m in data["models"] if m["name"] == "beta")
-        beta["placements"][0]["share"] = 60
-        alpha = next(m for m in data["models"] if m["name"] == "alpha")
-        alpha["placements"].append({**alpha["placements"][0], "instance": "alpha-1", "device": "gpu1", "share": 40})
-
-    edit(plan, add_replica)
-    return plan
 
 
 def render(plan: Path, out: Path, *extra: str) -> int:

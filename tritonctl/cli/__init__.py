@@ -173,13 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan.yaml")
     p.add_argument(
         "--target",
-        choices=["repositories", "compose"],
+        choices=["repositories", "compose", "kubernetes"],
         default="repositories",
-        help="repositories: the plan's repository_dir (local runtime); compose: a Docker Compose project (GPU plans)",
+        help="repositories: the plan's repository_dir (local runtime); compose: a Docker Compose project; "
+        "kubernetes: a kustomize folder (GPU plans, both)",
     )
     p.add_argument(
-        "-o", "--output", type=_output_folder, help="compose: project folder (default: compose/ beside the plan)"
+        "-o",
+        "--output",
+        type=_output_folder,
+        help="compose, kubernetes: the folder (default: compose/ or kubernetes/ beside the plan)",
     )
+    p.add_argument(
+        "--node",
+        help="kubernetes: the node the plan's GPUs are on (default: nodes labelled tritonctl.io/cluster=<cluster>)",
+    )
+    p.add_argument("--namespace", default="tritonctl", help="kubernetes: the namespace (default: tritonctl)")
     p.add_argument("--gpus", type=int, help="compose: GPUs on the target host (default: count them here, if any)")
     p.add_argument(
         "--latency-model",

@@ -16,6 +16,7 @@ from tritonctl.deploy import share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count, write_compose
+from tritonctl.deploy.kubernetes import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
 from tritonctl.deploy.runtimes import runtime_for
@@ -51,6 +52,15 @@ def cmd_render(args) -> int:
         return 0
     if args.latency_model:
         raise TritonctlError("only the compose target's sidecar re-plans", field="--latency-model")
+    if args.target == "kubernetes":
+        out = Path(args.output) if args.output else loaded.path.parent / "kubernetes"
+        for name in write_kubernetes(loaded, out, args.node, args.namespace):
+            say(f"  {name}")
+        say(
+            f"Kubernetes folder written to {out}: copy {out / 'repository'} onto the claim tritonctl-models, "
+            f"then kubectl apply -k {out} (docs/kubernetes.md)"
+        )
+        return 0
     for name, (folder, launch) in render(loaded).items():
         say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
     return 0

@@ -181,12 +181,13 @@ def host_gpu_count() -> int | None:
         pynvml.nvmlShutdown()
 
 
-def check_plan(loaded: LoadedPlan, gpus: int | None) -> None:
-    """Refuse a plan the Compose target cannot deploy on a host with `gpus` GPUs (None: not checked)."""
+def check_plan(loaded: LoadedPlan, gpus: int | None, target: str = "compose") -> None:
+    """Refuse a plan the `target` (compose, kubernetes) cannot deploy on a host with `gpus` GPUs (None: not
+    checked)."""
     plan = loaded.plan
     if plan.target != "gpu":
         raise TritonctlError(
-            f"the compose target deploys GPU plans with MPS; this plan targets {plan.target} "
+            f"the {target} target deploys GPU plans with MPS; this plan targets {plan.target} "
             "(apply it with the local runtime)",
             file=loaded.path,
             field="target",
@@ -196,7 +197,7 @@ def check_plan(loaded: LoadedPlan, gpus: int | None) -> None:
     for i, device in enumerate(plan.devices):
         if device.kind != "gpu":
             raise TritonctlError(
-                f"{device.id} is a {device.kind} device; the compose target deploys GPUs only",
+                f"{device.id} is a {device.kind} device; the {target} target deploys GPUs only",
                 file=loaded.path,
                 field=f"devices[{i}].kind",
             )

@@ -83,9 +83,11 @@ def server_options(server: Server) -> str:
     )
 
 
-def render_config(routes: Routes, host: str, api: str, metrics: str) -> str:
+def render_config(routes: Routes, host: str, api: str, metrics: str, resolve: bool = False) -> str:
     """HAProxy's configuration for these routes: model ports listen on `host`, the runtime API on `api`
-    (a unix socket path, or `ipv4@host:port`), Prometheus metrics on `metrics` (host:port)."""
+    (a unix socket path, or `ipv4@host:port`), Prometheus metrics on `metrics` (host:port). With `resolve`,
+    servers are host names (Kubernetes Services) that HAProxy resolves with the system's resolvers, again
+    while it runs, and it starts while one does not resolve yet."""
     lines = [
         "# Rendered by tritonctl from the deployment's routes; rewritten on every change.",
         "global",
@@ -104,6 +106,7 @@ def render_config(routes: Routes, host: str, api: str, metrics: str) -> str:
         "    timeout http-request 5s",
         "    timeout check 2s",
         "",
+        *(["resolvers system", "    parse-resolv-conf", "    hold valid 10s", ""] if resolve else []),
         "frontend metrics",
         f"    bind {metrics}",
         "    http-request use-service prometheus-exporter if { path /metrics }",
@@ -119,6 +122,7 @@ def render_config(routes: Routes, host: str, api: str, metrics: str) -> str:
             f"backend {backend(port)}",
             f"    balance {balance(routes[port])}",
             "    option httpchk GET /v2/health/ready",
+            *(["    default-server resolvers system init-addr last,libc,none"] if resolve else []),
             *(f"    server {s.name} {server_options(s)}" for s in sorted(routes[port], key=lambda s: s.name)),
         ]
     return "\n".join(lines) + "\n"

@@ -6,9 +6,10 @@ unserved, placements the latency model predicts to miss their SLO, planned capac
 b / t_inf, the objective of InSS problem (1)) and its share of a simple upper bound (every
 device's units spent on the model with the best throughput per unit, interference ignored),
 the goodput the plan predicts and its share of the `optimal` policy's (the proven optimum of
-that goodput over search's layouts, where optimal is among the policies), and from the simulator throughput, goodput, SLO violations, drops and devices used. The
-margins of the best of tritonctl's own policies over each baseline are by simulated goodput
-(requests served within their SLO per second).
+that goodput over search's layouts, where optimal is among the policies), and from the
+simulator throughput, goodput, SLO violations, drops and devices used. The margins of the
+best of tritonctl's own policies over each baseline are by simulated goodput (requests
+served within their SLO per second).
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def arrived_requests(sim: SimResult, plan: Plan, cluster: Cluster) -> int:
 
 def format_rows(rows: list[BenchRow]) -> str:
     head = (
-        "| policy | plan ms | unserved | predicted misses | capacity req/s | of bound | predicted goodput | of optimum | "
-        "throughput | goodput | SLO violations | drops | devices |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| policy | plan ms | unserved | predicted misses | capacity req/s | of bound | predicted goodput | "
+        "of optimum | throughput | goodput | SLO violations | drops | devices |\n" + "|---" * 13 + "|"
     )
     lines = [head]
     for r in rows:

@@ -1,0 +1,115 @@
+"""The Kubernetes target: every rendered manifest valid against Kubernetes' own OpenAPI schemas, every
+cross-reference resolving, HAProxy's configuration accepted by HAProxy, and refusals that write nothing.
+No Kubernetes API server runs here: nothing is applied to a cluster."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from conftest import make_mlp, mlp_model, write_cluster
+from tritonctl.cli import main
+from tritonctl.deploy.local import haproxy_binary
+from tritonctl.planning.plan import load_plan
+
+KUBERNETES = "1.34.0"  # a recent release; kubernetes-validate ships its schemas offline
+
+
+def rendered(out: Path) -> dict[str, list[dict]]:
+    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+    return {name: list(yaml.safe_load_all((out / name).read_text())) for name in kustomization["resources"]}
+
+
+def test_every_manifest_is_valid_kubernetes_and_every_reference_resolves(gpu_plan, tmp_path):
+    out = tmp_path / "k8s"
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out), "--node", "gpu-node-1"]) == 0
+    files = rendered(out)
+    objects = [o for docs in files.values() for o in docs]
+    for o in objects:
+        kubernetes_validate.validate(o, KUBERNETES, strict=True)
+    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+    generated = {g["name"] for g in kustomization["configMapGenerator"] + kustomization["secretGenerator"]}
+    for generator in kustomization["configMapGenerator"] + kustomization["secretGenerator"]:
+        for f in generator.get("files", []) + generator.get("envs", []):
+            assert (out / f).is_file()
+    claims = {o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
+    for w in workloads:
+        pod = w["spec"]["template"]
+        assert w["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        if w["metadata"]["name"] != "haproxy":  # HAProxy may run on any node
+            assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-node-1"}
+        for volume in pod["spec"]["volumes"]:
+            if "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["claimName"] in claims
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in generated
+        for container in pod["spec"]["containers"]:
+            for env in container.get("env", []):
+                if "valueFrom" in env:
+                    assert env["valueFrom"]["secretKeyRef"]["name"] in generated
+    pods = [w["spec"]["template"]["metadata"]["labels"] for w in workloads]
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    for service in services.values():  # every Service selects pods that exist, on ports they name
+        assert any(service["spec"]["selector"].items() <= labels.items() for labels in pods)
+
+    plan = load_plan(gpu_plan).plan
+    deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+    for model in plan.models:
+        (port,) = services[f"model-{model.name.replace('_', '-')}"]["spec"]["ports"]
+        assert port["port"] == model.port
+        for p in model.placements:
+            container = deployments[f"triton-{p.instance.replace('_', '-')}"]["spec"]["template"]["spec"]["containers"][
+                0
+            ]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["NVIDIA_VISIBLE_DEVICES"] == str(plan.device(p.device).index)
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(p.share)
+            mount = next(m for m in container["volumeMounts"] if m["name"] == "models")
+            assert (out / "repository" / mount["subPath"] / model.name / "config.pbtxt").is_file()
+            assert container["readinessProbe"]["httpGet"]["path"] == f"/v2/models/{model.name}/ready"
+
+    config = (out / "haproxy.cfg").read_text()
+    assert "server triton-alpha-0 triton-alpha-0:8001 weight 256" in config
+    assert "server triton-alpha-1 triton-alpha-1:8001 weight 85" in config  # 1 against 3
+    for line in config.splitlines():
+        if line.strip().startswith("server "):
+            assert line.split()[1] in services  # a server per instance Service
+    checked = subprocess.run([haproxy_binary(), "-c", "-f", str(out / "haproxy.cfg")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr  # the Services' names need not resolve here
+
+
+def test_the_control_key_is_private_and_kept_across_renders(gpu_plan, tmp_path):
+    out = tmp_path / "k8s"
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out)]) == 0
+    key = out / "control-key.env"
+    first = key.read_text()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and first.startswith("TRITON_CONTROL_KEY=")
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out)]) == 0
+    assert key.read_text() == first
+    triton = list(yaml.safe_load_all((out / "triton.yaml").read_text()))
+    pod = triton[0]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"tritonctl.io/cluster": "test"}  # no --node: nodes labelled for the cluster
+    assert first.split("=", 1)[1].strip() not in (out / "triton.yaml").read_text()
+
+
+def test_a_cpu_plan_or_clashing_names_are_refused_before_anything_is_written(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0
+    out = tmp_path / "k8s"
+    assert main(["render", str(plan), "--target", "kubernetes", "-o", str(out)]) == 2
+    assert "the kubernetes target deploys GPU plans" in capsys.readouterr().err and not out.exists()
+
+    gpus = [{"kind": "gpu", "count": 1, "units": 100, "memory_mb": 8000}]
+    clash = write_cluster(tmp_path, [mlp_model("a_b"), mlp_model("a-b")], devices=gpus)
+    assert main(["plan", str(clash), "-o", str(plan)]) == 0
+    assert main(["render", str(plan), "--target", "kubernetes", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "'a-b' and 'a_b' both become 'model-a-b'" in err or "both become" in err
+    assert not out.exists()
