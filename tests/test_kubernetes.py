@@ -113,3 +113,51 @@ def test_a_cpu_plan_or_clashing_names_are_refused_before_anything_is_written(tmp
     err = capsys.readouterr().err
     assert "'a-b' and 'a_b' both become 'model-a-b'" in err or "both become" in err
     assert not out.exists()
+
+
+def test_a_cluster_across_nodes_plans_names_each_node_and_renders_each_instance_on_its_node(tmp_path, capsys):
+    make_mlp(tmp_path / "mlp.onnx")
+    nodes = [
+        {"kind": "gpu", "count": 2, "units": 100, "memory_mb": 8000, "node": "gpu-a"},
+        {"kind": "gpu", "count": 1, "units": 100, "memory_mb": 8000, "node": "gpu-b"},
+    ]
+    cluster = write_cluster(tmp_path, [mlp_model(n) for n in ("alpha", "beta", "gamma")], devices=nodes)
+    plan_path = tmp_path / "plan.yaml"
+    assert main(["plan", str(cluster), "-o", str(plan_path)]) == 0
+    plan = load_plan(plan_path).plan
+    assert [(d.id, d.node, d.index) for d in plan.devices] == [
+        ("gpu-a-gpu0", "gpu-a", 0), ("gpu-a-gpu1", "gpu-a", 1), ("gpu-b-gpu0", "gpu-b", 0)
+    ]  # fmt: skip
+    out = tmp_path / "k8s"
+    assert main(["render", str(plan_path), "--target", "kubernetes", "-o", str(out)]) == 0
+    files = rendered(out)
+    for o in (o for docs in files.values() for o in docs):
+        kubernetes_validate.validate(o, KUBERNETES, strict=True)
+    deployments = {o["metadata"]["name"]: o for o in files["triton.yaml"] if o["kind"] == "Deployment"}
+    for _, p in plan.instances():
+        pod = deployments[f"triton-{p.instance}"]["spec"]["template"]["spec"]
+        device = plan.device(p.device)
+        assert pod["nodeSelector"] == {"kubernetes.io/hostname": device.node}
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == str(device.index)
+    daemons = {d["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"]: d for d in files["mps.yaml"]}
+    assert set(daemons) == {"gpu-a", "gpu-b"}
+    assert daemons["gpu-a"]["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] == "0,1"
+    capsys.readouterr()
+
+    assert main(["render", str(plan_path), "--target", "kubernetes", "-o", str(tmp_path / "x"), "--node", "n"]) == 2
+    assert "--node is for a plan on one unnamed host" in capsys.readouterr().err
+    cpu_nodes = [{"kind": "cpu", "cores": 2, "units": 100, "memory_mb": 4096, "node": n} for n in ("a", "b")]
+    cpu_plan = tmp_path / "cpu-plan.yaml"
+    assert (
+        main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")], devices=cpu_nodes)), "-o", str(cpu_plan)]) == 0
+    )
+    capsys.readouterr()
+    assert main(["apply", str(cpu_plan), "--dry-run"]) == 2
+    assert "on 2 nodes (a, b); the local runtime deploys on one host" in capsys.readouterr().err
+    assert main(["render", str(plan_path), "--target", "compose", "-o", str(tmp_path / "c"), "--gpus", "2"]) == 2
+    assert "the compose runtime deploys on one host" in capsys.readouterr().err
+
+    half = [nodes[0], {**nodes[1], "node": None}]
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")], devices=half)), "-o", str(plan_path)]) == 2
+    assert "devices[1].node" in capsys.readouterr().err

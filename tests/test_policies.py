@@ -35,11 +35,17 @@ def cpus(n: int) -> list[Device]:
 DEMANDS = [Demand("alpha", 150, 120, 100), Demand("beta", 400, 40, 100)]
 
 
+def on_two_nodes() -> list[Device]:
+    """One device on each of two nodes, each its node's device 0 (as the planner numbers them)."""
+    return [Device(id=f"{n}-cpu0", kind="cpu", index=0, memory_mb=4096, units=100, cores=2.0, node=n) for n in "ab"]
+
+
+@pytest.mark.parametrize("devices", [cpus(2), on_two_nodes()], ids=["one host", "two nodes"])
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "spread"])
-def test_every_policy_serves_a_light_load_within_the_devices(lm, policy):
-    devices = cpus(2)
+def test_every_policy_serves_a_light_load_within_the_devices(lm, policy, devices):
     out = POLICIES[policy].fn(DEMANDS, devices, lm)
     assert set(out) == {"alpha", "beta"}
+    assert {c.device for choices in out.values() for c in choices} <= {d.id for d in devices}
     used: dict[str, int] = {}
     for choices in out.values():
         for c in choices:

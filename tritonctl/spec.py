@@ -82,6 +82,9 @@ class DeviceGroup(_Strict):
     kind: Literal["gpu", "cpu"]
     count: Annotated[int, Field(ge=1, le=64)] = 1
     memory_mb: Annotated[int, Field(gt=0)]
+    # The machine these devices are on (its Kubernetes node name): a cluster across several nodes names the node
+    # of every group, and its devices are numbered per node; a cluster on one host names none.
+    node: Annotated[Name, Field(max_length=48)] | None = None
     units: Annotated[int, Field(ge=1, le=1000)] = 100
     cores: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     reserved_cores: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
@@ -221,6 +224,14 @@ def load_cluster(path: str | Path) -> Cluster:
     cluster = Cluster(spec, path.resolve())
     if len({group.kind for group in spec.devices}) > 1:
         raise TritonctlError("mixing gpu and cpu devices in one cluster is not supported", file=path, field="devices")
+    named = [group.node is not None for group in spec.devices]
+    if any(named) and not all(named):
+        i = named.index(False)
+        raise TritonctlError(
+            "some device groups name their node and this one does not: name the node of every group, or of none",
+            file=path,
+            field=f"devices[{i}].node",
+        )
     for name, folder in spec.runtime.folders().items():
         check_output_dir(cluster.resolve(folder), file=path, field=f"runtime.{name}")
     seen: set[str] = set()

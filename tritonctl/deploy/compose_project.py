@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from tritonctl.deploy.local import EXIT_TIMEOUT_S
+from tritonctl.deploy.local import EXIT_TIMEOUT_S, one_host
 from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
 from tritonctl.deploy.runtime import restriction_flags
 from tritonctl.errors import TritonctlError
@@ -192,6 +192,8 @@ def check_plan(loaded: LoadedPlan, gpus: int | None, target: str = "compose") ->
             file=loaded.path,
             field="target",
         )
+    if target == "compose":
+        one_host(loaded, target)
     if gpus is not None and gpus < 1:
         raise TritonctlError(f"--gpus {gpus}: a GPU host has at least one GPU")
     for i, device in enumerate(plan.devices):

@@ -42,7 +42,7 @@ from tritonctl.deploy.local import EXIT_TIMEOUT_S
 from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
 from tritonctl.deploy.runtime import restriction_flags
 from tritonctl.errors import TritonctlError
-from tritonctl.planning.plan import LoadedPlan, Plan, relative_to
+from tritonctl.planning.plan import Device, LoadedPlan, Plan, relative_to
 from tritonctl.triton.render import Launch, render
 
 GRPC, HTTP, METRICS = 8001, 8000, 8002  # each pod has its own network: Triton's default ports
@@ -92,16 +92,18 @@ def _names(plan: Plan, loaded: LoadedPlan) -> None:
         seen[object_name] = name
 
 
-def node_selector(plan: Plan, node: str | None) -> dict[str, str]:
-    """Where the plan's devices are: the named node, else nodes labelled with the cluster's name."""
-    return {"kubernetes.io/hostname": node} if node else {f"{LABEL}/cluster": dns_name(plan.cluster)}
+def node_selector(plan: Plan, device: Device, node: str | None) -> dict[str, str]:
+    """Where a device is: its node where the plan names nodes, else the node given, else nodes labelled with the
+    cluster's name."""
+    name = device.node or node
+    return {"kubernetes.io/hostname": name} if name else {f"{LABEL}/cluster": dns_name(plan.cluster)}
 
 
 def _probe(path: str, period_s: int, failures: int) -> dict:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_s, "failureThreshold": failures}
 
 
-def triton_objects(plan: Plan, launch: Launch, node: dict[str, str]) -> list[dict]:
+def triton_objects(plan: Plan, launch: Launch, node: str | None) -> list[dict]:
     """The Deployment and Service of one instance."""
     name = instance_name(launch.instance)
     labels = {"app.kubernetes.io/name": "triton", f"{LABEL}/instance": name}
@@ -156,7 +158,7 @@ def triton_objects(plan: Plan, launch: Launch, node: dict[str, str]) -> list[dic
                     "annotations": {f"{LABEL}/config-hash": launch.config_hash, f"{LABEL}/device": launch.device},
                 },
                 "spec": {
-                    "nodeSelector": node,
+                    "nodeSelector": node_selector(plan, device, node),
                     "hostIPC": True,  # the MPS daemon's IPC namespace is the host's
                     "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 5,
                     "containers": [container],
@@ -243,47 +245,52 @@ def proxy_config(plan: Plan) -> str:
     return render_config(routes, "0.0.0.0", "/var/run/haproxy/api.sock", f"0.0.0.0:{PROXY_METRICS}", resolve=True)
 
 
-def mps_objects(plan: Plan, node: dict[str, str]) -> list[dict]:
-    """The MPS control daemon on the GPU node, over the GPUs the plan uses."""
-    gpus = ",".join(str(i) for i in sorted({d.index for d in plan.devices}))
-    labels = {"app.kubernetes.io/name": "mps-control-daemon"}
-    return [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "DaemonSet",
-            "metadata": {"name": "mps-control-daemon", "labels": labels},
-            "spec": {
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "nodeSelector": node,
-                        "hostIPC": True,
-                        "containers": [
-                            {
-                                "name": "mps",
-                                "image": "triton",
-                                "command": ["nvidia-cuda-mps-control", "-f"],
-                                "env": [
-                                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": gpus},
-                                    {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_DIR},
-                                    {"name": "CUDA_MPS_LOG_DIRECTORY", "value": LOG_DIR},
-                                ],
-                                "volumeMounts": [
-                                    {"name": "mps-pipe", "mountPath": PIPE_DIR},
-                                    {"name": "mps-log", "mountPath": LOG_DIR},
-                                ],
-                            }
-                        ],
-                        "volumes": [
-                            {"name": "mps-pipe", "hostPath": {"path": PIPE_DIR, "type": "DirectoryOrCreate"}},
-                            {"name": "mps-log", "hostPath": {"path": LOG_DIR, "type": "DirectoryOrCreate"}},
-                        ],
+def mps_objects(plan: Plan, node: str | None) -> list[dict]:
+    """The MPS control daemon on each GPU node, over the GPUs the plan uses there."""
+    out = []
+    for where in plan.nodes() or [None]:
+        devices = [d for d in plan.devices if d.node == where]
+        gpus = ",".join(str(d.index) for d in sorted(devices, key=lambda d: d.index))
+        name = f"mps-control-daemon-{dns_name(where)}"[:63].rstrip("-") if where else "mps-control-daemon"
+        labels = {"app.kubernetes.io/name": "mps-control-daemon", f"{LABEL}/daemon": name}
+        out.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "nodeSelector": node_selector(plan, devices[0], node),
+                            "hostIPC": True,
+                            "containers": [
+                                {
+                                    "name": "mps",
+                                    "image": "triton",
+                                    "command": ["nvidia-cuda-mps-control", "-f"],
+                                    "env": [
+                                        {"name": "NVIDIA_VISIBLE_DEVICES", "value": gpus},
+                                        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_DIR},
+                                        {"name": "CUDA_MPS_LOG_DIRECTORY", "value": LOG_DIR},
+                                    ],
+                                    "volumeMounts": [
+                                        {"name": "mps-pipe", "mountPath": PIPE_DIR},
+                                        {"name": "mps-log", "mountPath": LOG_DIR},
+                                    ],
+                                }
+                            ],
+                            "volumes": [
+                                {"name": "mps-pipe", "hostPath": {"path": PIPE_DIR, "type": "DirectoryOrCreate"}},
+                                {"name": "mps-log", "hostPath": {"path": LOG_DIR, "type": "DirectoryOrCreate"}},
+                            ],
+                        },
                     },
                 },
-            },
-        }
-    ]
+            }
+        )
+    return out
 
 
 def storage_objects(size: str) -> list[dict]:
@@ -315,11 +322,10 @@ def kustomization(plan: Plan, namespace: str) -> dict:
 
 def manifests(plan: Plan, launches: dict[str, Launch], node: str | None) -> dict[str, list[dict]]:
     """The objects of each manifest file (a pure function of the plan and its launches)."""
-    where = node_selector(plan, node)
-    triton = [o for launch in launches.values() for o in triton_objects(plan, launch, where)]
+    triton = [o for launch in launches.values() for o in triton_objects(plan, launch, node)]
     return {
         "storage.yaml": storage_objects("20Gi"),
-        "mps.yaml": mps_objects(plan, where),
+        "mps.yaml": mps_objects(plan, node),
         "triton.yaml": triton,
         "proxy.yaml": proxy_objects(plan),
     }
@@ -329,9 +335,15 @@ def write_kubernetes(loaded: LoadedPlan, folder: Path, node: str | None, namespa
     """Check the plan, then write the folder (repositories included); returns the instances' object names.
     Every check runs before the first write: a refused plan leaves the folder as it was."""
     check_plan(loaded, None, "kubernetes")
+    plan = loaded.plan
     if node is not None and not NAME.match(node.split(".")[0]):
         raise TritonctlError(f"--node {node!r} is not a Kubernetes node name")
-    plan = loaded.plan
+    if node is not None and plan.nodes():
+        raise TritonctlError(
+            f"the plan names its devices' nodes ({', '.join(plan.nodes())}): --node is for a plan on one unnamed host",
+            file=loaded.path,
+            field="devices",
+        )
     _names(plan, loaded)
     runtime = plan.runtime.model_copy(update={"repository_dir": relative_to(folder / REPOSITORY, loaded.path.parent)})
     local = LoadedPlan(plan.model_copy(update={"runtime": runtime}), loaded.path)

@@ -142,6 +142,18 @@ def _answers(record: InstanceRecord) -> Health:
     return Health(True, server, server and http_ok(f"{base}/models/{record.model}/ready"))
 
 
+def one_host(loaded: LoadedPlan, runtime: str) -> None:
+    """Refuse a plan whose devices are on several nodes: `runtime` deploys on one host."""
+    nodes = loaded.plan.nodes()
+    if len(nodes) > 1:
+        raise TritonctlError(
+            f"the plan's devices are on {len(nodes)} nodes ({', '.join(nodes)}); the {runtime} runtime deploys on "
+            "one host: render it with --target kubernetes",
+            file=loaded.path,
+            field="devices",
+        )
+
+
 def haproxy_binary() -> str:
     """The haproxy executable; TritonctlError saying how to install it where there is none."""
     found = shutil.which("haproxy") or next((p for p in HAPROXY_PATHS if Path(p).is_file()), None)
@@ -159,6 +171,7 @@ class LocalRuntime:
 
     def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
         """The plan as it is (the instances run from its own repositories), once HAProxy is known to be there."""
+        one_host(loaded, self.name)
         haproxy_binary()
         return loaded
 

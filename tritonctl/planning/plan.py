@@ -58,6 +58,7 @@ class Device(_Strict):
     memory_mb: MemoryMb
     units: Annotated[int, Field(ge=1, le=1000)]
     cores: Annotated[float, Field(gt=0, le=4096)] | None = None
+    node: Name | None = None  # the machine it is on, where the cluster spans several (`index` counts per node)
 
 
 class Tensor(_Strict):
@@ -196,6 +197,10 @@ class Plan(_Strict):
             if not self.takes_turns(device_id) and total > devices[device_id].units:
                 raise ValueError(f"device {device_id}: shares add up to {total} of {devices[device_id].units} units")
         return self
+
+    def nodes(self) -> list[str]:
+        """The nodes the plan's devices are on, in order ([] for a plan on one unnamed host)."""
+        return list(dict.fromkeys(d.node for d in self.devices if d.node is not None))
 
     def device(self, device_id: str) -> Device:
         return next(d for d in self.devices if d.id == device_id)

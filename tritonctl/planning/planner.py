@@ -62,24 +62,27 @@ def devices_of(cluster: Cluster) -> list[Device]:
 
 
 def device_groups(cluster: Cluster) -> list[tuple[DeviceGroup, list[Device]]]:
-    """Each device group of the cluster with its devices, numbered across the cluster as the host numbers them."""
+    """Each device group of the cluster with its devices, numbered as their host numbers them (per node where the
+    cluster names nodes; the node then prefixes the id)."""
     groups: list[tuple[DeviceGroup, list[Device]]] = []
-    index = 0
+    counted: dict[str | None, int] = {}
     for group in cluster.spec.devices:
         members = []
         for _ in range(group.count):
+            index = counted.get(group.node, 0)
+            counted[group.node] = index + 1
             members.append(
                 Device(
-                    id=f"{group.kind}{index}",
+                    id=f"{group.node}-{group.kind}{index}" if group.node else f"{group.kind}{index}",
                     kind=group.kind,
                     index=index,
+                    node=group.node,
                     memory_mb=group.memory_mb,
                     # Reserved cores are left out; a unit stays the same size, so shares mean the same cores.
                     units=group.usable_units,
                     cores=group.cores * group.usable_units / group.units if group.cores else None,
                 )
             )
-            index += 1
         groups.append((group, members))
     return groups
 
