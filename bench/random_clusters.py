@@ -4,11 +4,12 @@
 
 Each cluster takes 3 to 6 models of the pool (torchvision architectures with seeded random weights, all
 light enough for a 2-core CPU), exported to ONNX by tritonctl. Each model's batch-1 latency alone on the
-CPU is measured here with onnxruntime (the median of 20 runs on 2 threads, `inss_scaled.measure_ms`); its SLO is drawn at
-8-20x that (`SLO_TIMES`), and the rates put a load of 0.3-1.0 on the machine (the CPU-seconds per second its requests take
-at that latency, split between the models by a flat Dirichlet draw). The draws are seeded; the cluster files
-a table of what was drawn and `pool.yaml` (the whole pool, exported) go to DIR. Profile each cluster from scratch before planning it
-(`tritonctl profile`, `tritonctl fit`), then measure it with bench/real_load.py.
+CPU is measured here with onnxruntime (the median of 20 runs on 2 threads, `inss_scaled.measure_ms`);
+its SLO is drawn at 8-20x that (`SLO_TIMES`), and the rates put a load of 0.3-1.0 on the machine (the
+CPU-seconds per second its requests take at that latency, split between the models by a flat Dirichlet
+draw). The draws are seeded; the cluster files, a table of what was drawn and `pool.yaml` (the whole
+pool, exported) go to DIR. Profile each cluster from scratch before planning it (`tritonctl profile`,
+`tritonctl fit`), then measure it with bench/real_load.py.
 """
 
 from __future__ import annotations

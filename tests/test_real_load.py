@@ -63,7 +63,9 @@ def test_perf_analyzer_loads_every_model_at_once_and_reports_like_the_own_client
 def test_perf_analyzer_measures_a_model_too_slow_to_fill_its_windows(served, capsys):
     """0.8 requests/s in 1 s windows: a time window with no answer would stop perf_analyzer, so such a model is
     measured in windows of a request count."""
-    rc, out, _ = run_cli(capsys, "load", str(served), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "0.02")
+    rc, out, _ = run_cli(
+        capsys, "load", str(served), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "0.02"
+    )
     assert rc == 0, out
     rows = [line.split() for line in out.splitlines() if line.startswith(("alpha", "beta"))]
     assert len(rows) == 2 and all(int(cells[1]) >= 1 and int(cells[3]) == 0 for cells in rows)

@@ -203,9 +203,7 @@ class Cluster:
         """The same cluster with `cores` and `part` of its cores more reserved on every CPU device (validated:
         something must be left, else pydantic's ValidationError)."""
         devices = [
-            DeviceGroup.model_validate(
-                {**d.model_dump(), "reserved_cores": d.reserved_cores + cores + part * d.cores}
-            )
+            DeviceGroup.model_validate({**d.model_dump(), "reserved_cores": d.reserved_cores + cores + part * d.cores})
             if d.kind == "cpu"
             else d
             for d in self.spec.devices

@@ -97,13 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--compose-dir",
             help="compose: the project folder (tritonctl render --target compose; default: compose/ beside the plan)",
         )
+        p.add_argument("--namespace", default="tritonctl", help="kubernetes: the namespace (default: tritonctl)")
 
     def add_runtime(p):
         p.add_argument(
             "--runtime",
-            choices=["local", "compose"],
+            choices=["local", "compose", "kubernetes"],
             default="local",
-            help="local: tritonserver processes here (CPU plans); compose: services of a rendered Compose project",
+            help="local: tritonserver processes here (CPU plans); compose: services of a rendered Compose project; "
+            "kubernetes: Deployments through the Kubernetes API (kubeconfig or in-cluster)",
         )
         add_compose_dir(p)
 

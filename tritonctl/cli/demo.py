@@ -58,7 +58,7 @@ def cmd_demo(args) -> int:
     say("== 4/4 load")
     rc = _load(plan_path, args.duration, 1.0)
     if args.teardown:
-        cmd_down(argparse.Namespace(plan=str(plan_path), compose_dir=None, dry_run=False))
+        cmd_down(argparse.Namespace(plan=str(plan_path), compose_dir=None, namespace="tritonctl", dry_run=False))
     else:
         first = endpoints(load_plan(plan_path).plan)[0]
         say(

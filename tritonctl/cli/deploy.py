@@ -16,7 +16,8 @@ from tritonctl.deploy import share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count, write_compose
-from tritonctl.deploy.kubernetes import write_kubernetes
+from tritonctl.deploy.kubernetes import KubernetesRuntime
+from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
 from tritonctl.deploy.runtimes import runtime_for
@@ -68,7 +69,8 @@ def cmd_render(args) -> int:
 
 def _applied_runtime(args, loaded: LoadedPlan, state: State) -> Runtime:
     """The runtime the state says applied the plan (to look at or stop what runs)."""
-    return runtime_for(loaded, state.runtime, args.compose_dir, say, getattr(args, "dry_run", False), starts=False)
+    dry_run = getattr(args, "dry_run", False)
+    return runtime_for(loaded, state.runtime, args.compose_dir, say, dry_run, starts=False, namespace=args.namespace)
 
 
 def _apply(
@@ -77,6 +79,7 @@ def _apply(
     runtime_name: str = "local",
     compose_dir: str | None = None,
     accept_misses: bool = False,
+    namespace: str = "tritonctl",
 ) -> int:
     """Apply the plan; how many instances it changed (in a dry run: would change)."""
     loaded = load_plan(plan_path)
@@ -87,8 +90,14 @@ def _apply(
             "re-plan, or deploy it anyway with --accept-misses",
             file=loaded.path,
         )
-    runtime = runtime_for(loaded, runtime_name, compose_dir, say, dry_run)
-    if isinstance(runtime, ComposeRuntime):
+    runtime = runtime_for(loaded, runtime_name, compose_dir, say, dry_run, namespace=namespace)
+    if isinstance(runtime, KubernetesRuntime):
+        say(f"applying {loaded.path} through the Kubernetes API in namespace {runtime.api.namespace}")
+        repositories = loaded.resolve(loaded.plan.runtime.repository_dir)
+        say(f"  the instances read their repositories from the claim tritonctl-models: copy {repositories} there")
+        if dry_run:
+            say("dry run: the API calls below are printed (and sent with dryRun=All where a cluster answers)")
+    elif isinstance(runtime, ComposeRuntime):
         say(f"applying {loaded.path} through the Compose project in {runtime.folder}")
         if dry_run:
             say("dry run: the docker commands and HTTP calls below are printed, not made")
@@ -106,7 +115,7 @@ def _apply(
 
 def cmd_apply(args) -> int:
     """Exit 0; with --dry-run, 1 when something would change (as `kubectl diff` does)."""
-    changed = _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir, args.accept_misses)
+    changed = _apply(Path(args.plan), args.dry_run, args.runtime, args.compose_dir, args.accept_misses, args.namespace)
     return int(args.dry_run and changed > 0)
 
 
@@ -114,7 +123,7 @@ def cmd_controller(args) -> int:
     loaded = load_plan(args.plan)
     if args.policy not in POLICIES:
         raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
-    runtime = runtime_for(loaded, args.runtime, args.compose_dir, say)
+    runtime = runtime_for(loaded, args.runtime, args.compose_dir, say, namespace=args.namespace)
     if args.latency_margin and not args.latency_model:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     lm = load_latency_model(args.latency_model).with_margin(args.latency_margin) if args.latency_model else None

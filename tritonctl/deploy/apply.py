@@ -289,7 +289,7 @@ def apply_plan(
         if all(step.action == "keep" for step in steps):
             run.route(steps, log=lambda _: None)  # restarts a proxy that died
             return steps
-        if not dry_run:
+        if not dry_run and runtime.name != "kubernetes":  # a pod's ports are its own
             _check_ports(loaded, steps, run.rendered, state)
         before = (state.cluster, state.plan, state.runtime)
         state.cluster, state.plan, state.runtime = loaded.plan.cluster, str(loaded.path), runtime.name

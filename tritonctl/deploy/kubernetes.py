@@ -1,366 +1,361 @@
-"""Render a GPU plan into a kustomize-ready Kubernetes folder: a Deployment and a Service per instance at its
-MPS share, HAProxy in front of every model, the MPS control daemon on the GPU node. Rendering only: nothing
-here talks to a cluster (`kubectl apply -k DIR` deploys it).
+"""Kubernetes runtime: Triton instances as Deployments in one namespace, driven through the Kubernetes API
+(the official client, with the kubeconfig or the pod's service account).
 
-Folder (`tritonctl render PLAN --target kubernetes [-o DIR] [--node NAME]`):
+`prepare` creates what the instances share, from kubernetes_project's manifests: the claim holding the
+model repositories, the MPS daemons, HAProxy with its ConfigMap and a Service per model, the control
+key's Secret. An instance is a Deployment per process hash (`triton-<instance>-<hash>`), so a shadow
+and the instance it replaces run side by side. HAProxy sends an instance's requests to the Service
+`triton-<instance>`, and a route points that Service at the Deployment to keep: new connections reach
+the new pod; deleting the old Deployment then lets Triton finish what it holds and close its
+connections, and HAProxy reconnects through the Service. A model whose instances (or weights) change
+gets HAProxy's new configuration, and HAProxy's Deployment rolls.
 
-    kustomization.yaml      namespace, images, common labels, the generated ConfigMap and Secret: what
-                            operators change (and a patch for resources or node labels)
-    triton.yaml             per instance a Deployment pinned to its node and GPU, and a Service
-    proxy.yaml              HAProxy (proxy.py's configuration) and per model a Service on the model's port
-    mps.yaml                the MPS control daemon: a DaemonSet on the GPU node, host IPC
-    storage.yaml            the PersistentVolumeClaim the model repositories are read from
-    haproxy.cfg             HAProxy's configuration: each model's port in front of its instances' Services
-    control-key.env         Triton's control key (mode 0600, kept across re-renders)
-    repository/<instance>/  each instance's model repository, to copy onto the claim
-
-Decisions (docs/kubernetes.md gives the trade-offs):
-
-- MPS by a control daemon per node with host IPC, not the device plugin's MPS sharing (equal shares
-  only) and not a DRA claim (Kubernetes 1.32+ and NVIDIA's DRA driver): each pod sets its own
-  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and sees its GPU through NVIDIA_VISIBLE_DEVICES, which the
-  NVIDIA container toolkit must be told to accept from unprivileged pods.
-- Every instance is its own Deployment (one replica, surge one, none unavailable): a changed
-  instance starts beside the old one, which is stopped once the new one is ready (Triton finishes
-  its requests on SIGTERM): the shadow swap, done by Kubernetes.
-- Model repositories live on a ReadOnlyMany claim, mounted per instance by subPath: ONNX files of
-  hundreds of megabytes do not fit a ConfigMap (1 MiB).
-- Triton's control APIs answer only requests carrying the key from the generated Secret.
+Every call goes through KubeApi. In a dry run it prints each call and answers as if it worked; where a
+cluster is reachable, calls that change objects are also sent with dryRun=All, so the API server
+validates them and changes nothing. Not run against a real cluster (docs/kubernetes.md).
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
+import os
 import re
-import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from kubernetes import client as k8s
+from kubernetes import config
+from kubernetes.client.exceptions import ApiException
 
-from tritonctl.deploy.compose_project import check_plan, check_shares, write_private
-from tritonctl.deploy.local import EXIT_TIMEOUT_S
-from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
-from tritonctl.deploy.runtime import restriction_flags
+from tritonctl.deploy.kubernetes_project import (
+    GRPC,
+    HTTP,
+    KEY,
+    LABEL,
+    METRICS,
+    PROXY,
+    PROXY_METRICS,
+    SECRET,
+    check_kubernetes,
+    dns_name,
+    instance_name,
+    manifests,
+    proxy_config,
+    triton_deployment,
+    triton_service,
+)
+from tritonctl.deploy.runtime import CONTROL_HEADER, Health, InstanceRecord, StartError
+from tritonctl.deploy.state import control_key
 from tritonctl.errors import TritonctlError
-from tritonctl.planning.plan import Device, LoadedPlan, Plan, relative_to
-from tritonctl.triton.render import Launch, render
+from tritonctl.planning.plan import LoadedPlan
+from tritonctl.triton.render import Launch
 
-GRPC, HTTP, METRICS = 8001, 8000, 8002  # each pod has its own network: Triton's default ports
-PROXY_METRICS = 8404
-PIPE_DIR = "/tmp/nvidia-mps"
-LOG_DIR = "/var/log/nvidia-mps"
-MODELS_DIR = "/models"
-REPOSITORY = "repository"
-CLAIM = "tritonctl-models"
-KEY_FILE = "control-key.env"
-KEY = "TRITON_CONTROL_KEY"
-SECRET = "triton-control-key"
-PROXY = "haproxy"
-LABEL = "tritonctl.io"
-FILES = ("storage.yaml", "mps.yaml", "triton.yaml", "proxy.yaml")
-NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+POLL_S = 2.0
+PART_OF = "app.kubernetes.io/part-of=tritonctl"
+PROXY_METRICS_SERVICE = "haproxy-metrics"
 
 
-def dns_name(name: str) -> str:
-    """A name as Kubernetes takes it for objects and Services (RFC 1123 label: lowercase, digits, '-')."""
-    return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].rstrip("-")
+def _snake(kind: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
 
 
-def instance_name(instance: str) -> str:
-    return f"triton-{dns_name(instance)}"[:63].rstrip("-")
+APIS = {"Deployment": "apps", "DaemonSet": "apps", "Role": "rbac", "RoleBinding": "rbac"}  # else core
 
 
-def model_service(model: str) -> str:
-    return f"model-{dns_name(model)}"[:63].rstrip("-")
+@dataclass
+class KubeApi:
+    """The Kubernetes calls the runtime makes, on objects as dicts. `calls` records (verb, kind, name) of each.
+
+    A dry run prints each call and answers as if it worked; with `client` (a reachable cluster), it also sends
+    those that change objects with dryRun=All and reads for real."""
+
+    namespace: str
+    client: object | None = None  # kubernetes.client.ApiClient; None: no cluster (a dry run only)
+    dry_run: bool = False
+    log: Callable[[str], None] = print
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def _api(self, kind: str):
+        group = APIS.get(kind, "core")
+        cls = {"apps": k8s.AppsV1Api, "rbac": k8s.RbacAuthorizationV1Api, "core": k8s.CoreV1Api}[group]
+        return cls(self.client)
+
+    def _call(self, verb: str, kind: str, name: str, *args, changes: bool = True, **kwargs):
+        self.calls.append((verb, kind, name))
+        if self.dry_run:
+            self.log(f"+ {verb} {kind} {self.namespace}/{name}")
+            if self.client is None or not changes:
+                return None
+            kwargs["dry_run"] = "All"
+        elif self.client is None:
+            raise TritonctlError("no Kubernetes cluster to call")
+        method = getattr(self._api(kind), f"{verb}_namespaced_{_snake(kind)}")
+        return method(*args, **kwargs)
+
+    def get(self, kind: str, name: str) -> dict | None:
+        """The object, or None where it does not exist (in a dry run without a cluster: None)."""
+        self.calls.append(("read", kind, name))
+        if self.client is None:
+            return None
+        try:
+            obj = getattr(self._api(kind), f"read_namespaced_{_snake(kind)}")(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise TritonctlError(f"reading {kind} {self.namespace}/{name}: {exc.reason}") from None
+        return self.client.sanitize_for_serialization(obj)
+
+    def apply(self, obj: dict) -> None:
+        """Create the object, or replace it where one of its name exists."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            self._call("create", kind, name, self.namespace, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise TritonctlError(f"creating {kind} {self.namespace}/{name}: {exc.reason}") from None
+            self._call("replace", kind, name, name, self.namespace, obj)
+
+    def create_missing(self, obj: dict) -> None:
+        """Create the object unless one of its name exists (a claim, a key: never replaced)."""
+        if self.get(obj["kind"], obj["metadata"]["name"]) is None:
+            self.apply(obj)
+
+    def patch(self, kind: str, name: str, body: dict) -> None:
+        """A strategic merge patch (the client would otherwise send a dict as a JSON patch)."""
+        self._call(
+            "patch", kind, name, name, self.namespace, body, _content_type="application/strategic-merge-patch+json"
+        )
+
+    def delete(self, kind: str, name: str) -> None:
+        """Delete the object (absent: nothing to do)."""
+        try:
+            self._call("delete", kind, name, name, self.namespace, propagation_policy="Foreground")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise TritonctlError(f"deleting {kind} {self.namespace}/{name}: {exc.reason}") from None
+
+    def names(self, kind: str, selector: str) -> list[str]:
+        """Names of the objects of `kind` carrying the label `selector`."""
+        self.calls.append(("list", kind, selector))
+        if self.client is None:
+            return []
+        listed = getattr(self._api(kind), f"list_namespaced_{_snake(kind)}")(self.namespace, label_selector=selector)
+        return [item.metadata.name for item in listed.items]
+
+    def post(self, service: str, port: int, path: str, headers: dict[str, str], timeout_s: float) -> str | None:
+        """POST to a Service's HTTP port through the API server's proxy; the error, or None."""
+        self.calls.append(("proxy", "Service", f"{service}:{port}/{path}"))
+        if self.dry_run:
+            self.log(f"+ POST service {self.namespace}/{service}:{port}/{path}")
+            return None
+        # The generated connect_post_namespaced_service_proxy_with_path escapes the path's slashes: built here.
+        request = self.client.param_serialize(
+            "POST",
+            "/api/v1/namespaces/{namespace}/services/{name}/proxy/" + path,
+            path_params={"namespace": self.namespace, "name": f"{service}:{port}"},
+            header_params={**headers, "Content-Type": "application/json"},
+            body={},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.client.call_api(*request, _request_timeout=timeout_s)
+            response.read()
+        except Exception as exc:  # the REST layer's own errors (connection refused, timeouts)
+            return str(exc)
+        if not 200 <= response.status <= 299:
+            return f"{response.status} {response.reason}: {response.data.decode(errors='replace')[:200]}"
+        return None
 
 
-def _names(plan: Plan, loaded: LoadedPlan) -> None:
-    """Refuse two instances or models that would share a Kubernetes name."""
-    seen: dict[str, str] = {}
-    for kind, name, object_name in [
-        *(("instance", p.instance, instance_name(p.instance)) for _, p in plan.instances()),
-        *(("model", m.name, model_service(m.name)) for m in plan.models),
-    ]:
-        if not NAME.match(object_name):
-            raise TritonctlError(f"{kind} {name!r} gives no valid Kubernetes name", file=loaded.path, field="models")
-        if object_name in seen:
-            raise TritonctlError(
-                f"{kind} {name!r} and {seen[object_name]!r} both become {object_name!r} in Kubernetes: rename one",
-                file=loaded.path,
-                field="models",
-            )
-        seen[object_name] = name
+def connect(namespace: str, dry_run: bool, log: Callable[[str], None]) -> KubeApi:
+    """A KubeApi on the cluster the kubeconfig (or the pod's service account) names; refused where it does not
+    answer. A dry run goes on without a cluster, printing what it would call."""
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        else:
+            config.load_kube_config()
+        api_client = k8s.ApiClient()
+        k8s.VersionApi(api_client).get_code(_request_timeout=5)
+    except Exception as exc:  # no kubeconfig, a bad one, or no answer: each is the same to the user
+        if dry_run:
+            log(f"note: no Kubernetes cluster reachable ({str(exc).splitlines()[0][:120]}): printing the calls only")
+            return KubeApi(namespace, None, True, log)
+        raise TritonctlError(
+            f"no Kubernetes cluster reachable with this kubeconfig ({str(exc).splitlines()[0][:160]}); nothing changed"
+        ) from None
+    return KubeApi(namespace, api_client, dry_run, log)
 
 
-def node_selector(plan: Plan, device: Device, node: str | None) -> dict[str, str]:
-    """Where a device is: its node where the plan names nodes, else the node given, else nodes labelled with the
-    cluster's name."""
-    name = device.node or node
-    return {"kubernetes.io/hostname": name} if name else {f"{LABEL}/cluster": dns_name(plan.cluster)}
+def owned(obj: dict, cluster: str) -> dict:
+    """The object labelled as tritonctl's, for the cluster (`shutdown` deletes by that label)."""
+    metadata = obj["metadata"]
+    labels = {**metadata.get("labels", {}), "app.kubernetes.io/part-of": "tritonctl", f"{LABEL}/cluster": cluster}
+    return {**obj, "metadata": {**metadata, "labels": labels}}
 
 
-def _probe(path: str, period_s: int, failures: int) -> dict:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_s, "failureThreshold": failures}
+def deployment_name(instance: str, process_hash: str) -> str:
+    """A Deployment per process hash, so an instance and its shadow are two Deployments."""
+    return f"{instance_name(instance)[:54]}-{process_hash[:8]}"
 
 
-def triton_objects(plan: Plan, launch: Launch, node: str | None) -> list[dict]:
-    """The Deployment and Service of one instance."""
-    name = instance_name(launch.instance)
-    labels = {"app.kubernetes.io/name": "triton", f"{LABEL}/instance": name}
-    device = plan.device(launch.device)
-    env = [
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": str(device.index)},
-        {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]},
-        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_DIR},
-        {"name": KEY, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}},
-    ]
-    container = {
-        "name": "tritonserver",
-        "image": "triton",
-        "args": [
-            "tritonserver",
-            f"--model-repository={MODELS_DIR}",
-            "--model-control-mode=explicit",
-            f"--load-model={launch.model}",
-            f"--grpc-port={GRPC}",
-            f"--http-port={HTTP}",
-            f"--metrics-port={METRICS}",
-            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-            f"--id={launch.instance}",
-            *restriction_flags(f"$({KEY})"),  # Kubernetes puts the variable's value in the argument
-        ],
-        "env": env,
-        "ports": [
-            {"name": "grpc", "containerPort": GRPC},
-            {"name": "http", "containerPort": HTTP},
-            {"name": "metrics", "containerPort": METRICS},
-        ],
-        "startupProbe": _probe("/v2/health/live", 5, max(1, math.ceil(plan.runtime.startup_timeout_s / 5))),
-        "readinessProbe": _probe(f"/v2/models/{launch.model}/ready", 5, 2),
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "16Gi"}},
-        "volumeMounts": [
-            {"name": "models", "mountPath": MODELS_DIR, "subPath": f"{launch.instance}/models", "readOnly": True},
-            {"name": "mps-pipe", "mountPath": PIPE_DIR},
-        ],
-    }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {**labels, f"{LABEL}/model": dns_name(launch.model)}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    # a new configuration is a new pod template: Kubernetes starts it beside the old one
-                    "annotations": {f"{LABEL}/config-hash": launch.config_hash, f"{LABEL}/device": launch.device},
-                },
-                "spec": {
-                    "nodeSelector": node_selector(plan, device, node),
-                    "hostIPC": True,  # the MPS daemon's IPC namespace is the host's
-                    "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 5,
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "models", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}},
-                        {"name": "mps-pipe", "hostPath": {"path": PIPE_DIR, "type": "Directory"}},
-                    ],
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "selector": labels,
-            "ports": [
-                {"name": "grpc", "port": GRPC, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
-                {"name": "http", "port": HTTP, "targetPort": "http"},
-                {"name": "metrics", "port": METRICS, "targetPort": "metrics"},
-            ],
-        },
-    }
-    return [deployment, service]
+class KubernetesRuntime:
+    name = "kubernetes"
 
+    def __init__(self, api: KubeApi, state_dir: Path, node: str | None = None, ready_poll_s: float = POLL_S):
+        self.api = api
+        self.state_dir = state_dir
+        self.node = node
+        self.poll_s = ready_poll_s
+        self.loaded: LoadedPlan | None = None
 
-def proxy_objects(plan: Plan) -> list[dict]:
-    """HAProxy's Deployment and a Service per model, on the model's port."""
-    labels = {"app.kubernetes.io/name": PROXY}
-    ports = [{"name": f"m{i}", "containerPort": m.port} for i, m in enumerate(plan.models)]
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": PROXY, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": PROXY,
-                            "image": PROXY,
-                            "ports": [*ports, {"name": "metrics", "containerPort": PROXY_METRICS}],
-                            "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
-                            "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}},
-                            "volumeMounts": [
-                                {"name": "config", "mountPath": "/usr/local/etc/haproxy", "readOnly": True},
-                                {"name": "run", "mountPath": "/var/run/haproxy"},
-                            ],
-                        }
-                    ],
-                    "volumes": [{"name": "config", "configMap": {"name": PROXY}}, {"name": "run", "emptyDir": {}}],
-                },
-            },
-        },
-    }
-    services = [
-        {
+    @property
+    def rehearses(self) -> bool:
+        return self.api.dry_run
+
+    def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
+        """Check the plan, then create what the instances share (replacing HAProxy's model Services)."""
+        check_kubernetes(loaded, self.node)
+        plan = loaded.plan
+        objects = manifests(plan, {}, self.node, self.api.namespace)
+        key = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": SECRET},
+            "stringData": {KEY: control_key(self.state_dir)},
+        }
+        config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROXY}, "data": {"haproxy.cfg": ""}}
+        self.loaded = loaded
+        for obj in [*objects["storage.yaml"], key, config]:
+            self.api.create_missing(self._owned(obj))
+        for obj in [*objects["mps.yaml"], *objects["proxy.yaml"], self._metrics_service()]:
+            if obj["kind"] == "Deployment":
+                self.api.create_missing(self._owned(obj))
+            else:
+                self.api.apply(self._owned(obj))
+        return loaded
+
+    def _owned(self, obj: dict) -> dict:
+        return owned(obj, dns_name(self.loaded.plan.cluster))
+
+    @staticmethod
+    def _metrics_service() -> dict:
+        return {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": model_service(m.name), "labels": {f"{LABEL}/model": dns_name(m.name)}},
+            "metadata": {"name": PROXY_METRICS_SERVICE},
             "spec": {
-                "selector": labels,
-                "ports": [{"name": "grpc", "port": m.port, "targetPort": m.port, "appProtocol": "kubernetes.io/h2c"}],
+                "selector": {"app.kubernetes.io/name": PROXY},
+                "ports": [{"name": "metrics", "port": PROXY_METRICS, "targetPort": "metrics"}],
             },
         }
-        for m in plan.models
-    ]
-    return [deployment, *services]
 
-
-def proxy_config(plan: Plan) -> str:
-    """HAProxy's configuration: each model's port in front of its instances' Services, weighted as planned."""
-    routes: Routes = {}
-    for model in plan.models:
-        weights = haproxy_weights([p.weight for p in model.placements])
-        routes[model.port] = [
-            Server(instance_name(p.instance), instance_name(p.instance), GRPC, HTTP, w)
-            for p, w in zip(model.placements, weights, strict=True)
-        ]
-    return render_config(routes, "0.0.0.0", "/var/run/haproxy/api.sock", f"0.0.0.0:{PROXY_METRICS}", resolve=True)
-
-
-def mps_objects(plan: Plan, node: str | None) -> list[dict]:
-    """The MPS control daemon on each GPU node, over the GPUs the plan uses there."""
-    out = []
-    for where in plan.nodes() or [None]:
-        devices = [d for d in plan.devices if d.node == where]
-        gpus = ",".join(str(d.index) for d in sorted(devices, key=lambda d: d.index))
-        name = f"mps-control-daemon-{dns_name(where)}"[:63].rstrip("-") if where else "mps-control-daemon"
-        labels = {"app.kubernetes.io/name": "mps-control-daemon", f"{LABEL}/daemon": name}
-        out.append(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "DaemonSet",
-                "metadata": {"name": name, "labels": labels},
-                "spec": {
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "nodeSelector": node_selector(plan, devices[0], node),
-                            "hostIPC": True,
-                            "containers": [
-                                {
-                                    "name": "mps",
-                                    "image": "triton",
-                                    "command": ["nvidia-cuda-mps-control", "-f"],
-                                    "env": [
-                                        {"name": "NVIDIA_VISIBLE_DEVICES", "value": gpus},
-                                        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_DIR},
-                                        {"name": "CUDA_MPS_LOG_DIRECTORY", "value": LOG_DIR},
-                                    ],
-                                    "volumeMounts": [
-                                        {"name": "mps-pipe", "mountPath": PIPE_DIR},
-                                        {"name": "mps-log", "mountPath": LOG_DIR},
-                                    ],
-                                }
-                            ],
-                            "volumes": [
-                                {"name": "mps-pipe", "hostPath": {"path": PIPE_DIR, "type": "DirectoryOrCreate"}},
-                                {"name": "mps-log", "hostPath": {"path": LOG_DIR, "type": "DirectoryOrCreate"}},
-                            ],
-                        },
-                    },
-                },
-            }
+    def start(
+        self,
+        launch: Launch,
+        folder: Path,
+        host: str,
+        log_dir: Path,
+        timeout_s: float,
+        on_spawn: Callable[[InstanceRecord], None] | None = None,
+    ) -> InstanceRecord:
+        name = deployment_name(launch.instance, launch.process_hash)
+        self.api.apply(self._owned(triton_deployment(self.loaded.plan, launch, self.node, name)))
+        record = InstanceRecord(
+            uid=name,
+            instance=launch.instance,
+            model=launch.model,
+            device=launch.device,
+            share=launch.share,
+            units=launch.units,
+            config_hash=launch.config_hash,
+            process_hash=launch.process_hash,
+            host=instance_name(launch.instance),
+            grpc_port=launch.grpc_port,
+            backend_port=GRPC,
+            http_port=HTTP,
+            metrics_port=METRICS,
+            pid=0,
+            start_ticks=0,
+            folder=str(folder),
+            log=f"kubectl -n {self.api.namespace} logs deployment/{name}",
+            share_mechanism=f"MPS {launch.env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%",
         )
-    return out
+        if on_spawn is not None:
+            on_spawn(record)
+        deadline = time.monotonic() + timeout_s
+        while not self.api.dry_run and not self.health(record).model_ready:
+            if time.monotonic() > deadline:
+                self.stop(record)
+                raise StartError(f"{launch.instance}: Deployment {name} was not ready after {timeout_s:.0f} s")
+            time.sleep(self.poll_s)
+        return record
 
+    def health(self, record: InstanceRecord) -> Health:
+        deployment = self.api.get("Deployment", record.uid)
+        if deployment is None:  # gone; in a dry run without a cluster, unknown: taken as it was recorded, ready
+            known = self.api.client is None and self.api.dry_run
+            return Health(known, known, known)
+        ready = (deployment.get("status") or {}).get("readyReplicas", 0) >= 1
+        return Health(True, ready, ready)
 
-def storage_objects(size: str) -> list[dict]:
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": CLAIM},
-            "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": size}}},
-        }
-    ]
+    def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
+        path = f"v2/repository/models/{record.model}/load"
+        error = self.api.post(record.host, HTTP, path, {CONTROL_HEADER: control_key(self.state_dir)}, timeout_s)
+        if error is not None:
+            raise StartError(f"{record.instance}: reloading {record.model} failed: {error}")
 
+    def route(self, host: str, port: int, backends: list[tuple[InstanceRecord, float]]) -> str:
+        """Point each kept instance's Service at its Deployment; roll HAProxy when its configuration changes."""
+        for record, _ in backends:
+            self.api.apply(self._owned(triton_service(record.instance, {f"{LABEL}/deployment": record.uid})))
+        moved = ""
+        if self.loaded is not None and backends:
+            text = proxy_config(self.loaded.plan)
+            current = self.api.get("ConfigMap", PROXY)
+            if current is None or (current.get("data") or {}).get("haproxy.cfg") != text:
+                config = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": PROXY},
+                    "data": {"haproxy.cfg": text},
+                }
+                self.api.apply(self._owned(config))
+                digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+                template = {"metadata": {"annotations": {f"{LABEL}/config-hash": digest}}}
+                self.api.patch("Deployment", PROXY, {"spec": {"template": template}})
+                moved = ", HAProxy's configuration changed: rolling it"
+        services = ", ".join(f"{r.host} -> {r.uid}" for r, _ in backends) or "closed"
+        return f"port {port} -> {services}{moved}"
 
-def kustomization(plan: Plan, namespace: str) -> dict:
-    return {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "namespace": namespace,
-        "labels": [{"pairs": {"app.kubernetes.io/part-of": "tritonctl", f"{LABEL}/cluster": dns_name(plan.cluster)}}],
-        "resources": list(FILES),
-        "images": [
-            {"name": "triton", "newName": "nvcr.io/nvidia/tritonserver", "newTag": "24.10-py3"},
-            {"name": PROXY, "newName": "haproxy", "newTag": "2.8"},
-        ],
-        "configMapGenerator": [{"name": PROXY, "files": ["haproxy.cfg"]}],
-        "secretGenerator": [{"name": SECRET, "envs": [KEY_FILE]}],
-    }
+    def stop(self, record: InstanceRecord) -> None:
+        """Delete the instance's Deployment (Triton drains on SIGTERM), and its Service where it still selects it."""
+        self.api.delete("Deployment", record.uid)
+        service = self.api.get("Service", record.host)
+        if service is not None and service["spec"].get("selector", {}).get(f"{LABEL}/deployment") == record.uid:
+            self.api.delete("Service", record.host)
 
+    def proxy_ok(self) -> bool:
+        deployment = self.api.get("Deployment", PROXY)
+        return deployment is not None and (deployment.get("status") or {}).get("readyReplicas", 0) >= 1
 
-def manifests(plan: Plan, launches: dict[str, Launch], node: str | None) -> dict[str, list[dict]]:
-    """The objects of each manifest file (a pure function of the plan and its launches)."""
-    triton = [o for launch in launches.values() for o in triton_objects(plan, launch, node)]
-    return {
-        "storage.yaml": storage_objects("20Gi"),
-        "mps.yaml": mps_objects(plan, node),
-        "triton.yaml": triton,
-        "proxy.yaml": proxy_objects(plan),
-    }
-
-
-def write_kubernetes(loaded: LoadedPlan, folder: Path, node: str | None, namespace: str = "tritonctl") -> list[str]:
-    """Check the plan, then write the folder (repositories included); returns the instances' object names.
-    Every check runs before the first write: a refused plan leaves the folder as it was."""
-    check_plan(loaded, None, "kubernetes")
-    plan = loaded.plan
-    if node is not None and not NAME.match(node.split(".")[0]):
-        raise TritonctlError(f"--node {node!r} is not a Kubernetes node name")
-    if node is not None and plan.nodes():
-        raise TritonctlError(
-            f"the plan names its devices' nodes ({', '.join(plan.nodes())}): --node is for a plan on one unnamed host",
-            file=loaded.path,
-            field="devices",
+    def proxy_info(self) -> str:
+        return (
+            f"HAProxy: Deployment {self.api.namespace}/{PROXY}, metrics at Service "
+            f"{PROXY_METRICS_SERVICE}:{PROXY_METRICS} (in the cluster)"
         )
-    _names(plan, loaded)
-    runtime = plan.runtime.model_copy(update={"repository_dir": relative_to(folder / REPOSITORY, loaded.path.parent)})
-    local = LoadedPlan(plan.model_copy(update={"runtime": runtime}), loaded.path)
-    launches = {name: launch for name, (_, launch) in render(local, write=False).items()}
-    check_shares(loaded, launches)
-    objects = manifests(plan, launches, node)
-    folder.mkdir(parents=True, exist_ok=True)
-    render(local)
-    header = f"# Rendered by tritonctl from {loaded.path} (cluster {plan.cluster}): do not edit, re-render.\n"
-    for name, docs in objects.items():
-        (folder / name).write_text(header + yaml.safe_dump_all(docs, sort_keys=False, width=120))
-    (folder / "kustomization.yaml").write_text(
-        header
-        + "# Change here: namespace, images; resources and node labels by a patch.\n"
-        + yaml.safe_dump(kustomization(plan, namespace), sort_keys=False)
-    )
-    (folder / "haproxy.cfg").write_text(proxy_config(plan))
-    if not (folder / KEY_FILE).is_file():
-        write_private(folder / KEY_FILE, f"{KEY}={secrets.token_hex(16)}\n")
-    return [instance_name(i) for i in launches]
+
+    def proxy_metrics_url(self) -> str | None:
+        """Reachable from inside the cluster only (the controller's pod)."""
+        if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return None
+        return f"http://{PROXY_METRICS_SERVICE}.{self.api.namespace}.svc:{PROXY_METRICS}/metrics"
+
+    def shutdown(self) -> None:
+        """Delete what runs beside the instances (HAProxy, its Services and ConfigMap, the MPS daemons, the key);
+        the claim, with the repositories, stays."""
+        for kind in ("Deployment", "DaemonSet", "Service", "ConfigMap", "Secret"):
+            for name in self.api.names(kind, PART_OF):
+                self.api.delete(kind, name)

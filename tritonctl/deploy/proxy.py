@@ -11,7 +11,8 @@ Changing a model's servers goes through HAProxy's runtime API, with no reload an
 reconnect (`ProxyApi.set_servers`): add the new server, wait until its check passes, drain the
 old one, wait until it holds no request, then delete it. Only a change in the set of model
 ports (a model added or removed), or in how a model's requests are dealt (`balance`), rewrites
-the configuration and reloads (the old worker finishes what it holds). HAProxy also exports Prometheus metrics on a loopback port.
+the configuration and reloads (the old worker finishes what it holds). HAProxy also exports Prometheus
+metrics on a loopback port.
 """
 
 from __future__ import annotations

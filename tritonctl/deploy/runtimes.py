@@ -1,4 +1,5 @@
-"""Which runtime deploys a plan: the local one (tritonserver processes here) or Compose (services of a project)."""
+"""Which runtime deploys a plan: the local one (tritonserver processes here), Compose (services of a project) or
+Kubernetes (Deployments in a namespace)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count
+from tritonctl.deploy.kubernetes import KubernetesRuntime, connect
 from tritonctl.deploy.local import LocalRuntime
 from tritonctl.deploy.runtime import Runtime
 from tritonctl.errors import TritonctlError
@@ -21,9 +23,13 @@ def runtime_for(
     log: Callable[[str], None],
     dry_run: bool = False,
     starts: bool = True,
+    namespace: str = "tritonctl",
 ) -> Runtime:
-    """The runtime `name` ("local" or "compose") for the plan; `starts`: it will start instances (the local
-    one then needs tritonserver, and refuses a GPU plan); `log` takes the Compose runner's command lines."""
+    """The runtime `name` ("local", "compose" or "kubernetes", in `namespace`) for the plan; `starts`: it will
+    start instances (the local one then needs tritonserver, and refuses a GPU plan); `log` takes the Compose
+    runner's command lines and the Kubernetes calls of a dry run."""
+    if name == "kubernetes":
+        return KubernetesRuntime(connect(namespace, dry_run, log), loaded.state_dir)
     if name == "compose":
         folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
         return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), host_gpu_count() if starts else None)
