@@ -11,7 +11,7 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from conftest import make_mlp, mlp_model, write_cluster
+from conftest import edit, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.local import haproxy_binary
 from tritonctl.planning.plan import load_plan
@@ -157,6 +157,10 @@ def test_a_cluster_across_nodes_plans_names_each_node_and_renders_each_instance_
     assert "on 2 nodes (a, b); the local runtime deploys on one host" in capsys.readouterr().err
     assert main(["render", str(plan_path), "--target", "compose", "-o", str(tmp_path / "c"), "--gpus", "2"]) == 2
     assert "the compose runtime deploys on one host" in capsys.readouterr().err
+
+    edit(plan_path, lambda d: d["models"][0]["placements"][0].update(device="gpu-c-gpu0"))  # a node not declared
+    assert main(["render", str(plan_path), "--target", "kubernetes", "-o", str(tmp_path / "y")]) == 2
+    assert "unknown device 'gpu-c-gpu0'" in capsys.readouterr().err and not (tmp_path / "y").exists()
 
     half = [nodes[0], {**nodes[1], "node": None}]
     assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")], devices=half)), "-o", str(plan_path)]) == 2
