@@ -224,7 +224,7 @@ class KubernetesRuntime:
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": SECRET},
-            "stringData": {KEY: control_key(self.state_dir)},
+            "stringData": {KEY: self._key()},
         }
         config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROXY}, "data": {"haproxy.cfg": ""}}
         self.loaded = loaded
@@ -236,6 +236,10 @@ class KubernetesRuntime:
             else:
                 self.api.apply(self._owned(obj))
         return loaded
+
+    def _key(self) -> str:
+        """The deployment's control key (a dry run writes nothing, so it sends a stand-in)."""
+        return "dry-run" if self.api.dry_run else control_key(self.state_dir)
 
     def _owned(self, obj: dict) -> dict:
         return owned(obj, dns_name(self.loaded.plan.cluster))
@@ -303,7 +307,7 @@ class KubernetesRuntime:
 
     def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
         path = f"v2/repository/models/{record.model}/load"
-        error = self.api.post(record.host, HTTP, path, {CONTROL_HEADER: control_key(self.state_dir)}, timeout_s)
+        error = self.api.post(record.host, HTTP, path, {CONTROL_HEADER: self._key()}, timeout_s)
         if error is not None:
             raise StartError(f"{record.instance}: reloading {record.model} failed: {error}")
 
