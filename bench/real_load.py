@@ -10,10 +10,11 @@ Deployments:
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
-  turns runtime.reject_late on, `-direct` sends the requests straight to the instances' own
-  ports instead of the model ports (HAProxy), `-replan` plans for each scale's rates and applies
-  that plan before loading it (a shadow swap, as the controller does when rates move), where
-  other deployments keep the plan for 1x.
+  turns runtime.reject_late on, `-ni`, `-nowake` or `-linear` plans with the latency model less
+  its interference terms, its wake-up term or its LWR (latency/ablation.py), `-direct` sends the
+  requests straight to the instances' own ports instead of the model ports (HAProxy), `-replan`
+  plans for each scale's rates and applies that plan before loading it (a shadow swap, as the
+  controller does when rates move), where other deployments keep the plan for 1x.
 
 Each deployment is loaded at every rate scale (x the cluster's rates, all models at once,
 open-loop Poisson) with every tool in turn, never two at once. Printed and written to
@@ -46,6 +47,7 @@ from tritonctl.deploy.local import free_ports
 from tritonctl.deploy.state import straight_to_instances
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
+from tritonctl.latency.ablation import linear_running_time, no_interference, no_wake
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
@@ -157,11 +159,16 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     base, *options = name.split("-")
     cluster = load_cluster(cluster_path)
     changes = {}
+    ablations = {"ni": no_interference, "nowake": no_wake, "linear": linear_running_time}
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
-                        "late": {"reject_late": True}, "direct": {}, "replan": {}}[option])  # fmt: skip
+                        "late": {"reject_late": True}, "direct": {}, "replan": {},
+                        **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
     lm = load_latency_model(lm_path) if lm_path else None
+    for option in options:
+        if option in ablations and lm is not None:
+            lm = ablations[option](lm)
     if lm is not None and not {m.name for m in cluster.spec.models} <= set(lm.models):
         lm = None
     if base == "best" and lm is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from tritonctl.latency.dataset import Dataset, Measurement, MemoryPoint, ModelFeatures, load_dataset
@@ -22,7 +23,42 @@ def true_latency(model: str, batch: int, share: int, corunners) -> float:
     return 0.5 + 0.001 * batch + run * (1 + ALPHA_CACHE[model] * pressure)
 
 
-def synthetic_dataset(folder: Path) -> Dataset:
+def _rows(group: str, kind: str, split: str, members: list[tuple[str, int, int]]) -> list[Measurement]:
+    """The measurements of one run: each member at the truth's latency beside the others."""
+    rows = []
+    for model, share, batch in members:
+        others = tuple(m for m in members if m[0] != model)
+        t = true_latency(model, batch, share, others)
+        cores = 2 * share / 100
+        rows.append(
+            Measurement(
+                config_id=group,
+                kind=kind,
+                split=split,
+                model=model,
+                batch=batch,
+                share=share,
+                units=100,
+                cores=2.0,
+                threads=threads_for_cores(cores),
+                corunners=";".join(f"{m}:{s}:{b}" for m, s, b in others),
+                n_colocated=len(members),
+                reps=10,
+                p50_ms=t,
+                p95_ms=t,
+                p99_ms=t,
+                mean_ms=t,
+                compute_ms=t - 0.5 - 0.001 * batch,
+                queue_ms=0.1,
+                rss_mb=300,
+                cpu_util=min(cores, threads_for_cores(cores)),
+            )
+        )
+    return rows
+
+
+def synthetic_dataset(folder: Path, extra_coloc: int = 0) -> Dataset:
+    """The profile, with `extra_coloc` more random co-located pairs (the MLP needs more than the grid's)."""
     features = [ModelFeatures(m, "0" * 64, 10, 64, 16, 1000, 5000) for m in PER_SAMPLE_MS]
     dataset = Dataset.create(
         folder,
@@ -38,34 +74,14 @@ def synthetic_dataset(folder: Path) -> Dataset:
     )
     rows = []
     for run in solo_runs(list(PER_SAMPLE_MS), 100) + coloc_runs(list(PER_SAMPLE_MS), 100):
-        for member in run.members:
-            others = tuple((m.model, m.share, m.batch) for m in run.members if m is not member)
-            t = true_latency(member.model, member.batch, member.share, others)
-            cores = 2 * member.share / 100
-            rows.append(
-                Measurement(
-                    config_id=run.group,
-                    kind=run.kind,
-                    split=run.split,
-                    model=member.model,
-                    batch=member.batch,
-                    share=member.share,
-                    units=100,
-                    cores=2.0,
-                    threads=threads_for_cores(cores),
-                    corunners=";".join(f"{m}:{s}:{b}" for m, s, b in others),
-                    n_colocated=len(run.members),
-                    reps=10,
-                    p50_ms=t,
-                    p95_ms=t,
-                    p99_ms=t,
-                    mean_ms=t,
-                    compute_ms=t - 0.5 - 0.001 * member.batch,
-                    queue_ms=0.1,
-                    rss_mb=300,
-                    cpu_util=min(cores, threads_for_cores(cores)),
-                )
-            )
+        members = [(m.model, m.share, m.batch) for m in run.members]
+        rows += _rows(run.group, run.kind, run.split, members)
+    rng = random.Random(0)
+    for k in range(extra_coloc):  # random pairs, one in five held out
+        first = rng.choice(range(20, 81, 10))
+        shares = (first, rng.choice(range(20, 101 - first, 10)))
+        members = [(m, s, rng.choice((1, 2, 4, 8, 16))) for m, s in zip(PER_SAMPLE_MS, shares, strict=True)]
+        rows += _rows(f"extra-{k}", "coloc", "heldout" if k % 5 == 0 else "train", members)
     memory = [MemoryPoint(m, 1, b, 100 + 5 * b) for m in PER_SAMPLE_MS for b in (1, 2, 4, 8, 16, 32)]
     dataset.append(rows, memory)
     return load_dataset(folder)

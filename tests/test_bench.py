@@ -8,6 +8,8 @@ from conftest import make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.export import materialize
+from tritonctl.latency.ablation import linear_running_time, no_interference, no_wake
+from tritonctl.latency.dataset import WakePoint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.compare import run_policies
 from tritonctl.planning.policies import POLICIES
@@ -74,3 +76,30 @@ def test_a_latency_margin_plans_for_slower_batches_and_the_simulator_runs_the_ex
     assert wary.capacity_rps == pytest.approx(exact.capacity_rps / 1.3, rel=1e-3)  # same plan, predicted slower
     assert wary.predicted_misses == 1  # alpha, 30% slower, misses its SLO
     assert wary.goodput_rps == pytest.approx(exact.goodput_rps) and exact.goodput_rps > 0.9 * 4  # simulated exact
+
+
+def test_ablations_switch_their_part_off_and_bench_simulates_each_plan_on_the_whole_model(tmp_path, capsys):
+    """SYNTHETIC profile: each ablation really lacks its part, and `bench --ablate` tables all four plans."""
+    dataset = synthetic_dataset(tmp_path / "profile")
+    dataset.append([], [], [WakePoint("alpha", g, p50) for g, p50 in ((0, 5.0), (200, 9.5))])
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    lm = load_latency_model(tmp_path / "profile" / "latency-model.json")
+    beside = (("beta", 50, 4),)
+    assert lm.t_inf("alpha", 4, 50, beside) > lm.t_inf("alpha", 4, 50)  # the synthetic profile interferes
+    alone = no_interference(lm)
+    assert alone.t_inf("alpha", 4, 50, beside) == pytest.approx(alone.t_inf("alpha", 4, 50))
+    assert lm.models["alpha"].wake and no_wake(lm).wake_ms("alpha", 1e9) == 0.0 < lm.wake_ms("alpha", 1e9)
+    linear = linear_running_time(lm)
+    runs = [(b, s) for b in (1, 4, 16) for s in (20, 50, 100)]
+    assert any(linear.run_ms("alpha", b, s) != pytest.approx(lm.run_ms("alpha", b, s), rel=1e-3) for b, s in runs)
+
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=150, slo_ms=150), mlp_model("beta", rate=40)])
+    out = tmp_path / "ablate"
+    capsys.readouterr()
+    model = str(tmp_path / "profile" / "latency-model.json")
+    assert main(["bench", str(cluster), "--latency-model", model, "--ablate", "--duration", "10", "-o", str(out)]) == 0
+    text = (out / "ablation.md").read_text()
+    for label in ("search, whole model", "search, no interference (InSS-ni)", "search, no wake-up term"):
+        assert f"| {label} |" in text
+    assert text.count("against the whole model") == 3 and len(list(out.glob("plan-search-*.yaml"))) == 4

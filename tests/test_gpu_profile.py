@@ -72,7 +72,7 @@ def test_the_h100_profile_is_complete_and_fits_its_held_out_points():
     }
     assert {r.kind for r in dataset.rows} == {"solo", "coloc"}
     model = fit_latency_model(dataset, log=lambda _: None)
-    results = evaluate(model, dataset)
+    results = evaluate(model, dataset, None)
     solo = [r.error("inss") for r in results if r.row.kind == "solo"]
     coloc = [r.error("inss") for r in results if r.row.kind == "coloc"]
     # Measured on the H100: median 2.2% solo, 4.1% co-located; max 13.5% and 9.5%.

@@ -17,7 +17,7 @@ from sklearn.utils.estimator_checks import check_estimator
 from conftest import make_mlp, mlp_model, write_cluster
 from synthetic import ALPHA_CACHE, synthetic_dataset, true_latency
 from tritonctl.cli import main
-from tritonctl.latency import queueing
+from tritonctl.latency import mlp, queueing
 from tritonctl.latency.dataset import WakePoint, load_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
@@ -220,3 +220,35 @@ def test_extrapolation_is_flagged(tmp_path, fitted):
     assert lm.t_inf("alpha", 1, 10) == pytest.approx(true_latency("alpha", 1, 10, ()), rel=0.1)
     assert lm.t_inf("alpha", 64, 100) > 1.9 * lm.t_inf("alpha", 32, 100)
     assert all(m.placements[0].predicted.exec_ms > lm.t_inf(m.name, 1, 25) for m in predicted)
+
+
+def test_an_mlp_predictor_is_fitted_saved_and_used_by_t_inf_and_the_report_compares_it(tmp_path, capsys, monkeypatch):
+    """SYNTHETIC profile: the MLP learns the synthetic interference and rides in the latency-model file (one
+    penalty and one network, for time: the search and the averaging are the same code)."""
+    monkeypatch.setattr(mlp, "PENALTIES", (0.1,))
+    monkeypatch.setattr(mlp, "SEEDS", 1)
+    synthetic_dataset(tmp_path / "profile", extra_coloc=30)
+    out = tmp_path / "mlp.json"
+    assert main(["fit", str(tmp_path / "profile"), "--predictor", "mlp", "-o", str(out)]) == 0
+    assert "MLP predictor" in capsys.readouterr().out
+    model = load_latency_model(out)
+    assert model.mlp is not None and set(model.mlp.names) == {"alpha", "beta"}
+    beside = (("beta", 50, 4),)
+    by_mlp, by_inss = model.t_inf("alpha", 4, 50, beside), model.without_mlp().t_inf("alpha", 4, 50, beside)
+    assert by_mlp != by_inss and by_mlp == pytest.approx(true_latency("alpha", 4, 50, beside), rel=0.15)
+    assert model.with_margin(0.1).t_inf("alpha", 4, 50, beside) == pytest.approx(1.1 * by_mlp)
+
+    assert main(["report", str(tmp_path / "profile"), "--model", str(out), "-o", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| MLP (Abacus-style) |" in text and "MLP: the model file's." in text
+    assert "Learning curve" in text and (tmp_path / "report" / "learning_curve.png").stat().st_size > 10_000
+    curve = [line for line in text.splitlines() if line[:3] in {f"| {d}" for d in "123456789"}]
+    assert len(curve) >= 4  # four parts of the co-located configurations, each with its errors
+    assert "n/a" in curve[0] and "n/a" not in curve[-1]  # the MLP is refused on the smallest part, fitted on all
+
+
+def test_too_few_co_located_rows_for_the_mlp_says_how_many_it_has_and_needs(tmp_path, capsys):
+    dataset = synthetic_dataset(tmp_path / "p")  # the grid's co-locations only: 4 training rows
+    assert main(["fit", str(dataset.folder), "--predictor", "mlp"]) == 2
+    err = capsys.readouterr().err
+    assert "needs at least 20 co-located training rows and the profile has 4" in err and "measurements.csv" in err

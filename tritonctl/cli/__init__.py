@@ -166,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=_output_file, help="model file (default: latency-model.json in the profile folder)"
     )
     p.add_argument("--report", action="store_true", help="also evaluate on held-out measurements (see report)")
+    p.add_argument(
+        "--predictor",
+        choices=["inss", "mlp"],
+        default="inss",
+        help="inss: the interference-aware model (default); mlp: an Abacus-style MLP predicts each batch's latency "
+        "from which models co-run, their batches and shares (the rest of the file, memory and wake-up, stays InSS's)",
+    )
     p = add("report", "measure.cmd_report", "evaluate a fitted latency model on held-out measurements, with plots")
     p.add_argument("profile", help="profile folder")
     p.add_argument("--model", help="latency model file (default: latency-model.json in the profile folder)")
@@ -275,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
     add_margin(p)
+    p.add_argument(
+        "--ablate",
+        action="store_true",
+        help="instead of the policies: search planning with the latency model less one part at a time (no "
+        "interference terms, no wake-up, linear instead of LWR), each plan simulated on the whole model",
+    )
     p = add("train", "planning.cmd_train", "train the inss policy (SAC-Discrete, InSS Algorithm 2) for a cluster")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")

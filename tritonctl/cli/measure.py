@@ -9,6 +9,7 @@ from tritonctl.export import materialize
 from tritonctl.latency.dataset import load_dataset
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.mlp import HIDDEN, fit_mlp
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
 from tritonctl.profiler.calibrate import calibrate, median_abs
@@ -69,6 +70,12 @@ def cmd_fit(args) -> int:
     out = Path(args.output) if args.output else dataset.folder / "latency-model.json"
     say(f"fitting {dataset.folder} ({len(dataset.rows)} measurements):")
     model = fit_latency_model(dataset, log=say)
+    if args.predictor == "mlp":
+        model.mlp = fit_mlp(dataset, model.eff)
+        say(
+            f"  MLP predictor: {len(model.mlp.names)} models, {len(model.mlp.networks)} networks of hidden layers "
+            f"{HIDDEN}, L2 penalty {model.mlp.penalty:g} (cross-validated on the training rows)"
+        )
     model.save(out)
     say(f"latency model written to {out}")
     if args.report:
@@ -81,12 +88,14 @@ def _report(dataset, model_path: Path, out: Path) -> None:
     say(f"report written to {out / 'report.md'}")
     say(
         f"  held-out solo:       InSS-style {figures['solo_inss']}\n"
-        f"                       linear     {figures['solo_linear']}"
+        f"                       linear     {figures['solo_linear']}\n"
+        f"                       MLP        {figures['solo_mlp']}"
     )
     say(
         f"  held-out co-located: InSS-style {figures['coloc_inss']}\n"
         f"                       Gpulet     {figures['coloc_gpulet']}\n"
-        f"                       linear     {figures['coloc_linear']}"
+        f"                       linear     {figures['coloc_linear']}\n"
+        f"                       MLP        {figures['coloc_mlp']}"
     )
     say(f"  cache proxy vs slowdown r = {figures['proxy_r']:.2f}; prediction {figures['cost_us']:.1f} us/query")
 

@@ -13,7 +13,15 @@ from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.files import load_yaml
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planning.compare import format_rows, margins, run_policies, upper_bound_rps, write_bench
+from tritonctl.planning.compare import (
+    format_rows,
+    margins,
+    run_ablations,
+    run_policies,
+    upper_bound_rps,
+    write_ablation,
+    write_bench,
+)
 from tritonctl.planning.plan import Plan, load_plan, save_plan
 from tritonctl.planning.planner import HEADROOM, check_latency_model, fewest_devices, make_plan, predicted_load
 from tritonctl.planning.policies import POLICIES
@@ -121,6 +129,15 @@ def cmd_bench(args) -> int:
         raise TritonctlError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
     out = Path(args.output) if args.output else cluster.path.parent / "bench"
     policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
+    if args.ablate:
+        rows = run_ablations(cluster, artifacts, lm, out, args.duration)
+        path = write_ablation(rows, cluster, args.duration, out)
+        if output.JSON:
+            emit({"output": str(path), "rows": [dataclasses.asdict(row) for row in rows]})
+            return 0
+        say(format_rows(rows))
+        say(f"written to {path}")
+        return 0
     policies = args.policies
     if args.policies is None:  # every policy; inss where a policy was trained for this cluster
         policies = [p for p in POLICIES if not POLICIES[p].trained or policy_file.is_file()]

@@ -39,6 +39,7 @@ import numpy as np
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import read_json
+from tritonctl.latency.mlp import MlpPredictor
 from tritonctl.shares import threads_for_cores
 from tritonctl.spec import MAX_BATCH  # BDA searches batch sizes 1..MAX_BATCH (InSS Algorithm 1); profiles too
 
@@ -116,6 +117,8 @@ class LatencyModel:
         self._table = {name: self._build_table(name) for name in models}
         self._contention: dict[tuple[int, tuple[int, ...]], float] = {}  # (share, co-runners' shares) -> contention
         self.margin = 0.0  # see `with_margin`
+        self.mlp: MlpPredictor | None = None  # set: t_inf is the MLP's (mlp.py), the rest stays this model's
+        self._mlp_ms: dict[tuple, float] = {}
 
     def with_margin(self, margin: float) -> LatencyModel:
         """This model predicting every batch (1 + margin) times as long: planning against it leaves
@@ -125,6 +128,12 @@ class LatencyModel:
         pessimist = copy.copy(self)
         pessimist.margin = margin
         return pessimist
+
+    def without_mlp(self) -> LatencyModel:
+        """This model predicting by the InSS formula even where the file carries an MLP."""
+        inss = copy.copy(self)
+        inss.mlp = None
+        return inss
 
     # ---- construction -------------------------------------------------------------------
     @staticmethod
@@ -174,6 +183,8 @@ class LatencyModel:
 
     def t_inf(self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> float:
         """Execution latency (ms) of one batch; `corunners` are (model, share, batch) on the same device."""
+        if self.mlp is not None:
+            return self._predicted_by_mlp(model, batch, share, corunners) * (1 + self.margin)
         p, d = self.models[model], self.device
         run = self.run_ms(model, batch, share)
         if corunners:
@@ -181,6 +192,16 @@ class LatencyModel:
             run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
         return (self.io_ms(model, batch) + run) * (1 + self.margin)
+
+    def _predicted_by_mlp(
+        self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...]
+    ) -> float:
+        key = (model, batch, share, tuple(sorted(corunners)))
+        cached = self._mlp_ms.get(key)
+        if cached is None:
+            row = self.mlp.features(self.eff, model, batch, share, key[3])
+            cached = self._mlp_ms[key] = float(self.mlp.predict_ms(np.array(row))[0])
+        return cached
 
     def contention(self, share: int, corunners: tuple[tuple[str, int, int], ...]) -> float:
         """CPU only: the share of time this instance's threads wait for a core beyond their quota's slack.
@@ -273,6 +294,7 @@ class LatencyModel:
             "meta": self.meta,
             "device": asdict(self.device),
             "models": {name: asdict(p) for name, p in self.models.items()},
+            **({"mlp": self.mlp.to_json()} if self.mlp is not None else {}),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1) + "\n")
@@ -290,7 +312,10 @@ def load_latency_model(path: str | Path) -> LatencyModel:
             raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
             raw["wake"] = tuple(sorted((float(gap), float(extra)) for gap, extra in raw.get("wake", ())))
             models[name] = ModelParams(**raw)
-        return LatencyModel(device, models, data.get("meta", {}))
+        model = LatencyModel(device, models, data.get("meta", {}))
+        if "mlp" in data:
+            model.mlp = MlpPredictor.from_json(data["mlp"])
+        return model
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TritonctlError(f"corrupt latency model ({type(exc).__name__}: {exc})", file=path) from None
 

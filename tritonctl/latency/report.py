@@ -1,9 +1,12 @@
 """`tritonctl report`: judge a fitted latency model on held-out measurements, with plots.
 
-Held-out rows were measured in the same profile but never used by `fit`. Three predictors
-are compared on them: the InSS-style model, Gpulet's pairwise model (co-located rows), and
-a plain linear regression per model on the same inputs (batch, effective share, co-runner
-cache pressure, number of co-located models), fitted on the same training rows.
+Held-out rows were measured in the same profile but never used by `fit`. Four predictors
+are compared on them: the InSS-style model, Gpulet's pairwise model (co-located rows), a
+plain linear regression per model on the same inputs (batch, effective share, co-runner
+cache pressure, number of co-located models), and an Abacus-style MLP (mlp.py; the file's
+own where it has one), all fitted on the same training rows. A learning curve refits the
+InSS-style, Gpulet and MLP predictors on part of the co-located training configurations,
+to show what each needs profiled to reach its accuracy.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from sklearn.linear_model import LinearRegression
 
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.dataset import Dataset, Measurement
+from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.mlp import ABACUS_MEAN_ERROR, MIN_COLOC_ROWS, MlpPredictor, fit_mlp
 from tritonctl.latency.model import LatencyModel
 
 
@@ -28,6 +33,7 @@ class Evaluated:
     inss: float
     gpulet: float
     linear: float
+    mlp: float  # nan without an MLP (too few co-located training rows)
 
     def error(self, which: str) -> float:
         return abs(getattr(self, which) - self.row.p50_ms) / self.row.p50_ms
@@ -39,7 +45,8 @@ def _linear_features(model: LatencyModel, r: Measurement) -> list[float]:
     return [r.batch, model.eff(r.share, r.threads), pressure, len(corunners)]
 
 
-def evaluate(model: LatencyModel, dataset: Dataset) -> list[Evaluated]:
+def evaluate(model: LatencyModel, dataset: Dataset, mlp: MlpPredictor | None) -> list[Evaluated]:
+    """Every held-out row with each predictor's latency (`model` predicting by the InSS formula)."""
     linear = {}
     for name in model.models:
         rows = [r for r in dataset.rows if r.model == name and r.split == "train"]
@@ -49,15 +56,69 @@ def evaluate(model: LatencyModel, dataset: Dataset) -> list[Evaluated]:
         if r.split != "heldout" or r.model not in model.models:
             continue
         corunners = tuple(r.corunner_list())
+        by_mlp = math.nan
+        if mlp is not None:
+            by_mlp = float(mlp.predict_ms(np.array(mlp.features(model.eff, r.model, r.batch, r.share, corunners)))[0])
         out.append(
             Evaluated(
                 row=r,
                 inss=model.t_inf(r.model, r.batch, r.share, corunners),
                 gpulet=model.t_inf_gpulet(r.model, r.batch, r.share, corunners),
                 linear=float(linear[r.model].predict([_linear_features(model, r)])[0]),
+                mlp=by_mlp,
             )
         )
     return out
+
+
+def _mlp_for(model: LatencyModel, dataset: Dataset) -> tuple[MlpPredictor | None, str]:
+    """The file's MLP, else one fitted on the training rows; None (and why) where there are too few."""
+    if model.mlp is not None:
+        return model.mlp, "the model file's"
+    try:
+        return fit_mlp(dataset, model.eff), "fitted here on the training rows"
+    except TritonctlError as exc:
+        return None, exc.message
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    configs: int  # co-located training configurations used
+    rows: int  # co-located training rows they hold
+    mean: dict[str, float]  # predictor -> mean held-out co-located error
+
+
+def learning_curve(dataset: Dataset, parts=(0.25, 0.5, 0.75, 1.0), seed: int = 0) -> list[CurvePoint]:
+    """Each predictor refitted on `parts` of the co-located training configurations (every solo row kept), and
+    its mean error on the held-out co-located rows."""
+    configs = sorted({r.config_id for r in dataset.rows if r.kind == "coloc" and r.split == "train"})
+    order = np.random.default_rng(seed).permutation(len(configs))
+    points = []
+    for part in parts:
+        chosen = {configs[i] for i in order[: max(1, round(part * len(configs)))]}
+        rows = [r for r in dataset.rows if r.kind == "solo" or r.split == "heldout" or r.config_id in chosen]
+        subset = Dataset(dataset.folder, dataset.metadata, dataset.models, rows, dataset.memory, dataset.wake)
+        model = fit_latency_model(subset, log=lambda _: None)
+        try:
+            mlp = fit_mlp(subset, model.eff)
+        except TritonctlError:
+            mlp = None
+        coloc = [e for e in evaluate(model, subset, mlp) if e.row.kind == "coloc"]
+        mean = {which: float(np.mean([e.error(which) for e in coloc])) for which in ("inss", "gpulet", "mlp")}
+        points.append(CurvePoint(len(chosen), sum(r.kind == "coloc" and r.split == "train" for r in rows), mean))
+    return points
+
+
+def rows_for(points: list[CurvePoint], which: str, target: float) -> float | None:
+    """Co-located training rows at which `which`'s mean error would reach `target`, by a power law through the
+    curve (error = a rows^-b); None where the curve does not fall."""
+    xs = [(p.rows, p.mean[which]) for p in points if p.rows and math.isfinite(p.mean[which]) and p.mean[which] > 0]
+    if len(xs) < 2:
+        return None
+    slope, intercept = np.polyfit(np.log([x for x, _ in xs]), np.log([e for _, e in xs]), 1)
+    if slope >= 0:
+        return None
+    return float(math.exp((math.log(target) - intercept) / slope))
 
 
 def _summary(errors: list[float]) -> str:
@@ -89,9 +150,12 @@ def proxy_correlation(model: LatencyModel, dataset: Dataset) -> float:
     return float(np.corrcoef(xs, ys)[0, 1]) if len(xs) > 2 else math.nan
 
 
-def write_report(model: LatencyModel, dataset: Dataset, out: Path) -> dict:
-    """Write report.md and its plots into `out`; returns the headline figures."""
-    results = evaluate(model, dataset)
+def write_report(model: LatencyModel, dataset: Dataset, out: Path, curve: bool = True) -> dict:
+    """Write report.md and its plots into `out` (with the learning curve unless not `curve`); returns the headline
+    figures."""
+    mlp, mlp_source = _mlp_for(model, dataset)
+    model = model.without_mlp()
+    results = evaluate(model, dataset, mlp)
     if not results:
         raise TritonctlError(
             "the profile has no held-out measurements to judge the model on", file=dataset.folder / "measurements.csv"
@@ -105,6 +169,9 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path) -> dict:
         "coloc_inss": _summary([e.error("inss") for e in coloc]),
         "coloc_gpulet": _summary([e.error("gpulet") for e in coloc]),
         "coloc_linear": _summary([e.error("linear") for e in coloc]),
+        "solo_mlp": _summary([e.error("mlp") for e in solo]) if mlp else "n/a",
+        "coloc_mlp": _summary([e.error("mlp") for e in coloc]) if mlp else "n/a",
+        "coloc_mlp_mean": float(np.mean([e.error("mlp") for e in coloc])) if mlp and coloc else math.nan,
         "proxy_r": proxy_correlation(model, dataset),
         "cost_us": prediction_cost_us(model),
     }
@@ -122,10 +189,20 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path) -> dict:
         "Errors are |predicted - observed| / observed of the median client latency of a batch, on held-out "
         "configurations (measured, never fitted).",
         "",
-        "| held-out set | InSS-style model | Gpulet pairwise | plain linear regression |",
-        "|---|---|---|---|",
-        f"| solo | {figures['solo_inss']} | (same as InSS when alone) | {figures['solo_linear']} |",
-        f"| co-located | {figures['coloc_inss']} | {figures['coloc_gpulet']} | {figures['coloc_linear']} |",
+        "| held-out set | InSS-style model | Gpulet pairwise | plain linear regression | MLP (Abacus-style) |",
+        "|---|---|---|---|---|",
+        f"| solo | {figures['solo_inss']} | (same as InSS when alone) | {figures['solo_linear']} | "
+        f"{figures['solo_mlp']} |",
+        f"| co-located | {figures['coloc_inss']} | {figures['coloc_gpulet']} | {figures['coloc_linear']} | "
+        f"{figures['coloc_mlp']} |",
+        "",
+        f"MLP: {mlp_source}."
+        + (
+            f" Its mean error on the co-located held-out rows is {100 * figures['coloc_mlp_mean']:.1f}% "
+            f"(Abacus reports {100 * ABACUS_MEAN_ERROR:.1f}%)."
+            if mlp and coloc
+            else ""
+        ),
         "",
         "Per model (InSS-style model, all held-out rows):",
         "",
@@ -138,6 +215,8 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path) -> dict:
         lines.append(
             f"- {n} model(s) on the device: {_summary([e.error('inss') for e in results if e.row.n_colocated == n])}"
         )
+    if curve:
+        lines += _curve_lines(learning_curve(dataset), out / "learning_curve.png")
     lines += [
         "",
         f"Cache-pressure proxy check: Pearson r between the co-runners' summed proxy and the measured slowdown "
@@ -152,6 +231,49 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path) -> dict:
     ]
     (out / "report.md").write_text("\n".join(lines))
     return figures
+
+
+def _curve_lines(points: list[CurvePoint], path: Path) -> list[str]:
+    """The learning curve as a table, a plot and what the MLP would need to reach Abacus' error."""
+    names = {"inss": "InSS-style", "gpulet": "Gpulet pairwise", "mlp": "MLP"}
+    lines = [
+        "",
+        "Learning curve: each predictor refitted on part of the co-located training configurations (every solo "
+        "row kept); mean error on the co-located held-out rows:",
+        "",
+        "| co-located configurations | rows | " + " | ".join(names.values()) + " |",
+        "|---|---|---|---|---|",
+    ]
+    for p in points:
+        cells = [f"{100 * p.mean[k]:.1f}%" if math.isfinite(p.mean[k]) else "n/a" for k in names]
+        lines.append(f"| {p.configs} | {p.rows} | " + " | ".join(cells) + " |")
+    last = points[-1].mean["mlp"] if points else math.nan
+    if not math.isfinite(last):
+        lines.append(f"\nThe MLP was not fitted: fewer than {MIN_COLOC_ROWS} co-located training rows.")
+    elif last <= ABACUS_MEAN_ERROR:
+        lines.append(f"\nThe MLP reaches Abacus' {100 * ABACUS_MEAN_ERROR:.1f}% mean error on this profile.")
+    else:
+        needed = rows_for(points, "mlp", ABACUS_MEAN_ERROR)
+        lines.append(
+            f"\nThe MLP does not reach Abacus' {100 * ABACUS_MEAN_ERROR:.1f}% mean error here; "
+            + (
+                f"by a power law through the curve it would need about {needed:,.0f} co-located training rows."
+                if needed
+                else "its curve does not fall, so more rows of this kind would not get it there."
+            )
+        )
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    for key, label in names.items():
+        ys = [100 * p.mean[key] for p in points]
+        ax.plot([p.rows for p in points], ys, marker="o", label=label)
+    ax.set(xlabel="co-located training rows", ylabel="mean abs. error (%)", title="Held-out co-located error")
+    ax.axhline(100 * ABACUS_MEAN_ERROR, color="grey", linestyle=":", label="Abacus' reported MLP error")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    lines.append(f"\n![learning curve]({path.name})")
+    return lines
 
 
 def _plot_scatter(results: list[Evaluated], path: Path) -> None:

@@ -15,6 +15,7 @@ served within their SLO per second).
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from matplotlib.figure import Figure
 
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
+from tritonctl.latency.ablation import ABLATIONS
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import warm_tables
 from tritonctl.planning.plan import Plan, save_plan
@@ -81,40 +83,76 @@ def run_policies(
     bound = upper_bound_rps(cluster, lm)
     planning_lm = lm.with_margin(margin)
     warm_tables(MAX_BATCH)  # the planning times below leave out this one-time cost
-    rows = []
-    for policy in policies:
-        plan_path = out_dir / f"plan-{policy}.yaml"
-        try:
-            started = time.perf_counter()
-            plan = make_plan(
-                cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file
-            )
-        except TritonctlError as exc:
-            rows.append(BenchRow(policy, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message.splitlines()[0]))
-            continue
-        plan_ms = 1000 * (time.perf_counter() - started)
-        save_plan(plan, plan_path)
-        capacity = sum(p.predicted.throughput_rps for _, p in plan.instances())
-        sim = simulate(plan, lm, duration_s, drop=drop)
-        arrived = arrived_requests(sim, plan, cluster)
-        rows.append(
-            BenchRow(
-                policy=policy,
-                plan_ms=plan_ms,
-                capacity_rps=capacity,
-                of_bound=capacity / bound,
-                throughput_rps=sim.throughput,
-                goodput_rps=sim.goodput,
-                violations=1 - sum(m.good for m in sim.models) / arrived,
-                drops=sum(m.dropped for m in sim.models) / arrived,
-                devices=sim.devices_used,
-                unserved=len(plan.unserved),
-                predicted_misses=sum(not p.predicted.meets_slo for _, p in plan.instances()),
-                predicted_goodput_rps=sum(p.predicted.in_slo_rps for _, p in plan.instances()),
-            )
-        )
+    rows = [
+        _bench_row(policy, policy, cluster, artifacts, planning_lm, lm, out_dir, bound, duration_s, drop, policy_file)
+        for policy in policies
+    ]
     optimum = next((r.predicted_goodput_rps for r in rows if r.policy == "optimal" and not r.error), 0.0)
     return [dataclasses.replace(r, of_optimum=r.predicted_goodput_rps / optimum) if optimum > 0 else r for r in rows]
+
+
+def run_ablations(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    lm: LatencyModel,
+    out_dir: Path,
+    duration_s: float,
+    policy: str = "search",
+    drop: bool = True,
+) -> list[BenchRow]:
+    """`policy` planning with the whole latency model and with each ablation of it (ablation.py), every plan
+    simulated on the whole model."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bound = upper_bound_rps(cluster, lm)
+    warm_tables(MAX_BATCH)
+    variants = {"whole model": lm} | {name: ablate(lm) for name, ablate in ABLATIONS.items()}
+    return [
+        _bench_row(f"{policy}, {name}", policy, cluster, artifacts, planning, lm, out_dir, bound, duration_s, drop)
+        for name, planning in variants.items()
+    ]
+
+
+def _bench_row(
+    label: str,
+    policy: str,
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    planning_lm: LatencyModel,
+    lm: LatencyModel,
+    out_dir: Path,
+    bound: float,
+    duration_s: float,
+    drop: bool,
+    policy_file: Path | None = None,
+) -> BenchRow:
+    """One plan made by `policy` with `planning_lm` (saved in `out_dir`), simulated on `lm`."""
+    plan_path = out_dir / f"plan-{re.sub(r'[^A-Za-z0-9-]+', '-', label).strip('-')}.yaml"
+    try:
+        started = time.perf_counter()
+        plan = make_plan(
+            cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file
+        )
+    except TritonctlError as exc:
+        return BenchRow(label, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message.splitlines()[0])
+    plan_ms = 1000 * (time.perf_counter() - started)
+    save_plan(plan, plan_path)
+    capacity = sum(p.predicted.throughput_rps for _, p in plan.instances())
+    sim = simulate(plan, lm, duration_s, drop=drop)
+    arrived = arrived_requests(sim, plan, cluster)
+    return BenchRow(
+        policy=label,
+        plan_ms=plan_ms,
+        capacity_rps=capacity,
+        of_bound=capacity / bound,
+        throughput_rps=sim.throughput,
+        goodput_rps=sim.goodput,
+        violations=1 - sum(m.good for m in sim.models) / arrived,
+        drops=sum(m.dropped for m in sim.models) / arrived,
+        devices=sim.devices_used,
+        unserved=len(plan.unserved),
+        predicted_misses=sum(not p.predicted.meets_slo for _, p in plan.instances()),
+        predicted_goodput_rps=sum(p.predicted.in_slo_rps for _, p in plan.instances()),
+    )
 
 
 def arrived_requests(sim: SimResult, plan: Plan, cluster: Cluster) -> int:
@@ -163,6 +201,29 @@ def margins(rows: list[BenchRow]) -> str:
     lines.append("Each of tritonctl's policies, by goodput:")
     lines += [f"- {r.policy}: " + ", ".join(f"vs {name} {margin(r, name)}" for name in others) for r in own]
     return "\n".join(lines)
+
+
+def write_ablation(rows: list[BenchRow], cluster: Cluster, duration_s: float, out_dir: Path) -> Path:
+    """The ablation rows as ablation.md in `out_dir`; its path."""
+    whole = rows[0]
+    lines = [
+        f"# Ablations on {cluster.spec.name}",
+        "",
+        f"Each plan made with the latency model less one part, simulated {duration_s:g} s on the whole model at the "
+        "cluster's rates (planned capacity and predicted goodput are the ablated model's own).",
+        "",
+        format_rows(rows),
+        "",
+    ]
+    lines += [
+        f"- {r.policy}: goodput {r.goodput_rps:.1f} req/s ({100 * (r.goodput_rps / whole.goodput_rps - 1):+.1f}% "
+        f"against the whole model), SLO violations {100 * r.violations:.2f}%"
+        for r in rows[1:]
+        if not r.error and whole.goodput_rps > 0
+    ]
+    path = out_dir / "ablation.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def write_bench(
