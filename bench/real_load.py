@@ -10,8 +10,9 @@ Deployments:
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
-  turns runtime.reject_late on, `-ni`, `-nowake` or `-linear` plans with the latency model less
-  its interference terms, its wake-up term or its LWR (latency/ablation.py), `-direct` sends the
+  turns runtime.reject_late on, `-ni`, `-nowake`, `-linear` or `-noqueue` plans with the latency
+  model less its interference terms, its wake-up term, its LWR or the queueing model
+  (latency/ablation.py), `-direct` sends the
   requests straight to the instances' own ports instead of the model ports (HAProxy), `-replan`
   plans for each scale's rates and applies that plan before loading it (a shadow swap, as the
   controller does when rates move), where other deployments keep the plan for 1x.
@@ -50,6 +51,7 @@ from tritonctl.export import materialize
 from tritonctl.latency.ablation import linear_running_time, no_interference, no_wake
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.queueing import without_queueing
 from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
 from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
@@ -162,7 +164,7 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     ablations = {"ni": no_interference, "nowake": no_wake, "linear": linear_running_time}
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
-                        "late": {"reject_late": True}, "direct": {}, "replan": {},
+                        "late": {"reject_late": True}, "direct": {}, "replan": {}, "noqueue": {},
                         **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
     lm = load_latency_model(lm_path) if lm_path else None
@@ -175,7 +177,8 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
         raise SystemExit(f"the best plan needs a latency model of every model of {cluster_path}")
     policy = "search" if base == "best" else "spread"
     path = out / (f"plan-{name}.yaml" if scale == 1.0 else f"plan-{name}-x{scale:g}.yaml")
-    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), policy, path, lm, log=print)
+    with without_queueing() if "noqueue" in options else contextlib.nullcontext():
+        plan = make_plan(cluster, materialize(cluster, log=lambda _: None), policy, path, lm, log=print)
     save_plan(plan, path)
     return path
 

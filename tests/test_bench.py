@@ -11,6 +11,7 @@ from tritonctl.export import materialize
 from tritonctl.latency.ablation import linear_running_time, no_interference, no_wake
 from tritonctl.latency.dataset import WakePoint
 from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.queueing import in_slo, task_latency, without_queueing
 from tritonctl.planning.compare import run_policies
 from tritonctl.planning.policies import POLICIES
 from tritonctl.spec import load_cluster
@@ -102,4 +103,8 @@ def test_ablations_switch_their_part_off_and_bench_simulates_each_plan_on_the_wh
     text = (out / "ablation.md").read_text()
     for label in ("search, whole model", "search, no interference (InSS-ni)", "search, no wake-up term"):
         assert f"| {label} |" in text
-    assert text.count("against the whole model") == 3 and len(list(out.glob("plan-search-*.yaml"))) == 4
+    assert "| search, no queueing model |" in text
+    assert text.count("against the whole model") == 4 and len(list(out.glob("plan-search-*.yaml"))) == 5
+    with without_queueing():  # the planner's view of a task without the queueing model: its batch alone
+        assert task_latency(100, 4, 10.0).p99_ms == 10.0 and in_slo(100, 4, 10.0, 12) == 1.0
+    assert task_latency(100, 4, 10.0).p99_ms > 10.0  # and with it: waiting for the batch to fill

@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ablate",
         action="store_true",
         help="instead of the policies: search planning with the latency model less one part at a time (no "
-        "interference terms, no wake-up, linear instead of LWR), each plan simulated on the whole model",
+        "interference terms, no wake-up, linear instead of LWR, no queueing model), each plan simulated on the "
+        "whole model",
     )
     p = add("train", "planning.cmd_train", "train the inss policy (SAC-Discrete, InSS Algorithm 2) for a cluster")
     p.add_argument("cluster", help="cluster.yaml")

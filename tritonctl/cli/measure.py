@@ -33,7 +33,11 @@ def _calibrated_path(source: Path, folder: Path) -> Path:
 def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
     """Calibrate `source` to this CPU for the cluster's models, write it to `output` and print its errors."""
     cluster = load_cluster(cluster_arg)
-    calibrated, points = calibrate(cluster, load_latency_model(source), source, log=say)
+    model = load_latency_model(source)
+    if model.mlp is not None:
+        say("note: the MLP predictor is the other CPU's and is not carried over: the calibrated model predicts by the "
+            "InSS formula (profile here and fit --predictor mlp for an MLP of this CPU)")  # fmt: skip
+    calibrated, points = calibrate(cluster, model, source, log=say)
     calibrated.save(output)
     checks = [p for p in points if not p.fitted]
     factors = calibrated.meta["calibrated"]["factors"]

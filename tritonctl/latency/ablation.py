@@ -4,9 +4,9 @@
 - no interference (InSS-ni): no cache-pressure, scheduling or CPU-contention terms, each model as if alone;
 - no wake-up: an idle instance's first batch costs nothing extra;
 - linear instead of LWR: the running time alone a single linear fit in (log2 batch, log share) per model
-  (locally weighted regression with a kernel far wider than the data, which weighs every point alike).
-
-The queueing model (eq. 2) belongs to the planner, not to the latency model, and is not ablated here.
+  (locally weighted regression with a kernel far wider than the data, which weighs every point alike);
+- no queueing model: a task takes its batch's time alone (`queueing.without_queueing`, around the planning;
+  the queueing model is the planner's, so this one is a context rather than a model).
 """
 
 from __future__ import annotations

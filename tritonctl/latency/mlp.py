@@ -93,16 +93,14 @@ def coloc_rows(rows: list[Measurement]) -> int:
     return sum(r.kind == "coloc" for r in rows)
 
 
-def fit_mlp(
-    dataset: Dataset, eff: Callable[[int], float], rows: list[Measurement] | None = None, seed: int = 0
-) -> MlpPredictor:
-    """Fit the MLP on `rows` (default: the profile's training rows); refused below MIN_COLOC_ROWS co-located."""
+def fit_mlp(dataset: Dataset, eff: Callable[[int], float], seed: int = 0) -> MlpPredictor:
+    """Fit the MLP on the profile's training rows; refused below MIN_COLOC_ROWS co-located ones."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import GridSearchCV, GroupKFold
     from sklearn.neural_network import MLPRegressor
 
     names = tuple(sorted(dataset.models))
-    rows = [r for r in (rows if rows is not None else dataset.rows) if r.split == "train" and r.model in names]
+    rows = [r for r in dataset.rows if r.split == "train" and r.model in names]
     if coloc_rows(rows) < MIN_COLOC_ROWS:
         raise TritonctlError(
             f"the MLP predictor needs at least {MIN_COLOC_ROWS} co-located training rows and the profile has "

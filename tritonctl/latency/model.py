@@ -330,7 +330,8 @@ def scaled(
     """`lm` carried to another device of the same kind: each model's running time at batch b with c of the
     device's C cores times k * b^gamma * (c / C)^delta, (k, gamma, delta) its factors measured there
     (`tritonctl calibrate`), and the CPU a request costs outside it as measured there; upload, interference
-    and spread terms kept, the new device's fingerprint."""
+    and spread terms kept, the new device's fingerprint. An MLP predictor is not carried: its weights are the
+    other device's, and the calibrated model predicts by the InSS formula."""
     full = lm.eff(lm.device.units)
 
     def times(name: str, p: ModelParams) -> ModelParams:

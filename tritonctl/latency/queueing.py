@@ -21,8 +21,11 @@ part of the tasks finish within an SLO, and `goodput` how many requests per seco
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +36,20 @@ OVERLOAD_LOSS = 0.05  # see `goodput`
 _LOADS = np.unique(np.concatenate([np.geomspace(1e-3, 0.9, 240), 1 - np.geomspace(0.1, 2e-3, 80)]))
 # Quantile levels of the latency distribution kept per load, for the share of tasks within an SLO.
 LEVELS = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0])
+
+
+_QUEUEING = contextvars.ContextVar("queueing", default=True)
+
+
+@contextlib.contextmanager
+def without_queueing() -> Iterator[None]:
+    """Within it a task takes its batch's time alone: no wait for the batch to fill or for the batches ahead
+    (still overloaded from a load of 1). The queueing model switched off, for `bench --ablate`."""
+    token = _QUEUEING.set(False)
+    try:
+        yield
+    finally:
+        _QUEUEING.reset(token)
 
 
 @functools.lru_cache(maxsize=8)
@@ -109,6 +126,8 @@ def task_latency(rate: float, batch: int, t_inf_ms: float) -> TaskLatency:
     rho = rate * t_inf_ms / (1000.0 * batch)
     if rho >= 1:
         return TaskLatency(math.inf, math.inf, False)
+    if not _QUEUEING.get():
+        return TaskLatency(t_inf_ms, t_inf_ms, True)
     if not _LOADS[0] <= rho <= _LOADS[-1]:  # nearly idle or nearly saturated: sample it
         return sample_task_latency(rate, batch, t_inf_ms)
     mean, p99, _ = _table(batch)
@@ -124,6 +143,8 @@ def in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
     rho = rate * t_inf_ms / (1000.0 * batch)
     if rho >= 1:
         return 0.0
+    if not _QUEUEING.get():
+        return 1.0 if t_inf_ms <= slo_ms else 0.0
     if not _LOADS[0] <= rho <= _LOADS[-1]:
         return float((sample_latencies(rate, batch, t_inf_ms) <= slo_ms).mean())
     *_, quantiles = _table(batch)

@@ -26,7 +26,7 @@ from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
 from tritonctl.latency.ablation import ABLATIONS
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import warm_tables
+from tritonctl.latency.queueing import warm_tables, without_queueing
 from tritonctl.planning.plan import Plan, save_plan
 from tritonctl.planning.planner import devices_of, make_plan
 from tritonctl.planning.simulate import SimResult, simulate
@@ -106,10 +106,14 @@ def run_ablations(
     bound = upper_bound_rps(cluster, lm)
     warm_tables(MAX_BATCH)
     variants = {"whole model": lm} | {name: ablate(lm) for name, ablate in ABLATIONS.items()}
-    return [
+    rows = [
         _bench_row(f"{policy}, {name}", policy, cluster, artifacts, planning, lm, out_dir, bound, duration_s, drop)
         for name, planning in variants.items()
     ]
+    with without_queueing():  # the planner's own model switched off while it plans
+        plan_path = out_dir / f"plan-{policy}-no-queueing-model.yaml"
+        planned = _plan(f"{policy}, no queueing model", policy, cluster, artifacts, lm, plan_path)
+    return [*rows, _simulated(planned, cluster, lm, bound, duration_s, drop)]
 
 
 def _bench_row(
@@ -127,15 +131,44 @@ def _bench_row(
 ) -> BenchRow:
     """One plan made by `policy` with `planning_lm` (saved in `out_dir`), simulated on `lm`."""
     plan_path = out_dir / f"plan-{re.sub(r'[^A-Za-z0-9-]+', '-', label).strip('-')}.yaml"
+    planned = _plan(label, policy, cluster, artifacts, planning_lm, plan_path, policy_file)
+    return _simulated(planned, cluster, lm, bound, duration_s, drop)
+
+
+def _plan(
+    label: str,
+    policy: str,
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    planning_lm: LatencyModel,
+    plan_path: Path,
+    policy_file: Path | None = None,
+) -> tuple[str, Plan | str, float]:
+    """(label, the plan or why there is none, planning time in ms); the plan saved at `plan_path`."""
     try:
         started = time.perf_counter()
         plan = make_plan(
             cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file
         )
     except TritonctlError as exc:
-        return BenchRow(label, 0, 0, 0, 0, 0, 1, 0, 0, error=exc.message.splitlines()[0])
+        return label, exc.message.splitlines()[0], 0.0
     plan_ms = 1000 * (time.perf_counter() - started)
     save_plan(plan, plan_path)
+    return label, plan, plan_ms
+
+
+def _simulated(
+    planned: tuple[str, Plan | str, float],
+    cluster: Cluster,
+    lm: LatencyModel,
+    bound: float,
+    duration_s: float,
+    drop: bool,
+) -> BenchRow:
+    """The bench row of a plan simulated on `lm` (or of the error that left no plan)."""
+    label, plan, plan_ms = planned
+    if isinstance(plan, str):
+        return BenchRow(label, 0, 0, 0, 0, 0, 1, 0, 0, error=plan)
     capacity = sum(p.predicted.throughput_rps for _, p in plan.instances())
     sim = simulate(plan, lm, duration_s, drop=drop)
     arrived = arrived_requests(sim, plan, cluster)
