@@ -22,7 +22,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import client as k8s
@@ -66,7 +66,7 @@ APIS = {"Deployment": "apps", "DaemonSet": "apps", "Role": "rbac", "RoleBinding"
 
 @dataclass
 class KubeApi:
-    """The Kubernetes calls the runtime makes, on objects as dicts. `calls` records (verb, kind, name) of each.
+    """The Kubernetes calls the runtime makes, on objects as dicts.
 
     A dry run prints each call and answers as if it worked; with `client` (a reachable cluster), it also sends
     those that change objects with dryRun=All and reads for real."""
@@ -75,18 +75,18 @@ class KubeApi:
     client: object | None = None  # kubernetes.client.ApiClient; None: no cluster (a dry run only)
     dry_run: bool = False
     log: Callable[[str], None] = print
-    calls: list[tuple[str, str, str]] = field(default_factory=list)
 
     def _api(self, kind: str):
         group = APIS.get(kind, "core")
         cls = {"apps": k8s.AppsV1Api, "rbac": k8s.RbacAuthorizationV1Api, "core": k8s.CoreV1Api}[group]
         return cls(self.client)
 
-    def _call(self, verb: str, kind: str, name: str, *args, changes: bool = True, **kwargs):
-        self.calls.append((verb, kind, name))
+    def _call(self, verb: str, kind: str, name: str, *args, **kwargs):
+        """`verb` (create, replace, patch, delete) on the object; in a dry run printed, and sent with dryRun=All
+        where a cluster answers."""
         if self.dry_run:
             self.log(f"+ {verb} {kind} {self.namespace}/{name}")
-            if self.client is None or not changes:
+            if self.client is None:
                 return None
             kwargs["dry_run"] = "All"
         elif self.client is None:
@@ -96,7 +96,6 @@ class KubeApi:
 
     def get(self, kind: str, name: str) -> dict | None:
         """The object, or None where it does not exist (in a dry run without a cluster: None)."""
-        self.calls.append(("read", kind, name))
         if self.client is None:
             return None
         try:
@@ -138,7 +137,6 @@ class KubeApi:
 
     def names(self, kind: str, selector: str) -> list[str]:
         """Names of the objects of `kind` carrying the label `selector`."""
-        self.calls.append(("list", kind, selector))
         if self.client is None:
             return []
         listed = getattr(self._api(kind), f"list_namespaced_{_snake(kind)}")(self.namespace, label_selector=selector)
@@ -146,7 +144,6 @@ class KubeApi:
 
     def post(self, service: str, port: int, path: str, headers: dict[str, str], timeout_s: float) -> str | None:
         """POST to a Service's HTTP port through the API server's proxy; the error, or None."""
-        self.calls.append(("proxy", "Service", f"{service}:{port}/{path}"))
         if self.dry_run:
             self.log(f"+ POST service {self.namespace}/{service}:{port}/{path}")
             return None
