@@ -10,6 +10,9 @@ Folder (`tritonctl render PLAN --target kubernetes [-o DIR] [--node NAME]`):
     proxy.yaml              HAProxy (proxy.py's configuration) and per model a Service on the model's port
     mps.yaml                the MPS control daemon: a DaemonSet on the GPU node, host IPC
     storage.yaml            the PersistentVolumeClaim the model repositories are read from
+    controller.yaml         the controller: its ServiceAccount, Role (only the verbs the runtime calls),
+                            RoleBinding and Deployment
+    controller-plan.yaml    the plan as the controller's pod reads it (its ConfigMap)
     haproxy.cfg             HAProxy's configuration: each model's port in front of its instances' Services
     control-key.env         Triton's control key (mode 0600, kept across re-renders)
     repository/<instance>/  each instance's model repository, to copy onto the claim
@@ -23,8 +26,8 @@ Decisions (docs/kubernetes.md gives the trade-offs):
 - Every instance is its own Deployment (one replica, surge one, none unavailable): a changed
   instance starts beside the old one, which is stopped once the new one is ready (Triton finishes
   its requests on SIGTERM): the shadow swap, done by Kubernetes.
-- Model repositories live on a ReadOnlyMany claim, mounted per instance by subPath: ONNX files of
-  hundreds of megabytes do not fit a ConfigMap (1 MiB).
+- Model repositories live on a ReadWriteMany claim (the controller writes new ones), mounted read-only per
+  instance by subPath: ONNX files of hundreds of megabytes do not fit a ConfigMap (1 MiB).
 - Triton's control APIs answer only requests carrying the key from the generated Secret.
 """
 
