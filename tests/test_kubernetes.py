@@ -111,7 +111,7 @@ def test_a_cpu_plan_or_clashing_names_are_refused_before_anything_is_written(tmp
     assert main(["plan", str(clash), "-o", str(plan)]) == 0
     assert main(["render", str(plan), "--target", "kubernetes", "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "'a-b' and 'a_b' both become 'model-a-b'" in err or "both become" in err
+    assert "instance 'a-b-0' and 'a_b-0' both become 'triton-a-b-0' in Kubernetes" in err
     assert not out.exists()
 
 

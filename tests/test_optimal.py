@@ -61,10 +61,10 @@ def test_the_optimum_is_what_trying_every_layout_finds_and_it_says_it_proved_it(
     outcome = solver.solve(demands, [cpu()], lm)
     assert outcome.goodput == pytest.approx(brute_force(demands, cpu(), lm), rel=1e-6)
     assert outcome.gap == 0 and "optimal in" in outcome.summary()
-    choices = solver.optimal(demands, [cpu()], lm, log=lines.append) if len(outcome.choices) == len(demands) else {}
-    assert all(len(cs) >= 1 for cs in choices.values())
-    if choices:
-        assert lines and lines[0].startswith("optimal policy: goodput")
+    choices = solver.optimal(demands, [cpu()], lm, log=lines.append)
+    assert set(choices) == {d.name for d in demands}  # both served, each on the one device
+    assert all(c.device == "cpu0" for cs in choices.values() for c in cs)
+    assert len(lines) == 1 and lines[0].startswith(f"optimal policy: goodput {outcome.goodput:.2f} requests/s")
 
 
 def test_on_two_devices_it_serves_what_one_cannot_and_keeps_each_within_its_units(lm):

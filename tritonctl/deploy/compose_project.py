@@ -192,8 +192,6 @@ def check_plan(loaded: LoadedPlan, gpus: int | None, target: str = "compose") ->
             file=loaded.path,
             field="target",
         )
-    if target == "compose":
-        one_host(loaded, target)
     if gpus is not None and gpus < 1:
         raise TritonctlError(f"--gpus {gpus}: a GPU host has at least one GPU")
     for i, device in enumerate(plan.devices):
@@ -607,6 +605,7 @@ def write_compose(
     Every check runs before the first write: a refused plan leaves the folder as it was.
     """
     check_plan(loaded, gpus)
+    one_host(loaded, "compose")
     plan = loaded.plan
     # The plan's own rendering, into this folder: the project carries its repositories with it.
     runtime = plan.runtime.model_copy(update={"repository_dir": relative_to(folder / REPOSITORY, loaded.path.parent)})

@@ -193,6 +193,16 @@ def owned(obj: dict, cluster: str) -> dict:
     return {**obj, "metadata": {**metadata, "labels": labels}}
 
 
+def _ready(deployment: dict) -> bool:
+    """Whether a Deployment (as read) has its pod ready."""
+    return (deployment.get("status") or {}).get("readyReplicas", 0) >= 1
+
+
+def _proxy_config_map(text: str) -> dict:
+    """HAProxy's ConfigMap holding `text` as its configuration."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROXY}, "data": {"haproxy.cfg": text}}
+
+
 def deployment_name(instance: str, process_hash: str) -> str:
     """A Deployment per process hash, so an instance and its shadow are two Deployments."""
     return f"{instance_name(instance)[:54]}-{process_hash[:8]}"
@@ -207,6 +217,7 @@ class KubernetesRuntime:
         self.node = node
         self.poll_s = ready_poll_s
         self.loaded: LoadedPlan | None = None
+        self._proxy_text: str | None = None  # HAProxy's configuration as last read or written
 
     @property
     def rehearses(self) -> bool:
@@ -223,9 +234,8 @@ class KubernetesRuntime:
             "metadata": {"name": SECRET},
             "stringData": {KEY: self._key()},
         }
-        config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROXY}, "data": {"haproxy.cfg": ""}}
         self.loaded = loaded
-        for obj in [*objects["storage.yaml"], key, config]:
+        for obj in [*objects["storage.yaml"], key, _proxy_config_map("")]:
             self.api.create_missing(self._owned(obj))
         for obj in [*objects["mps.yaml"], *objects["proxy.yaml"], self._metrics_service()]:
             if obj["kind"] == "Deployment":
@@ -299,8 +309,7 @@ class KubernetesRuntime:
         if deployment is None:  # gone; in a dry run without a cluster, unknown: taken as it was recorded, ready
             known = self.api.client is None and self.api.dry_run
             return Health(known, known, known)
-        ready = (deployment.get("status") or {}).get("readyReplicas", 0) >= 1
-        return Health(True, ready, ready)
+        return Health(True, _ready(deployment), _ready(deployment))
 
     def reconfigure(self, record: InstanceRecord, timeout_s: float) -> None:
         path = f"v2/repository/models/{record.model}/load"
@@ -313,17 +322,11 @@ class KubernetesRuntime:
         for record, _ in backends:
             self.api.apply(self._owned(triton_service(record.instance, {f"{LABEL}/deployment": record.uid})))
         moved = ""
-        if self.loaded is not None and backends:
-            text = proxy_config(self.loaded.plan)
-            current = self.api.get("ConfigMap", PROXY)
+        if self.loaded is not None and backends and self._proxy_text != (text := proxy_config(self.loaded.plan)):
+            current = self.api.get("ConfigMap", PROXY)  # once an apply: the routes after it find it current
+            self._proxy_text = text
             if current is None or (current.get("data") or {}).get("haproxy.cfg") != text:
-                config = {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {"name": PROXY},
-                    "data": {"haproxy.cfg": text},
-                }
-                self.api.apply(self._owned(config))
+                self.api.apply(self._owned(_proxy_config_map(text)))
                 digest = hashlib.sha256(text.encode()).hexdigest()[:16]
                 template = {"metadata": {"annotations": {f"{LABEL}/config-hash": digest}}}
                 self.api.patch("Deployment", PROXY, {"spec": {"template": template}})
@@ -340,7 +343,7 @@ class KubernetesRuntime:
 
     def proxy_ok(self) -> bool:
         deployment = self.api.get("Deployment", PROXY)
-        return deployment is not None and (deployment.get("status") or {}).get("readyReplicas", 0) >= 1
+        return deployment is not None and _ready(deployment)
 
     def proxy_info(self) -> str:
         return (

@@ -72,12 +72,17 @@ def dns_name(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].rstrip("-")
 
 
+def prefixed(prefix: str, name: str) -> str:
+    """`prefix-name` as a Kubernetes name (at most 63 characters)."""
+    return f"{prefix}-{dns_name(name)}"[:63].rstrip("-")
+
+
 def instance_name(instance: str) -> str:
-    return f"triton-{dns_name(instance)}"[:63].rstrip("-")
+    return prefixed("triton", instance)
 
 
 def model_service(model: str) -> str:
-    return f"model-{dns_name(model)}"[:63].rstrip("-")
+    return prefixed("model", model)
 
 
 def _names(plan: Plan, loaded: LoadedPlan) -> None:
@@ -262,7 +267,7 @@ def mps_objects(plan: Plan, node: str | None) -> list[dict]:
     for where in plan.nodes() or [None]:
         devices = [d for d in plan.devices if d.node == where]
         gpus = ",".join(str(d.index) for d in sorted(devices, key=lambda d: d.index))
-        name = f"mps-control-daemon-{dns_name(where)}"[:63].rstrip("-") if where else "mps-control-daemon"
+        name = prefixed("mps-control-daemon", where) if where else "mps-control-daemon"
         labels = {"app.kubernetes.io/name": "mps-control-daemon", f"{LABEL}/daemon": name}
         out.append(
             {

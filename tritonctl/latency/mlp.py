@@ -15,6 +15,7 @@ latency-model file keeps their weights (`LatencyModel.mlp`), so `plan`, `simulat
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -50,14 +51,21 @@ class MlpPredictor:
     def features(self, eff: Callable[[int], float], model: str, batch: int, share: int, corunners: Corunners) -> list:
         return features(self.names, eff, model, batch, share, corunners)
 
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, list[list[tuple[np.ndarray, np.ndarray]]]]:
+        """The standardisation and the layers as arrays, built once (planning queries the MLP thousands of times)."""
+        layers = [[(np.array(w), np.array(b)) for w, b in network] for network in self.networks]
+        return np.array(self.mean), np.array(self.scale), layers
+
     def predict_ms(self, x: np.ndarray) -> np.ndarray:
         """Batch latencies (ms) of feature rows `x`: the networks' mean log latency."""
-        x = (np.atleast_2d(x) - np.array(self.mean)) / np.array(self.scale)
+        mean, scale, networks = self._arrays
+        x = (np.atleast_2d(x) - mean) / scale
         logs = []
-        for layers in self.networks:
+        for layers in networks:
             h = x
             for k, (w, b) in enumerate(layers):
-                h = h @ np.array(w) + np.array(b)
+                h = h @ w + b
                 if k < len(layers) - 1:
                     h = np.maximum(h, 0.0)
             logs.append(h[:, 0])

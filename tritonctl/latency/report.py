@@ -88,21 +88,30 @@ class CurvePoint:
     mean: dict[str, float]  # predictor -> mean held-out co-located error
 
 
-def learning_curve(dataset: Dataset, parts=(0.25, 0.5, 0.75, 1.0), seed: int = 0) -> list[CurvePoint]:
-    """Each predictor refitted on `parts` of the co-located training configurations (every solo row kept), and
-    its mean error on the held-out co-located rows."""
+def learning_curve(
+    dataset: Dataset,
+    whole: tuple[LatencyModel, MlpPredictor | None],
+    parts=(0.25, 0.5, 0.75),
+    seed: int = 0,
+) -> list[CurvePoint]:
+    """Each predictor refitted on `parts` of the co-located training configurations (every solo row kept), then
+    `whole` (the InSS-style model and the MLP of all of them, already fitted), and each one's mean error on the
+    held-out co-located rows."""
     configs = sorted({r.config_id for r in dataset.rows if r.kind == "coloc" and r.split == "train"})
     order = np.random.default_rng(seed).permutation(len(configs))
     points = []
-    for part in parts:
+    for part in [*parts, 1.0]:
         chosen = {configs[i] for i in order[: max(1, round(part * len(configs)))]}
         rows = [r for r in dataset.rows if r.kind == "solo" or r.split == "heldout" or r.config_id in chosen]
         subset = Dataset(dataset.folder, dataset.metadata, dataset.models, rows, dataset.memory, dataset.wake)
-        model = fit_latency_model(subset, log=lambda _: None)
-        try:
-            mlp = fit_mlp(subset, model.eff)
-        except TritonctlError:
-            mlp = None
+        if part == 1.0:
+            model, mlp = whole
+        else:
+            model = fit_latency_model(subset, log=lambda _: None)
+            try:
+                mlp = fit_mlp(subset, model.eff)
+            except TritonctlError:
+                mlp = None
         coloc = [e for e in evaluate(model, subset, mlp) if e.row.kind == "coloc"]
         mean = {which: float(np.mean([e.error(which) for e in coloc])) for which in ("inss", "gpulet", "mlp")}
         points.append(CurvePoint(len(chosen), sum(r.kind == "coloc" and r.split == "train" for r in rows), mean))
@@ -216,7 +225,7 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path, curve: bool =
             f"- {n} model(s) on the device: {_summary([e.error('inss') for e in results if e.row.n_colocated == n])}"
         )
     if curve:
-        lines += _curve_lines(learning_curve(dataset), out / "learning_curve.png")
+        lines += _curve_lines(learning_curve(dataset, (model, mlp)), out / "learning_curve.png")
     lines += [
         "",
         f"Cache-pressure proxy check: Pearson r between the co-runners' summed proxy and the measured slowdown "

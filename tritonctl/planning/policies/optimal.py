@@ -208,10 +208,10 @@ class _Program:
     """The mixed-integer program over the options and turn sets, solved (again after each cut) by HiGHS."""
 
     def __init__(self, demands: list[Demand], devices: list[Device], lm: LatencyModel):
-        self.demands, self.devices, self.lm = demands, devices, lm
-        self.h = _quiet_highs()
-        self.options: list[tuple[Option, highspy.highs_var]] = []
-        self.turns: list[tuple[Device, tuple[tuple[Demand, int], ...], Turns, highspy.highs_var]] = []
+        self.demands = demands
+        self.h = h = _quiet_highs()
+        options: list[Option] = []
+        turns: list[tuple[Device, tuple[tuple[Demand, int], ...], Turns]] = []
         splits: dict[tuple, list[Option]] = {}  # identical devices: evaluated once
         evaluated: dict[tuple, list] = {}
         for device in devices:
@@ -221,18 +221,16 @@ class _Program:
                 most = sum(max(lm.cache_pressure(d.name, s) for s in (1, device.units)) for d in demands)
                 splits[key] = [o for d in demands for o in split_options(d, device, lm, most)]
                 evaluated[key] = [(s, turn_outcome(list(s), device, lm)) for s in sets]
-            self.options += [(dataclasses.replace(o, device=device.id), None) for o in splits[key]]
-            for members, outcome in evaluated[key]:
-                if all(g > 0 for g in outcome.served.values()):  # a member served not at all is better left out
-                    self.turns.append((device, members, outcome, None))
-        if len(self.options) + len(self.turns) > MAX_OPTIONS:
+            options += [dataclasses.replace(o, device=device.id) for o in splits[key]]
+            # a member served not at all is better left out of its set
+            turns += [(device, m, out) for m, out in evaluated[key] if all(g > 0 for g in out.served.values())]
+        if len(options) + len(turns) > MAX_OPTIONS:
             raise PolicyLimit(
-                f"{len(self.options) + len(self.turns):,} choices of share, batch and turns (more than "
+                f"{len(options) + len(turns):,} choices of share, batch and turns (more than "
                 f"{MAX_OPTIONS:,}): the cluster is too large for the optimal policy"
             )
-        h = self.h
-        self.options = [(o, h.addBinary()) for o, _ in self.options]
-        self.turns = [(dev, m, out, h.addBinary()) for dev, m, out, _ in self.turns]
+        self.options: list[tuple[Option, highspy.highs_var]] = [(o, h.addBinary()) for o in options]
+        self.turns = [(device, m, out, h.addBinary()) for device, m, out in turns]
         rate = {d.name: d.rate for d in demands}
         for d in demands:
             ones = [x for o, x in self.options if o.model == d.name]
@@ -344,16 +342,21 @@ def solve(
     return Outcome(choices, value, bound, status, time.monotonic() - began, cuts)
 
 
-def _plan(options, turns, demands, devices, lm) -> dict[str, list[Choice]]:
+def _plan(
+    options: list[Option],
+    turns: list[tuple[Device, tuple, Turns]],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+) -> dict[str, list[Choice]]:
     """The chosen layout as placements: BDA's batches on the split devices (the solver's where BDA finds none)."""
     split = [d for d in demands if any(o.model == d.name for o in options)]
     placement = {o.model: Choice(o.device, o.share, o.batch) for o in options}
     decision = bda(placement, split, devices, lm)
     batches = decision.batches if decision.ok else {o.model: o.batch for o in options}
     out = with_batches(placement, batches, split, lm)
-    by_id = {d.id: d for d in devices}
     for device, members, outcome in turns:
-        out.update(turn_choices(list(members), by_id[device.id], outcome, lm))
+        out.update(turn_choices(list(members), device, outcome, lm))
     return out
 
 
@@ -362,11 +365,10 @@ def optimal(
     devices: list[Device],
     lm: LatencyModel | None,
     log: Callable[[str], None] = print,
-    time_limit_s: float = TIME_LIMIT_S,
 ) -> dict[str, list[Choice]]:
     if lm is None:
         raise PlacementError("policy optimal needs a fitted latency model: pass --latency-model")
-    outcome = solve(demands, devices, lm, time_limit_s)
+    outcome = solve(demands, devices, lm)
     log(outcome.summary())
     unserved = [d.name for d in demands if d.name not in outcome.choices]
     if unserved:
