@@ -23,7 +23,7 @@ DIR/results.json and DIR/summary.md: per model offered and answered rate, p50/p9
 of requests within the SLO; per deployment and tool the capacity (the highest scale at which
 every model has at least 99% of its requests answered within its SLO: its p99 counting a
 refused or unanswered request as late), goodput at each scale, and at 1x the plan's predicted
-p99 beside the measured one. During the 1x run under perf_analyzer, every process's CPU time
+p99s (by eq. 2 and simulated) beside the measured one. During the 1x run under perf_analyzer, every process's CPU time
 is read from /proc (DIR/cpu-<deployment>.txt). Run it on a quiet machine; it says which CPU.
 """
 
@@ -54,6 +54,7 @@ from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import without_queueing
 from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
 from tritonctl.planning.planner import make_plan
+from tritonctl.planning.simulate import simulated_p99
 from tritonctl.spec import load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import Endpoint, LoadResult, endpoints, run_load
@@ -78,22 +79,26 @@ class Row:
     p99_ms: float
     in_slo: float
     failed: int
-    predicted_p99_ms: float | None
+    predicted_p99_ms: float | None  # the plan's eq. 2 p99 (the worst of the model's placements)
+    simulated_p99_ms: float | None = None  # the plan's simulated p99 (simulate.simulated_p99)
 
 
-def row(deployment: str, tool: str, scale: float, r: LoadResult, predicted: float | None) -> Row:
+Predicted = tuple[float | None, float | None]  # a model's p99 by eq. 2 and simulated (None: none)
+
+
+def row(deployment: str, tool: str, scale: float, r: LoadResult, predicted: Predicted) -> Row:
     return Row(
         deployment, tool, scale, r.model, r.slo_ms, r.sent / r.duration_s, r.throughput,
         r.within_slo * r.sent / r.duration_s, r.percentile(50), r.percentile(95), r.percentile(99),
-        r.within_slo, r.sent - r.ok, predicted,
+        r.within_slo, r.sent - r.ok, *predicted,
     )  # fmt: skip
 
 
-def stopped_row(deployment: str, scale: float, target: Endpoint, predicted: float | None) -> Row:
+def stopped_row(deployment: str, scale: float, target: Endpoint, predicted: Predicted) -> Row:
     """A perf_analyzer run that stopped (at a refused request, or failed): nothing measured, the scale not served."""
     nan = float("nan")
     return Row(deployment, "perf_analyzer", scale, target.model, target.slo_ms, target.rate * scale, nan, nan,
-               nan, nan, nan, 0.0, -1, predicted)  # fmt: skip
+               nan, nan, nan, 0.0, -1, *predicted)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -179,16 +184,17 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     path = out / (f"plan-{name}.yaml" if scale == 1.0 else f"plan-{name}-x{scale:g}.yaml")
     with without_queueing() if "noqueue" in options else contextlib.nullcontext():
         plan = make_plan(cluster, materialize(cluster, log=lambda _: None), policy, path, lm, log=print)
+        plan = simulated_p99(plan, lm) if lm is not None else plan
     save_plan(plan, path)
     return path
 
 
-def predicted_p99(plan_path: Path) -> dict[str, float | None]:
-    """Per model, the plan's predicted p99 (the worst of its placements), None without a prediction."""
+def predicted_p99(plan_path: Path) -> dict[str, Predicted]:
+    """Per model, the plan's predicted p99 by eq. 2 (the worst of its placements) and simulated."""
     out = {}
     for model in load_plan(plan_path).plan.models:
         values = [p.predicted.latency_ms for p in model.placements if p.predicted and p.predicted.latency_ms]
-        out[model.name] = max(values) if values else None
+        out[model.name] = (max(values) if values else None, model.simulated_p99_ms)
     return out
 
 
@@ -216,17 +222,22 @@ def summary(rows: list[Row], cpu: str) -> str:
             lines.append(
                 f"| {deployment} | {tool} | {capacity(rows, deployment, tool):g} | " + " | ".join(goods) + " |"
             )
-    lines += ["", "Per model at 1x: p99 ms measured (predicted), % in SLO", "",
+    lines += ["", "Per model at 1x: p99 ms measured (predicted by eq. 2 / simulated), % in SLO", "",
               "| deployment | tool | " + " | ".join(dict.fromkeys(r.model for r in rows)) + " |",
               "|" + "---|" * (2 + len(dict.fromkeys(r.model for r in rows)))]  # fmt: skip
     for deployment in dict.fromkeys(r.deployment for r in rows):
         for tool in dict.fromkeys(r.tool for r in rows):
             cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, 1.0)]
-            text = [f"{r.p99_ms:.0f} ({r.predicted_p99_ms:.0f}) {100 * r.in_slo:.0f}%" if r.predicted_p99_ms
-                    else f"{r.p99_ms:.0f} {100 * r.in_slo:.0f}%" for r in cells]  # fmt: skip
+            text = [f"{r.p99_ms:.0f} ({_ms(r.predicted_p99_ms)} / {_ms(r.simulated_p99_ms)}) {100 * r.in_slo:.0f}%"
+                    if r.predicted_p99_ms or r.simulated_p99_ms else f"{r.p99_ms:.0f} {100 * r.in_slo:.0f}%"
+                    for r in cells]  # fmt: skip
             if cells:
                 lines.append(f"| {deployment} | {tool} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def cpu_table(before: dict, after: dict, seconds: float) -> str:
@@ -248,7 +259,7 @@ def run_once(name: str, tool: str, scale: float, targets, predicted, args, pa, f
             results = run_perf_analyzer(pa, targets, args.duration, scale, folder / f"pa-{scale:g}")
         except TritonctlError as exc:  # refused requests (or a failed run): this scale is not measured as served
             print(f"{name:14} {tool:13} x{scale:<4g} stopped: {exc.message[:160]}")
-            return [stopped_row(name, scale, t, predicted.get(t.model)) for t in targets]
+            return [stopped_row(name, scale, t, predicted.get(t.model, (None, None))) for t in targets]
     else:
         results = run_load(targets, args.duration, scale)
     if scale == 1.0 and tool == "perf_analyzer":
@@ -260,7 +271,7 @@ def run_once(name: str, tool: str, scale: float, targets, predicted, args, pa, f
             f"p99 {r.percentile(99):8.1f} ms  in SLO {100 * r.within_slo:5.1f}%",
             flush=True,
         )
-    return [row(name, tool, scale, r, predicted.get(r.model)) for r in results]
+    return [row(name, tool, scale, r, predicted.get(r.model, (None, None))) for r in results]
 
 
 def main() -> None:

@@ -22,11 +22,11 @@ from tritonctl.planning.compare import (
     write_ablation,
     write_bench,
 )
-from tritonctl.planning.plan import Plan, load_plan, save_plan
+from tritonctl.planning.plan import Plan, PlannedModel, load_plan, save_plan
 from tritonctl.planning.planner import HEADROOM, check_latency_model, fewest_devices, make_plan, predicted_load
 from tritonctl.planning.policies import POLICIES
 from tritonctl.planning.policies.inss import default_policy_file
-from tritonctl.planning.simulate import format_sim, read_trace, simulate
+from tritonctl.planning.simulate import format_sim, read_trace, simulate, simulated_p99
 from tritonctl.spec import Cluster, ClusterSpec, load_cluster
 
 
@@ -56,6 +56,8 @@ def _plan(
         plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained)
     else:
         plan = make_plan(cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained)
+    if lm is not None:
+        plan = simulated_p99(plan, lm)
     save_plan(plan, out)
     say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
@@ -67,8 +69,16 @@ def _plan(
         if placement.predicted:
             pred = placement.predicted
             p99 = f"{pred.latency_ms:.1f} ms" if pred.latency_ms is not None else "overloaded"
-            line += f"  batch {pred.exec_ms:.1f} ms, p99 {p99} (SLO {model.slo_ms:g}), max {pred.throughput_rps:.0f}/s"
+            line += f"  batch {pred.exec_ms:.1f} ms, p99 {p99}, simulated {_simulated(model)} (SLO {model.slo_ms:g})"
+            line += f", max {pred.throughput_rps:.0f}/s"
         say(line)
+    for model in plan.models:
+        late = model.simulated_p99_ms is None or model.simulated_p99_ms > model.slo_ms
+        if lm is not None and late and all(p.predicted.meets_slo for p in model.placements):
+            say(
+                f"WARNING: {model.name}: predicted within its SLO, but its simulated p99 is {_simulated(model)} "
+                f"against {model.slo_ms:g} ms (batch times vary and an idle instance wakes up slower than a busy one)"
+            )
     for model in plan.unserved:
         say(f"  NOT SERVED {model.name}: {model.reason}")
     for device, load in sorted(predicted_load(plan).items()):
@@ -79,6 +89,11 @@ def _plan(
                 "the rates or add devices"
             )
     return out
+
+
+def _simulated(model: PlannedModel) -> str:
+    """The model's simulated p99 as the plan's lines show it."""
+    return "overloaded" if model.simulated_p99_ms is None else f"{model.simulated_p99_ms:.1f} ms"
 
 
 def cmd_plan(args) -> int:

@@ -113,6 +113,10 @@ class PlannedModel(_Strict):
     rate: Rate
     port: Port
     placements: list[Placement] = Field(min_length=1, max_length=1024)
+    # The p99 of the model's requests in a simulation of the whole plan at its rates (`simulate.simulated_p99`:
+    # batch times drawn with their spread, wake-ups of idle instances, the co-runners busy at each batch). None
+    # without a latency model, or where the simulation leaves more than 1% of the requests unserved.
+    simulated_p99_ms: Number | None = None
 
     def rate_of(self, placement: Placement) -> float:
         """The arrival rate `placement` is planned for: the model's rate split by the replicas' weights."""
