@@ -54,7 +54,7 @@ from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import without_queueing
 from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
 from tritonctl.planning.planner import make_plan
-from tritonctl.planning.simulate import simulated_p99
+from tritonctl.planning.simulate import with_simulation
 from tritonctl.spec import load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import Endpoint, LoadResult, endpoints, run_load
@@ -80,7 +80,7 @@ class Row:
     in_slo: float
     failed: int
     predicted_p99_ms: float | None  # the plan's eq. 2 p99 (the worst of the model's placements)
-    simulated_p99_ms: float | None = None  # the plan's simulated p99 (simulate.simulated_p99)
+    simulated_p99_ms: float | None = None  # the plan's simulated p99 (simulate.with_simulation)
 
 
 Predicted = tuple[float | None, float | None]  # a model's p99 by eq. 2 and simulated (None: none)
@@ -184,7 +184,7 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     path = out / (f"plan-{name}.yaml" if scale == 1.0 else f"plan-{name}-x{scale:g}.yaml")
     with without_queueing() if "noqueue" in options else contextlib.nullcontext():
         plan = make_plan(cluster, materialize(cluster, log=lambda _: None), policy, path, lm, log=print)
-        plan = simulated_p99(plan, lm) if lm is not None else plan
+        plan = with_simulation(plan, lm) if lm is not None else plan
     save_plan(plan, path)
     return path
 

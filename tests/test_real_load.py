@@ -19,7 +19,7 @@ from tritonctl.cli import main
 from tritonctl.deploy.state import load_state
 from tritonctl.latency.device import busy_cores
 from tritonctl.latency.model import scaled
-from tritonctl.planning.plan import load_plan
+from tritonctl.planning.plan import load_plan, save_plan
 from tritonctl.planning.planner import devices_of, predicted_load
 from tritonctl.profiler.calibrate import Point, factors_of
 from tritonctl.spec import load_cluster
@@ -236,6 +236,19 @@ def test_plan_with_a_latency_model_uses_search_by_default(capsys, synthetic_lm, 
     assert rc == 0 and "plan (search) written" in out
     rc, out, _ = run_cli(capsys, "plan", str(mlp_cluster))
     assert rc == 0 and "plan (spread) written" in out
+
+
+def test_a_plan_carries_its_simulation_and_apply_refuses_a_simulated_miss(capsys, synthetic_lm, mlp_cluster):
+    rc, out, _ = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(synthetic_lm))
+    path = mlp_cluster.parent / "plan.yaml"
+    plan = load_plan(path).plan
+    assert rc == 0 and all(m.simulated_in_slo >= 0.99 and m.simulated_p99_ms > 0 for m in plan.models)
+    assert f"simulated {plan.models[0].simulated_p99_ms:.1f} ms" in out
+    first = plan.models[0].model_copy(update={"simulated_in_slo": 0.9})
+    save_plan(plan.model_copy(update={"models": [first, *plan.models[1:]]}), path)
+    rc, _, err = run_cli(capsys, "apply", str(path))
+    assert rc == 2 and f"{first.name}: simulated 90.0% within" in err and "--accept-misses" in err
+    assert not load_state(load_plan(path).state_dir).instances
 
 
 @pytest.mark.triton

@@ -15,9 +15,9 @@ import pytest
 from synthetic import synthetic_dataset
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
 from tritonctl.latency.queueing import task_latency
-from tritonctl.planning.simulate import read_trace, simulate, simulated_p99
+from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
+from tritonctl.planning.simulate import read_trace, simulate, simulated_misses, with_simulation
 
 
 @pytest.fixture(scope="module")
@@ -263,17 +263,19 @@ def test_an_instance_idle_since_its_last_batch_wakes_up_slower(lm):
     assert slower.p50_ms < plain.p50_ms + 2.0
 
 
-def test_a_plans_simulated_p99_adds_what_eq2_leaves_out_and_marks_an_overload(lm):
+def test_a_plans_simulation_adds_what_eq2_leaves_out_and_marks_an_overload(lm):
     t = lm.t_inf("alpha", 1, 100)
     rate = 0.5 * 1000 / t
     plan = plan_of(("alpha", rate, 1e6, 100, 1, 0))
     eq2 = task_latency(rate, 1, t).p99_ms
-    exact = simulated_p99(plan, lm)
+    exact = with_simulation(plan, lm)
     assert exact.models[0].simulated_p99_ms == pytest.approx(eq2, rel=0.1)  # no spread, no wake-up: eq. 2's p99
-    assert simulated_p99(plan, lm) == exact  # seeded
+    assert with_simulation(plan, lm) == exact  # seeded
     woken = copy.deepcopy(lm)
     woken.models["alpha"].wake = ((0.0, 0.0), (2 * t, 3.0))
     woken.models["alpha"].spread = (0.2, 0.0)
-    assert simulated_p99(plan, woken).models[0].simulated_p99_ms > 1.2 * eq2
+    assert with_simulation(plan, woken).models[0].simulated_p99_ms > 1.2 * eq2
     overloaded = plan_of(("alpha", 1.5 * 1000 / t, 20 * t, 100, 1, 0))
-    assert simulated_p99(overloaded, lm).models[0].simulated_p99_ms is None
+    (alpha,) = with_simulation(overloaded, lm).models
+    assert alpha.simulated_p99_ms is None and alpha.simulated_in_slo < 0.7  # serves 1 in 1.5 at most
+    assert simulated_misses(with_simulation(overloaded, lm)) == [alpha] and not simulated_misses(exact)

@@ -220,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--accept-misses",
         action="store_true",
-        help="apply a plan even where its own predictions miss an SLO or leave a model unserved (refused otherwise)",
+        help="apply a plan even where its own predictions or simulation miss an SLO, or it leaves a model unserved "
+        "(refused otherwise)",
     )
     add_runtime(p)
     p = add("validate", "planning.cmd_validate", "check a cluster or plan file as every verb would, touching nothing")

@@ -26,7 +26,7 @@ from tritonctl.planning.plan import Plan, PlannedModel, load_plan, save_plan
 from tritonctl.planning.planner import HEADROOM, check_latency_model, fewest_devices, make_plan, predicted_load
 from tritonctl.planning.policies import POLICIES
 from tritonctl.planning.policies.inss import default_policy_file
-from tritonctl.planning.simulate import format_sim, read_trace, simulate, simulated_p99
+from tritonctl.planning.simulate import format_sim, read_trace, simulate, simulated_misses, with_simulation
 from tritonctl.spec import Cluster, ClusterSpec, load_cluster
 
 
@@ -57,7 +57,7 @@ def _plan(
     else:
         plan = make_plan(cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained)
     if lm is not None:
-        plan = simulated_p99(plan, lm)
+        plan = with_simulation(plan, lm)
     save_plan(plan, out)
     say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
@@ -72,12 +72,12 @@ def _plan(
             line += f"  batch {pred.exec_ms:.1f} ms, p99 {p99}, simulated {_simulated(model)} (SLO {model.slo_ms:g})"
             line += f", max {pred.throughput_rps:.0f}/s"
         say(line)
-    for model in plan.models:
-        late = model.simulated_p99_ms is None or model.simulated_p99_ms > model.slo_ms
-        if lm is not None and late and all(p.predicted.meets_slo for p in model.placements):
+    for model in simulated_misses(plan):
+        if all(p.predicted.meets_slo for p in model.placements):
             say(
-                f"WARNING: {model.name}: predicted within its SLO, but its simulated p99 is {_simulated(model)} "
-                f"against {model.slo_ms:g} ms (batch times vary and an idle instance wakes up slower than a busy one)"
+                f"WARNING: {model.name}: predicted within its SLO, but simulated {100 * model.simulated_in_slo:.1f}% "
+                f"of its requests within {model.slo_ms:g} ms, p99 {_simulated(model)} (batch times vary, and an "
+                "idle instance wakes up slower than a busy one)"
             )
     for model in plan.unserved:
         say(f"  NOT SERVED {model.name}: {model.reason}")

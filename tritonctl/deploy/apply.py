@@ -23,6 +23,7 @@ from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError
 from tritonctl.deploy.state import State, apply_lock, load_state, save_state
 from tritonctl.errors import RolledBack, TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan
+from tritonctl.planning.simulate import simulated_misses
 from tritonctl.triton.render import Launch, render
 
 
@@ -39,13 +40,16 @@ class Step:
 
 
 def predicted_misses(plan: Plan) -> list[str]:
-    """What the plan's own predictions say it will not serve within the SLO: one line per model."""
+    """What the plan's own predictions (and its simulation, where it has one) say it will not serve within the
+    SLO: one line per placement or model."""
     misses = [f"{m.name}: not served ({m.reason})" for m in plan.unserved]
     for model in plan.models:
         for p in model.placements:
             if p.predicted is not None and not p.predicted.meets_slo:
                 p99 = "overloaded" if p.predicted.latency_ms is None else f"p99 {p.predicted.latency_ms:.0f} ms"
                 misses.append(f"{p.instance}: predicted {p99} against an SLO of {model.slo_ms:g} ms")
+    for model in simulated_misses(plan):
+        misses.append(f"{model.name}: simulated {100 * model.simulated_in_slo:.1f}% within {model.slo_ms:g} ms")
     return misses
 
 

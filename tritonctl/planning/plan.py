@@ -113,9 +113,11 @@ class PlannedModel(_Strict):
     rate: Rate
     port: Port
     placements: list[Placement] = Field(min_length=1, max_length=1024)
-    # The p99 of the model's requests in a simulation of the whole plan at its rates (`simulate.simulated_p99`:
-    # batch times drawn with their spread, wake-ups of idle instances, the co-runners busy at each batch). None
-    # without a latency model, or where the simulation leaves more than 1% of the requests unserved.
+    # What a seeded simulation of the whole plan at its rates finds for the model (`simulate.with_simulation`:
+    # batch times drawn with their spread, wake-ups of idle instances, the co-runners busy at each batch): the
+    # share of its requests answered within the SLO, and their p99 (None where more than 1% go unanswered).
+    # Both absent from a plan made without a latency model or never simulated.
+    simulated_in_slo: Annotated[float, Field(ge=0, le=1)] | None = None
     simulated_p99_ms: Number | None = None
 
     def rate_of(self, placement: Placement) -> float:

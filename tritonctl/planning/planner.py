@@ -29,6 +29,7 @@ from tritonctl.planning.plan import (
 from tritonctl.planning.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
 from tritonctl.planning.policies.inss import default_policy_file, load_trained
 from tritonctl.planning.policies.timesharing import turn_service_ms
+from tritonctl.planning.simulate import simulated_misses, with_simulation
 from tritonctl.shares import turn_share
 from tritonctl.spec import Cluster, DeviceGroup, ModelSpec
 
@@ -513,10 +514,12 @@ def servable_scale(
     cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel, policy: str, steps: int = 20
 ) -> float:
     """The largest of 1, 0.95, ..., 0.05 times the cluster's rates that `policy` plans with every model predicted
-    within its SLO (0 if none): what a demo on a slower CPU can show instead of a plan predicted to miss."""
+    within its SLO, in its placements' predictions and in simulation (0 if none): what a demo on a slower CPU can
+    show instead of a plan predicted to miss."""
     for i in range(steps, 0, -1):
         scaled = cluster.with_rates(lambda m, s=i / steps: m.rate * s)
         plan = make_plan(scaled, artifacts, policy, cluster.path.parent / "plan.yaml", lm, log=lambda _: None)
         if not plan.unserved and all(p.predicted is None or p.predicted.meets_slo for _, p in plan.instances()):
-            return i / steps
+            if not simulated_misses(with_simulation(plan, lm)):
+                return i / steps
     return 0.0

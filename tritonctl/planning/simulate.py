@@ -59,7 +59,7 @@ import numpy as np
 
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
-from tritonctl.planning.plan import Plan
+from tritonctl.planning.plan import Plan, PlannedModel
 from tritonctl.shares import turn_share, turn_slots
 
 
@@ -376,23 +376,32 @@ def simulate(
     )
 
 
-SIMULATED_REQUESTS = 50_000  # behind a plan's simulated p99s: thousands a model, so that each p99 is steady
+SIMULATED_REQUESTS = 50_000  # behind a plan's simulated figures: thousands a model, so that each p99 is steady
+SIMULATED_MEETS = 0.99  # a model the simulation answers this part of within its SLO meets it
 
 
-def simulated_p99(plan: Plan, lm: LatencyModel) -> Plan:
-    """The plan with each model's `simulated_p99_ms` from a seeded simulation at its rates: what a load generator
-    should measure, where a placement's own prediction (eq. 2 at its predicted batch time) leaves out the spread
-    of batch times and the wake-up of an idle instance. None for a model more than 1% of whose requests the
-    simulation leaves unserved."""
+def with_simulation(plan: Plan, lm: LatencyModel) -> Plan:
+    """The plan with each model's `simulated_in_slo` and `simulated_p99_ms` from a seeded simulation at its rates:
+    what a load generator should measure, where a placement's own prediction (eq. 2 at its predicted batch time)
+    leaves out the spread of batch times and the wake-up of an idle instance."""
     total = sum(m.rate for m in plan.models)
     if not total:
         return plan
     result = simulate(plan, lm, duration_s=max(60.0, SIMULATED_REQUESTS / total))
     models = []
     for model, outcome in zip(plan.models, result.models, strict=True):
-        served = outcome.served and outcome.served >= 0.99 * outcome.arrived
-        models.append(model.model_copy(update={"simulated_p99_ms": round(outcome.p99_ms, 3) if served else None}))
+        answered = outcome.served and outcome.served >= SIMULATED_MEETS * outcome.arrived
+        update = {
+            "simulated_in_slo": round(outcome.good / max(outcome.arrived, 1), 4),
+            "simulated_p99_ms": round(outcome.p99_ms, 3) if answered else None,
+        }
+        models.append(model.model_copy(update=update))
     return plan.model_copy(update={"models": models})
+
+
+def simulated_misses(plan: Plan) -> list[PlannedModel]:
+    """The models a simulated plan answers less than SIMULATED_MEETS of within their SLO."""
+    return [m for m in plan.models if m.simulated_in_slo is not None and m.simulated_in_slo < SIMULATED_MEETS]
 
 
 def format_sim(result: SimResult) -> str:
