@@ -377,6 +377,7 @@ def simulate(
 
 
 SIMULATED_REQUESTS = 50_000  # behind a plan's simulated figures: thousands a model, so that each p99 is steady
+SIMULATED_S = (2.0, 3600.0)  # the simulated time that takes, within these bounds
 SIMULATED_MEETS = 0.99  # a model the simulation answers this part of within its SLO meets it
 
 
@@ -387,7 +388,7 @@ def with_simulation(plan: Plan, lm: LatencyModel) -> Plan:
     total = sum(m.rate for m in plan.models)
     if not total:
         return plan
-    result = simulate(plan, lm, duration_s=max(60.0, SIMULATED_REQUESTS / total))
+    result = simulate(plan, lm, duration_s=min(max(SIMULATED_REQUESTS / total, SIMULATED_S[0]), SIMULATED_S[1]))
     models = []
     for model, outcome in zip(plan.models, result.models, strict=True):
         answered = outcome.served and outcome.served >= SIMULATED_MEETS * outcome.arrived
