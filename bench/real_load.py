@@ -23,8 +23,9 @@ DIR/results.json and DIR/summary.md: per model offered and answered rate, p50/p9
 of requests within the SLO; per deployment and tool the capacity (the highest scale at which
 every model has at least 99% of its requests answered within its SLO: its p99 counting a
 refused or unanswered request as late), goodput at each scale, and at 1x the plan's predicted
-p99s (by eq. 2 and simulated) beside the measured one. During the 1x run under perf_analyzer, every process's CPU time
-is read from /proc (DIR/cpu-<deployment>.txt). Run it on a quiet machine; it says which CPU.
+p99s (by eq. 2 and simulated) beside the measured one. During the 1x run under perf_analyzer,
+every process's CPU time is read from /proc (DIR/cpu-<deployment>.txt). Run it on a quiet
+machine; it says which CPU.
 """
 
 from __future__ import annotations
