@@ -197,15 +197,10 @@ class ComposeRuntime:
         rendered = self.services.get(service)
         if rendered is None:
             raise StartError(f"{service} is not in {self.compose_file}: apply prepares the plan first")
-        same = {
-            k: getattr(launch, k)
-            for k in ("instance", "model", "device", "share", "units", "config_hash", "process_hash")
-        }
-        record = InstanceRecord(
+        record = InstanceRecord.launched(
+            launch,
             uid=f"{service}.{secrets.token_hex(3)}",
-            **same,
             host=host,
-            grpc_port=launch.grpc_port,
             backend_port=rendered.grpc_port,
             http_port=rendered.http_port,
             metrics_port=rendered.metrics_port,

@@ -274,17 +274,10 @@ class KubernetesRuntime:
     ) -> InstanceRecord:
         name = deployment_name(launch.instance, launch.process_hash)
         self.api.apply(self._owned(triton_deployment(self.loaded.plan, launch, self.node, name)))
-        record = InstanceRecord(
+        record = InstanceRecord.launched(
+            launch,
             uid=name,
-            instance=launch.instance,
-            model=launch.model,
-            device=launch.device,
-            share=launch.share,
-            units=launch.units,
-            config_hash=launch.config_hash,
-            process_hash=launch.process_hash,
             host=instance_name(launch.instance),
-            grpc_port=launch.grpc_port,
             backend_port=GRPC,
             http_port=HTTP,
             metrics_port=METRICS,

@@ -251,17 +251,10 @@ class LocalRuntime:
             share.remove(cgroup)
             raise StartError(f"cannot start {self.binary.path} for {launch.instance}: {exc}") from None
         stat = _proc_stat(proc.pid)
-        record = InstanceRecord(
+        record = InstanceRecord.launched(
+            launch,
             uid=uid,
-            instance=launch.instance,
-            model=launch.model,
-            device=launch.device,
-            share=launch.share,
-            units=launch.units,
-            config_hash=launch.config_hash,
-            process_hash=launch.process_hash,
             host=host,
-            grpc_port=launch.grpc_port,
             backend_port=grpc_port,
             http_port=http_port,
             metrics_port=metrics_port,

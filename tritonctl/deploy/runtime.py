@@ -54,6 +54,22 @@ class InstanceRecord:
     process_hash: str = ""  # empty in state files written before in-place reconfiguration existed
     backend_port: int = 0  # the instance's own gRPC port behind the model's stable `grpc_port` (0: none)
 
+    @classmethod
+    def launched(cls, launch: Launch, **started) -> InstanceRecord:
+        """The record of `launch` once a runtime has started it: what the launch fixes (instance, model, device,
+        share, hashes, the model's port) from it, the rest (uid, host, ports, process, log) from `started`."""
+        return cls(
+            instance=launch.instance,
+            model=launch.model,
+            device=launch.device,
+            share=launch.share,
+            units=launch.units,
+            config_hash=launch.config_hash,
+            process_hash=launch.process_hash,
+            grpc_port=launch.grpc_port,
+            **started,
+        )
+
 
 @dataclass(frozen=True)
 class Health:
