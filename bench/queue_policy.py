@@ -4,12 +4,13 @@
 
 The four torchvision models at twice their rates (`bench/results/real-load/overload/cluster.yaml`, the
 profile of `profiles/torchvision-four`), planned by `search` and applied three ways in turn: `none` (no
-queue policy), `bounded` (`runtime.reject_late`: Triton's `default_queue_policy.max_queue_size` set to the
-requests that still fit the SLO, `render.queue_limit`) and `unreached` (the same rendering with a bound of
-1000, which no request reaches at these rates). Each is loaded with tritonctl's client (perf_analyzer stops
-at the first refused request) at every scale; per model: the client's p50/p99 and refusals, and from
-Triton's statistics (`/v2/models/<m>/stats` of the instance, before and after) the requests it answered and
-their mean queue and compute times. Writes `queue-policy.md`. Run it on a quiet machine.
+queue policy), `bounded` (Triton's `default_queue_policy.max_queue_size` set to the requests that still fit
+the SLO, `queue_limit`) and `unreached` (a bound of 1000, which no request reaches at these rates). It
+shows why `runtime.reject_late` refuses late requests in the model's glue, not by Triton's queue policy:
+here the `-late` plans render the queue policy instead of the glue's refusal. Each is loaded with
+tritonctl's client (perf_analyzer stops at the first refused request) at every scale; per model: the
+client's p50/p99 and refusals, and from Triton's statistics (`/v2/models/<m>/stats` of the instance,
+before and after) the requests it answered and their mean queue and compute times. Writes `queue-policy.md`. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import tempfile
 import urllib.request
 from pathlib import Path
 
 from cpu_demo import REPO
+from google.protobuf import text_format
 from real_load import plan_for
+from tritonclient.grpc import model_config_pb2
 
 import tritonctl.triton.render as render
 from tritonctl.cli import main as tritonctl
@@ -48,18 +52,42 @@ def server_stats(state_dir: Path) -> dict[str, dict[str, tuple[int, int]]]:
     return out
 
 
+def queue_limit(model, placement) -> int | None:
+    """How many requests a queue holds before the next can only be late: a request that finds k batches ahead of
+    it starts after about k batch times (1000 x batch / predicted throughput: its time at the plan's load), so
+    with more than (SLO - batch time) / batch time of them it is late. At least one batch; None without a
+    prediction."""
+    if placement.predicted is None or not placement.predicted.throughput_rps:
+        return None
+    batch_ms = 1000 * placement.batch / placement.predicted.throughput_rps
+    batches = max(1, math.floor((model.slo_ms - batch_ms) / batch_ms)) if batch_ms < model.slo_ms else 1
+    return batches * placement.batch
+
+
 @contextlib.contextmanager
 def queue_bound(variant: str):
-    """`unreached`: render every queue bound as UNREACHED while the plan is applied."""
-    if variant != "unreached":
+    """While a plan is applied, render Triton's queue policy where the plan asks to reject late requests (not the
+    glue's refusal): `bounded` by `queue_limit`, `unreached` by UNREACHED."""
+    if variant == "none":
         yield
         return
-    planned = render.queue_limit
-    render.queue_limit = lambda model, placement: UNREACHED
+    plain = render.render_config
+
+    def bounded(cluster, model, placement, device, reject_late=False, threads=None):
+        text = plain(cluster, model, placement, device, False, threads)
+        limit = UNREACHED if variant == "unreached" else queue_limit(model, placement)
+        if not reject_late or limit is None:
+            return text
+        head, body = text.split("\n", 1)
+        config = text_format.Parse(body, model_config_pb2.ModelConfig())
+        config.dynamic_batching.default_queue_policy.max_queue_size = limit
+        return f"{head}\n{text_format.MessageToString(config)}"
+
+    render.render_config = bounded
     try:
         yield
     finally:
-        render.queue_limit = planned
+        render.render_config = plain
 
 
 def mean_ms(after: tuple[int, int], before: tuple[int, int]) -> float:

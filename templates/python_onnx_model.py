@@ -8,10 +8,16 @@ onnxruntime's intra-op threads do not spin while waiting for work: spinning thre
 instances sharing a CPU burn what the others need (measured: half the stubs' CPU time at the
 CPU demo load, `python bench/ort_spinning.py`). TRITONCTL_ORT_SPINNING=1 in tritonserver's
 environment turns it back on, for that comparison.
+
+With the `reject_late_slo_ms` parameter (`runtime.reject_late`), a request that can no longer meet
+its SLO when its batch starts is refused there, before it costs any compute: one that arrived at
+the proxy (the `tritonctl-arrival-ms` parameter HAProxy stamps and tritonserver forwards) so long
+ago that the run it would join, at this instance's recent time per item, ends past arrival + SLO.
 """
 
 import json
 import os
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -31,17 +37,61 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.input_name = config["input"][0]["name"]
         self.output_names = [o["name"] for o in config["output"]]
+        slo = config["parameters"].get("reject_late_slo_ms")
+        self.slo_ms = float(slo["string_value"]) if slo else None
+        self.item_ms = None  # moving average of a run's time per item (the warm-up runs seed it)
 
     def execute(self, requests):
         arrays = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy() for r in requests]
-        results = self.session.run(self.output_names, {self.input_name: np.concatenate(arrays)})
-        bounds = np.cumsum([len(a) for a in arrays])[:-1]
-        pieces = [np.split(result, bounds) for result in results]
-        return [
-            pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor(name, piece[i]) for name, piece in zip(self.output_names, pieces, strict=True)
+        late = self.late(requests, arrays)
+        kept = [a for a, refuse in zip(arrays, late, strict=True) if not refuse]
+        pieces = self.run(kept) if kept else []
+        responses, k = [], 0
+        for refuse in late:
+            if refuse:
+                responses.append(pb_utils.InferenceResponse(error=refuse))
+            else:
+                outputs = [
+                    pb_utils.Tensor(name, piece[k]) for name, piece in zip(self.output_names, pieces, strict=True)
                 ]
+                responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+                k += 1
+        return responses
+
+    def run(self, arrays):
+        """One onnxruntime run over the arrays; per output, its piece for each array."""
+        start = time.perf_counter()
+        results = self.session.run(self.output_names, {self.input_name: np.concatenate(arrays)})
+        items = sum(len(a) for a in arrays)
+        per_item = 1000 * (time.perf_counter() - start) / items
+        self.item_ms = per_item if self.item_ms is None else 0.8 * self.item_ms + 0.2 * per_item
+        bounds = np.cumsum([len(a) for a in arrays])[:-1]
+        return [np.split(result, bounds) for result in results]
+
+    def late(self, requests, arrays):
+        """Per request, the error refusing it, or None: with an SLO to keep, a request stamped on arrival whose
+        run (this batch's items at the recent time per item) would end past its arrival + SLO. Where the run
+        alone would take longer than the SLO, the wait is not what makes it late: nothing is refused, and the
+        run measures the time per item again."""
+        if self.slo_ms is None or self.item_ms is None:
+            return [None] * len(requests)
+        run_ms = self.item_ms * sum(len(a) for a in arrays)
+        if run_ms >= self.slo_ms:
+            return [None] * len(requests)
+        now_ms = 1000 * time.time()
+        ends_ms = now_ms + run_ms
+        out = []
+        for request in requests:
+            arrived = json.loads(request.parameters() or "{}").get("tritonctl-arrival-ms")
+            if arrived is None or float(arrived) + self.slo_ms >= ends_ms:
+                out.append(None)
+                continue
+            waited = now_ms - float(arrived)
+            out.append(
+                pb_utils.TritonError(
+                    f"refused: waited {waited:.0f} ms, would answer after {ends_ms - float(arrived):.0f} ms, "
+                    f"past the SLO of {self.slo_ms:g} ms (runtime.reject_late)",
+                    pb_utils.TritonError.UNAVAILABLE,
+                )
             )
-            for i in range(len(requests))
-        ]
+        return out

@@ -23,6 +23,7 @@ from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy import share
 from tritonctl.deploy.local import LocalRuntime, proc_stat_fields, process_alive
+from tritonctl.deploy.proxy import ARRIVAL_HEADER
 from tritonctl.deploy.state import apply_lock, load_state
 from tritonctl.files import sha256_file
 from tritonctl.planning.plan import load_plan
@@ -350,7 +351,7 @@ def test_one_apply_at_a_time_and_a_corrupt_state_file(tmp_path, capsys):
     assert "state.json: corrupt state file" in err
 
 
-def burst(url: str, model: str, n: int) -> list[str]:
+def burst(url: str, model: str, n: int, headers: dict[str, str] | None = None) -> list[str]:
     """`n` requests sent at once; the error message of each (empty when answered)."""
     done, outcomes = threading.Semaphore(0), []
     x = np.ones((1, 16), np.float32)
@@ -359,38 +360,42 @@ def burst(url: str, model: str, n: int) -> list[str]:
             inp = grpcclient.InferInput("x", [1, 16], "FP32")
             inp.set_data_from_numpy(x)
             client.async_infer(
-                model, [inp], callback=lambda result, error: (outcomes.append(str(error or "")), done.release())
+                model,
+                [inp],
+                callback=lambda result, error: (outcomes.append(str(error or "")), done.release()),
+                headers=headers,
             )
         for _ in range(n):
             assert done.acquire(timeout=30)
     return outcomes
 
 
-def test_reject_late_has_triton_refuse_what_finds_its_queue_full(tmp_path):
-    """A burst of 200 requests to a model with a 10 ms SLO and (SYNTHETIC latency model) 3 ms batches: with
-    reject_late, Triton refuses those that find the queue longer than the SLO allows; without it, every request
-    is answered (late)."""
-    from synthetic import synthetic_dataset
-    from tritonctl.latency.fit import fit_latency_model
-
+def test_reject_late_refuses_what_can_only_be_late(tmp_path):
+    """HAProxy stamps every request with its arrival (over any stamp the client sent); with reject_late the
+    model's glue refuses, before running it, a request that arrived too long ago to be answered within its
+    10 ms SLO. Without reject_late every request is answered, late or not."""
     make_mlp(tmp_path / "mlp.onnx")
-    lm = tmp_path / "latency-model.json"
-    fit_latency_model(synthetic_dataset(tmp_path / "profile"), log=lambda _: None).save(lm)
     plan = tmp_path / "plan.yaml"
-    outcomes = {}
+    stale, bursts = {}, {}
     for reject_late in (False, True):
         cluster = write_cluster(tmp_path, [mlp_model("alpha", slo_ms=10)])
         spec = yaml.safe_load(cluster.read_text())
         spec["runtime"]["reject_late"] = reject_late
         cluster.write_text(yaml.safe_dump(spec))
-        assert main(["plan", str(cluster), "-o", str(plan), "--policy", "spread", "--latency-model", str(lm)]) == 0
-        assert main(["apply", str(plan), "--accept-misses"]) == 0
+        assert main(["plan", str(cluster), "-o", str(plan), "--policy", "spread"]) == 0
+        assert main(["apply", str(plan)]) == 0
         (record,) = state_of(plan).instances.values()
-        outcomes[reject_late] = burst(f"127.0.0.1:{record.grpc_port}", "alpha", 200)
+        proxy, own = f"127.0.0.1:{record.grpc_port}", f"127.0.0.1:{record.backend_port}"
+        a_second_ago = {ARRIVAL_HEADER: f"{1000 * time.time() - 1000:.0f}"}
+        stale[reject_late] = burst(own, "alpha", 1, a_second_ago)[0]
+        assert burst(own, "alpha", 1, {ARRIVAL_HEADER: f"{1000 * time.time():.0f}"}) == [""]
+        assert burst(proxy, "alpha", 1, a_second_ago) == [""]  # the proxy's stamp replaces the client's
+        bursts[reject_late] = burst(proxy, "alpha", 200)
         assert main(["down", str(plan)]) == 0
-    assert outcomes[False] == [""] * 200
-    rejected = [e for e in outcomes[True] if e]
-    assert rejected and all("queue size" in e.lower() for e in rejected) and len(rejected) < 200
+    assert stale[False] == "" and "UNAVAILABLE" in stale[True] and "past the SLO of 10 ms" in stale[True]
+    assert bursts[False] == [""] * 200
+    refused = [e for e in bursts[True] if e]
+    assert refused and all("runtime.reject_late" in e for e in refused) and len(refused) < 200
 
 
 def test_shutdown_kills_a_proxy_that_ignores_sigterm(tmp_path):

@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2
 from conftest import REPO
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planning.plan import Device, LoadedPlan, Prediction, load_plan, save_plan
+from tritonctl.planning.plan import Device, Prediction, load_plan, save_plan
 from tritonctl.planning.planner import make_plan
 from tritonctl.planning.policies import Demand, PlacementError
 from tritonctl.planning.policies.spread import spread
@@ -115,51 +115,25 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
     assert launch.share == 50 and launch.env == {"TRITONCTL_ORT_SPINNING": "0"}  # no MPS variables on a CPU
 
 
-def test_reject_late_renders_a_queue_limit_that_a_reload_can_change(mlp_cluster):
+def test_reject_late_renders_the_slo_for_the_glue_and_is_a_reload(mlp_cluster):
     from tritonctl.cli import main
 
     data = yaml.safe_load(mlp_cluster.read_text())
     assert "reject_late" not in data["runtime"]  # off by default
     assert main(["plan", str(mlp_cluster)]) == 0
-    loaded = load_plan(mlp_cluster.parent / "plan.yaml")
-    folder, plain = render(loaded)["alpha-0"]
-    assert not parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.HasField(
-        "default_queue_policy"
-    )  # turned off: every request is served, late or not
+    folder, plain = render(load_plan(mlp_cluster.parent / "plan.yaml"))["alpha-0"]
+    config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
+    assert "reject_late_slo_ms" not in config.parameters  # turned off: every request is served, late or not
+    assert not config.dynamic_batching.HasField("default_queue_policy")  # never Triton's queue policy
 
     data["runtime"]["reject_late"] = True
     mlp_cluster.write_text(yaml.safe_dump(data))
     assert main(["plan", str(mlp_cluster)]) == 0
-    loaded = load_plan(mlp_cluster.parent / "plan.yaml")
-    alpha = loaded.plan.models[0]
-    folder, first = render(loaded)["alpha-0"]
-    batching = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching
-    assert not batching.HasField("default_queue_policy")  # no prediction to size the queue by: no limit
-    assert first.process_hash == plain.process_hash  # the queue policy is a reload, not a new process
-
-    predicted = Prediction(exec_ms=10.0, latency_ms=30.0, throughput_rps=100.0, meets_slo=True, in_slo_rps=alpha.rate)
-    placement = alpha.placements[0].model_copy(update={"predicted": predicted})
-    changed = loaded.plan.model_copy(
-        update={"models": [alpha.model_copy(update={"placements": [placement]}), *loaded.plan.models[1:]]}
-    )
-    folder, second = render(LoadedPlan(changed, loaded.path))["alpha-0"]
-    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert alpha.slo_ms == 50 and policy.max_queue_size == 4  # 10 ms batches: 4 fit the SLO after one
-    assert policy.default_timeout_microseconds == 0  # no timeout
-    assert second.process_hash == first.process_hash and second.config_hash != first.config_hash  # a reload
-    beyond = Prediction(exec_ms=80.0, latency_ms=None, throughput_rps=12.5, meets_slo=False, in_slo_rps=0.0)
-    slow = alpha.placements[0].model_copy(update={"predicted": beyond})
-    slower = loaded.plan.model_copy(update={"models": [alpha.model_copy(update={"placements": [slow]})]})
-    folder, _ = render(LoadedPlan(slower, loaded.path))["alpha-0"]
-    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert policy.max_queue_size == 1  # a batch predicted past the SLO: one batch waits, no more
-    # 10 ms alone, but the instances taking turns beside it stretch a batch to 20 ms at the plan's load
-    held = Prediction(exec_ms=10.0, latency_ms=45.0, throughput_rps=50.0, meets_slo=True, in_slo_rps=alpha.rate)
-    turns = alpha.placements[0].model_copy(update={"predicted": held})
-    shared = loaded.plan.model_copy(update={"models": [alpha.model_copy(update={"placements": [turns]})]})
-    folder, _ = render(LoadedPlan(shared, loaded.path))["alpha-0"]
-    policy = parse_config(folder / "models" / "alpha" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert policy.max_queue_size == 1  # (50 - 20) / 20 batches of its held time, not (50 - 10) / 10 of its own
+    folder, late = render(load_plan(mlp_cluster.parent / "plan.yaml"))["alpha-0"]
+    config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
+    assert config.parameters["reject_late_slo_ms"].string_value == "50"  # alpha's SLO, for the glue to keep
+    assert not config.dynamic_batching.HasField("default_queue_policy")
+    assert late.process_hash == plain.process_hash and late.config_hash != plain.config_hash  # a reload
 
 
 @pytest.fixture(scope="module")

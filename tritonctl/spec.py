@@ -157,10 +157,10 @@ class RuntimeSpec(_Strict):
     base_port: Annotated[int, Field(ge=1024, le=65000)] = 8100
     tritonserver: PathText | None = None
     startup_timeout_s: TimeoutS = 120.0
-    # Refuse a request that finds Triton's queue so long that it could only be late (render.queue_limit), rather
-    # than serve it late and make the requests behind it late. A refused request is an error to its client. Off
-    # by default: measured through an earlier Python proxy, refused requests stalled the other models' answers
-    # (docs/real-load.md).
+    # Refuse a request that can no longer be answered within its SLO when its batch starts, before running it,
+    # rather than serve it late and make the requests behind it late (CPU instances: the model's glue, by the
+    # arrival HAProxy stamps). A refused request is an error to its client. Off by default: perf_analyzer stops
+    # at the first refused request (docs/real-load.md).
     reject_late: bool = False
     # How a CPU share is enforced: `weight`, a cgroup CPU weight in proportion to the share (work-conserving: an
     # instance gets at least its share when every instance is busy, and idle cores when others are not), or

@@ -44,7 +44,7 @@ import yaml
 
 from tritonctl.deploy.local import EXIT_TIMEOUT_S, one_host
 from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
-from tritonctl.deploy.runtime import restriction_flags
+from tritonctl.deploy.runtime import server_flags
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan, relative_to
 from tritonctl.triton.render import Launch, render
@@ -514,7 +514,7 @@ def compose_project(
                 f"--metrics-port={service.metrics_port}",
                 f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
                 f"--id={launch.instance}",
-                *restriction_flags(key),
+                *server_flags(key),
             ],
             "profiles": [TRITON_PROFILE],  # started by apply, by name
             "network_mode": "host",

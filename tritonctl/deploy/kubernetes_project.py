@@ -43,7 +43,7 @@ import yaml
 from tritonctl.deploy.compose_project import check_plan, check_shares, write_private
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
 from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
-from tritonctl.deploy.runtime import restriction_flags
+from tritonctl.deploy.runtime import server_flags
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import Device, LoadedPlan, Plan, relative_to, save_plan
 from tritonctl.triton.render import MODEL_VERSION, Launch, render
@@ -163,7 +163,7 @@ def triton_deployment(plan: Plan, launch: Launch, node: str | None, name: str) -
             f"--metrics-port={METRICS}",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             f"--id={launch.instance}",
-            *restriction_flags(f"$({KEY})"),  # Kubernetes puts the variable's value in the argument
+            *server_flags(f"$({KEY})"),  # Kubernetes puts the variable's value in the argument
         ],
         "env": env,
         "ports": [

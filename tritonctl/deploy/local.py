@@ -41,8 +41,8 @@ from tritonctl.deploy.runtime import (
     StartError,
     http_ok,
     load_model,
-    restriction_flags,
     route_summary,
+    server_flags,
 )
 from tritonctl.deploy.state import control_key
 from tritonctl.errors import TritonctlError
@@ -201,7 +201,7 @@ class LocalRuntime:
             f"--metrics-port={metrics_port}",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             f"--id={launch.instance}",
-            *restriction_flags(self.control_key),
+            *server_flags(self.control_key),
         ]
         if self.binary.backend_dir is not None:
             cmd.append(f"--backend-directory={self.binary.backend_dir}")

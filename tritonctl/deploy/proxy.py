@@ -36,6 +36,9 @@ BUFFER_BYTES = 1 << 16
 WINDOW_BYTES = 1 << 20
 IDLE_TIMEOUT_S = 300  # a client connection that carries nothing for this long is closed
 REQUEST_TIMEOUT_S = 300  # the longest an instance may take to answer a request
+# Every request leaves HAProxy stamped with when it arrived (ms since the epoch); tritonserver forwards the header to
+# the model as a request parameter, so that an instance with `runtime.reject_late` can refuse what can only be late.
+ARRIVAL_HEADER = "tritonctl-arrival-ms"
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ def render_config(routes: Routes, host: str, api: str, metrics: str, resolve: bo
             "",
             f"frontend {backend(port)}",
             f"    bind {host}:{port} proto h2",
+            f"    http-request set-header {ARRIVAL_HEADER} %[date(0,ms)]",
             f"    default_backend {backend(port)}",
             "",
             f"backend {backend(port)}",

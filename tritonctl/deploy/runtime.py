@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from tritonctl.deploy.proxy import ARRIVAL_HEADER
 from tritonctl.planning.plan import LoadedPlan
 from tritonctl.triton.render import Launch
 
@@ -93,10 +94,15 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def restriction_flags(key: str) -> list[str]:
-    """tritonserver flags restricting RESTRICTED_APIS, over gRPC and HTTP, to requests carrying `key`."""
+def server_flags(key: str) -> list[str]:
+    """tritonserver flags every runtime starts an instance with: RESTRICTED_APIS, over gRPC and HTTP, answer only
+    requests carrying `key`; the proxy's arrival stamp reaches the model as a request parameter."""
     rule = f"{','.join(RESTRICTED_APIS)}:{CONTROL_HEADER}={key}"
-    return [f"--grpc-restricted-protocol={rule}", f"--http-restricted-api={rule}"]
+    return [
+        f"--grpc-restricted-protocol={rule}",
+        f"--http-restricted-api={rule}",
+        f"--grpc-header-forward-pattern=^{ARRIVAL_HEADER}$",
+    ]
 
 
 def load_model(url: str, model: str, timeout_s: float, key: str) -> str | None:

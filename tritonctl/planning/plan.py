@@ -138,7 +138,7 @@ class RuntimeSettings(_Strict):
     host: Host
     tritonserver: PathText | None = None
     startup_timeout_s: TimeoutS = 120.0
-    reject_late: bool = False  # Triton rejects a request that can no longer meet its SLO (render.queue_limit)
+    reject_late: bool = False  # a CPU instance refuses a request that can no longer meet its SLO (the model's glue)
     cpu_share: Literal["quota", "weight"] = "quota"  # how a CPU share is enforced (see the cluster file's runtime)
 
 

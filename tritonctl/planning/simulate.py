@@ -19,8 +19,8 @@ queued behind it.
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served (knowing the batch's drawn latency, or under processor sharing its time
-alone: an oracle; Triton's queue bound, `runtime.reject_late`, can only go by the
-prediction). Requests arrive for `duration_s`; batches go on starting for one SLO after that,
+alone: an oracle; `runtime.reject_late` goes by the instance's recent run time).
+Requests arrive for `duration_s`; batches go on starting for one SLO after that,
 so that the last requests are judged like the others (a batched instance holds its last
 requests for up to its queue delay). What is still queued then counts as arrived but neither
 served nor dropped, so an overloaded plan shows its real throughput.

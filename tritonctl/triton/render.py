@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -64,25 +63,6 @@ def python_glue() -> str:
     return (resources.files("tritonctl.templates") / "python_onnx_model.py").read_text()
 
 
-def queue_limit(model: PlannedModel, placement: Placement) -> int | None:
-    """With `runtime.reject_late`, how many requests Triton's queue holds before it refuses the next: a request
-    that finds k batches ahead of it (the running one included) starts after about k batch times, so with more
-    than (SLO - batch time) / batch time of them it can only be late, and serving it would make the requests
-    behind it late too. The batch time is how long a batch holds the instance at the plan's load (1000 x batch /
-    predicted throughput: beside co-runners, or slowed by the instances taking turns with it), not its time
-    alone. At least one batch; None (no limit) without a prediction to size it by. A plan made with a latency
-    margin predicts longer batches, so its queues are shorter by as much.
-
-    A bound on the queue, not Triton's queue timeout: measured, the timeout (SLO less the batch time) refused
-    3-7% of requests at half the rates a plan serves, where the same plan without it answered every one of them
-    within the SLO."""
-    if placement.predicted is None or not placement.predicted.throughput_rps:
-        return None
-    batch_ms = 1000 * placement.batch / placement.predicted.throughput_rps
-    batches = max(1, math.floor((model.slo_ms - batch_ms) / batch_ms)) if batch_ms < model.slo_ms else 1
-    return batches * placement.batch
-
-
 def render_config(
     cluster: str,
     model: PlannedModel,
@@ -105,8 +85,6 @@ def render_config(
     batching = config.dynamic_batching
     batching.preferred_batch_size.append(placement.batch)
     batching.max_queue_delay_microseconds = placement.queue_delay_us
-    if reject_late and (limit := queue_limit(model, placement)):
-        batching.default_queue_policy.max_queue_size = limit
     group = config.instance_group.add(count=1)
     if device.kind == "gpu":
         group.kind = mc.ModelInstanceGroup.KIND_GPU
@@ -114,6 +92,8 @@ def render_config(
     else:
         group.kind = mc.ModelInstanceGroup.KIND_CPU
         config.parameters["intra_op_threads"].string_value = str(threads or threads_for(device, placement.share))
+        if reject_late:  # the Python-backend glue refuses what can only be late (templates/python_onnx_model.py)
+            config.parameters["reject_late_slo_ms"].string_value = f"{model.slo_ms:g}"
     warmup = config.model_warmup.add(name="tritonctl-warmup", batch_size=placement.batch, count=WARMUP_COUNT)
     for t in model.inputs:
         warmup.inputs[t.name].CopyFrom(
