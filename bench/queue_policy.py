@@ -10,7 +10,8 @@ shows why `runtime.reject_late` refuses late requests in the model's glue, not b
 here the `-late` plans render the queue policy instead of the glue's refusal. Each is loaded with
 tritonctl's client (perf_analyzer stops at the first refused request) at every scale; per model: the
 client's p50/p99 and refusals, and from Triton's statistics (`/v2/models/<m>/stats` of the instance,
-before and after) the requests it answered and their mean queue and compute times. Writes `queue-policy.md`. Run it on a quiet machine.
+before and after) the requests it answered and their mean queue and compute times. Writes
+`queue-policy.md`. Run it on a quiet machine.
 """
 
 from __future__ import annotations
