@@ -23,6 +23,8 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+STALE_S = 1.0  # a time per item measured longer ago than this is not trusted to refuse a request
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -40,6 +42,7 @@ class TritonPythonModel:
         slo = config["parameters"].get("reject_late_slo_ms")
         self.slo_ms = float(slo["string_value"]) if slo else None
         self.item_ms = None  # moving average of a run's time per item (the warm-up runs seed it)
+        self.ran_at = 0.0  # when the last run ended (time.time())
 
     def execute(self, requests):
         arrays = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy() for r in requests]
@@ -65,20 +68,21 @@ class TritonPythonModel:
         items = sum(len(a) for a in arrays)
         per_item = 1000 * (time.perf_counter() - start) / items
         self.item_ms = per_item if self.item_ms is None else 0.8 * self.item_ms + 0.2 * per_item
+        self.ran_at = time.time()
         bounds = np.cumsum([len(a) for a in arrays])[:-1]
         return [np.split(result, bounds) for result in results]
 
     def late(self, requests, arrays):
         """Per request, the error refusing it, or None: with an SLO to keep, a request stamped on arrival whose
-        run (this batch's items at the recent time per item) would end past its arrival + SLO. Where the run
-        alone would take longer than the SLO, the wait is not what makes it late: nothing is refused, and the
-        run measures the time per item again."""
+        run (this batch's items at the recent time per item) would end past its arrival + SLO. Nothing is
+        refused where the run alone would take longer than the SLO (the wait is not what makes it late), nor
+        where nothing has run for STALE_S (the time per item is stale): the run measures it again."""
         if self.slo_ms is None or self.item_ms is None:
             return [None] * len(requests)
         run_ms = self.item_ms * sum(len(a) for a in arrays)
-        if run_ms >= self.slo_ms:
-            return [None] * len(requests)
         now_ms = 1000 * time.time()
+        if run_ms >= self.slo_ms or now_ms - 1000 * self.ran_at > 1000 * STALE_S:
+            return [None] * len(requests)
         ends_ms = now_ms + run_ms
         out = []
         for request in requests:

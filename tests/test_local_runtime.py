@@ -387,10 +387,11 @@ def test_reject_late_refuses_what_can_only_be_late(tmp_path):
         (record,) = state_of(plan).instances.values()
         proxy, own = f"127.0.0.1:{record.grpc_port}", f"127.0.0.1:{record.backend_port}"
         a_second_ago = {ARRIVAL_HEADER: f"{1000 * time.time() - 1000:.0f}"}
-        stale[reject_late] = burst(own, "alpha", 1, a_second_ago)[0]
         assert burst(own, "alpha", 1, {ARRIVAL_HEADER: f"{1000 * time.time():.0f}"}) == [""]
+        stale[reject_late] = burst(own, "alpha", 1, a_second_ago)[0]  # just after a run: its time is fresh
         assert burst(proxy, "alpha", 1, a_second_ago) == [""]  # the proxy's stamp replaces the client's
         bursts[reject_late] = burst(proxy, "alpha", 200)
+        assert burst(proxy, "alpha", 1) == [""]  # what refused the burst's tail refuses no later request
         assert main(["down", str(plan)]) == 0
     assert stale[False] == "" and "UNAVAILABLE" in stale[True] and "past the SLO of 10 ms" in stale[True]
     assert bursts[False] == [""] * 200
