@@ -58,7 +58,7 @@ def sized_cluster(cluster_path: Path, lm_path: Path, out: Path, scale: float | N
         "state_dir": os.path.relpath(REPO / ".tritonctl" / name, here),
     }
     path = out / "cluster.yaml"
-    head = f"# {cluster_path.name} at {scale:g}x its rates, {chosen} (bench/overload.py)\n"
+    head = f"# {cluster_path} at {scale:g}x its rates as 1x, {chosen} (bench/overload.py)\n"
     path.write_text(head + yaml.safe_dump(spec, sort_keys=False))
     return path, scale
 
@@ -71,24 +71,36 @@ def offered(rows: list[Row], deployment: str, scale: float) -> float:
     return sum(r.offered_rps for r in rows if (r.deployment, r.scale) == (deployment, scale))
 
 
-def report(rows: list[Row], source: str, scale: float) -> str:
+def report(rows: list[Row], heading: str) -> str:
     scales = sorted({r.scale for r in rows})
+    deployments = list(dict.fromkeys(r.deployment for r in rows))
     lines = [
-        f"# Beyond capacity: {source} at {scale:g}x its rates as 1x",
+        f"# Beyond capacity: {heading}",
         "",
         f"CPU: {cpu_fingerprint()['model']}; tritonctl's client. Goodput: requests/s answered within their SLO, of"
         " those offered. Capacity: the highest scale with every model >= 99% within its SLO (a refused request"
         " counts as late).",
         "",
-        "| deployment | capacity | " + " | ".join(f"x{s:g}" for s in scales) + " | x2 / x3 of goodput at capacity |",
-        "|" + "---|" * (3 + len(scales)),
+        "| deployment | capacity | " + " | ".join(f"x{s:g}" for s in scales) + " |",
+        "|" + "---|" * (2 + len(scales)),
     ]
-    for deployment in dict.fromkeys(r.deployment for r in rows):
-        cap = capacity(rows, deployment, "tritonctl")
+    for deployment in deployments:
         cells = [f"{goodput(rows, deployment, s):.1f} of {offered(rows, deployment, s):.1f}" for s in scales]
-        base = goodput(rows, deployment, cap) if cap else float("nan")
-        shares = " / ".join(f"{100 * goodput(rows, deployment, s) / base:.0f}%" for s in (2.0, 3.0) if s in scales)
-        lines.append(f"| {deployment} | {cap:g} | " + " | ".join(cells) + f" | {shares if cap else 'no capacity'} |")
+        lines.append(f"| {deployment} | {capacity(rows, deployment, 'tritonctl'):g} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The slowest model's p99 of the requests it answered (ms; refused requests are not in it), and its share",
+        "of requests answered within the SLO:",
+        "",
+        "| deployment | " + " | ".join(f"x{s:g}" for s in scales) + " |",
+        "|" + "---|" * (1 + len(scales)),
+    ]
+    for deployment in deployments:
+        cells = []
+        for s in scales:
+            worst = max((r for r in rows if (r.deployment, r.scale) == (deployment, s)), key=lambda r: r.p99_ms)
+            cells.append(f"{worst.p99_ms:.0f} {worst.model} {100 * worst.in_slo:.0f}%")
+        lines.append(f"| {deployment} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -115,6 +127,15 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def run_real_load(cluster: Path, args: argparse.Namespace) -> None:
+    subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "real_load.py"), str(cluster), "--latency-model",
+         str(args.latency_model), "--out", str(args.out), "--deployments", *args.deployments, "--scales",
+         *map(str, args.scales), "--duration", str(args.duration), "--tools", "tritonctl"],
+        check=True,
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("cluster", type=Path)
@@ -126,20 +147,18 @@ def main() -> None:
     parser.add_argument("--scales", nargs="+", type=float, default=[0.5, 1.0, 2.0, 3.0])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of traffic per run")
     parser.add_argument("--deployments", nargs="+", default=["naive", "naive-late", "best", "best-late"])
+    parser.add_argument("--offline", action="store_true", help="only rewrite the report from DIR/results.json")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cluster, scale = sized_cluster(args.cluster, args.latency_model, args.out, args.rate_scale)
-    print(f"1x = {scale:g}x the rates of {args.cluster}")
-    subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "real_load.py"), str(cluster), "--latency-model",
-         str(args.latency_model), "--out", str(args.out), "--deployments", *args.deployments, "--scales",
-         *map(str, args.scales), "--duration", str(args.duration), "--tools", "tritonctl"],
-        check=True,
-    )  # fmt: skip
+    if not args.offline:
+        cluster, scale = sized_cluster(args.cluster, args.latency_model, args.out, args.rate_scale)
+        print(f"1x = {scale:g}x the rates of {args.cluster}")
+        run_real_load(cluster, args)
     rows = [Row(**r) for r in json.loads((args.out / "results.json").read_text())]
-    text = report(rows, args.cluster.name, scale)
+    heading = (args.out / "cluster.yaml").read_text().splitlines()[0].removeprefix("# ").split(", ")[0]
+    text = report(rows, heading)
     (args.out / "overload.md").write_text(text + "\n![goodput against offered load](goodput.png)\n")
-    plot(rows, args.out / "goodput.png", f"{args.cluster.name} at {scale:g}x its rates as 1x (tritonctl's client)")
+    plot(rows, args.out / "goodput.png", heading + " (tritonctl's client)")
     print(text)
 
 
