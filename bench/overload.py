@@ -158,7 +158,7 @@ def main() -> None:
     heading = (args.out / "cluster.yaml").read_text().splitlines()[0].removeprefix("# ").split(", ")[0]
     text = report(rows, heading)
     (args.out / "overload.md").write_text(text + "\n![goodput against offered load](goodput.png)\n")
-    plot(rows, args.out / "goodput.png", heading + " (tritonctl's client)")
+    plot(rows, args.out / "goodput.png", f"{heading.split('/')[-1]} (tritonctl's client)")
     print(text)
 
 
