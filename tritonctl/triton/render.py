@@ -143,8 +143,8 @@ def launch_for(
         if cpu_share == "weight":
             quota = period = None
             weight = cpu_weight(device, placement.share)
-    # What the process is started with. Batch size, queue delay and queue policy are left out (the config
-    # rendered at batch 1 without delay or timeout): Triton reloads a model with them changed in place.
+    # What the process is started with. Batch size, queue delay and refusing late requests are left out (the
+    # config rendered at batch 1, without delay or refusal): Triton reloads a model with them changed in place.
     batchless = render_config(
         cluster, model, placement.model_copy(update={"batch": 1, "queue_delay_us": 0}), device, threads=threads
     )
