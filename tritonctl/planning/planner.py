@@ -518,7 +518,10 @@ def servable_scale(
     show instead of a plan predicted to miss."""
     for i in range(steps, 0, -1):
         scaled = cluster.with_rates(lambda m, s=i / steps: m.rate * s)
-        plan = make_plan(scaled, artifacts, policy, cluster.path.parent / "plan.yaml", lm, log=lambda _: None)
+        try:
+            plan = make_plan(scaled, artifacts, policy, cluster.path.parent / "plan.yaml", lm, log=lambda _: None)
+        except TritonctlError:  # no model served at this scale
+            continue
         if not plan.unserved and all(p.predicted is None or p.predicted.meets_slo for _, p in plan.instances()):
             if not simulated_misses(with_simulation(plan, lm)):
                 return i / steps
