@@ -12,18 +12,21 @@ environment turns it back on, for that comparison.
 With the `reject_late_slo_ms` parameter (`runtime.reject_late`), a request that can no longer meet
 its SLO when its batch starts is refused there, before it costs any compute: one that arrived at
 the proxy (the `tritonctl-arrival-ms` parameter HAProxy stamps and tritonserver forwards) so long
-ago that the run it would join, at this instance's recent time per item, ends past arrival + SLO.
+ago that the run it would join ends past arrival + SLO even at the fastest of this instance's
+recent runs: what can only be late.
 """
 
 import json
 import os
 import time
+from collections import deque
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-STALE_S = 1.0  # a time per item measured longer ago than this is not trusted to refuse a request
+STALE_S = 1.0  # runs that ended longer ago than this are not trusted to refuse a request
+RECENT_RUNS = 16  # how many runs' time per item the fastest is taken of
 
 
 class TritonPythonModel:
@@ -41,7 +44,7 @@ class TritonPythonModel:
         self.output_names = [o["name"] for o in config["output"]]
         slo = config["parameters"].get("reject_late_slo_ms")
         self.slo_ms = float(slo["string_value"]) if slo else None
-        self.item_ms = None  # moving average of a run's time per item (the warm-up runs seed it)
+        self.item_ms = deque(maxlen=RECENT_RUNS)  # the recent runs' time per item (the warm-up runs seed it)
         self.ran_at = 0.0  # when the last run ended (time.time())
 
     def execute(self, requests):
@@ -67,22 +70,22 @@ class TritonPythonModel:
         results = self.session.run(self.output_names, {self.input_name: np.concatenate(arrays)})
         items = sum(len(a) for a in arrays)
         per_item = 1000 * (time.perf_counter() - start) / items
-        self.item_ms = per_item if self.item_ms is None else 0.8 * self.item_ms + 0.2 * per_item
+        self.item_ms.append(per_item)
         self.ran_at = time.time()
         bounds = np.cumsum([len(a) for a in arrays])[:-1]
         return [np.split(result, bounds) for result in results]
 
     def late(self, requests, arrays):
         """Per request, the error refusing it, or None: with an SLO to keep, a request stamped on arrival whose
-        run (this batch's items at the recent time per item) would end past its arrival + SLO. Nothing is
-        refused where nothing has run for STALE_S (the time per item is stale): the run measures it again, so
-        an instance too slow for its SLO answers about one batch a second, late, and refuses the rest."""
-        if self.slo_ms is None or self.item_ms is None:
+        run (this batch's items at the fastest recent time per item) would end past its arrival + SLO. Nothing
+        is refused where nothing has run for STALE_S (the times are stale): the run measures again, so an
+        instance too slow for its SLO answers about one batch a second, late, and refuses the rest."""
+        if self.slo_ms is None or not self.item_ms:
             return [None] * len(requests)
         now_ms = 1000 * time.time()
         if now_ms - 1000 * self.ran_at > 1000 * STALE_S:
             return [None] * len(requests)
-        ends_ms = now_ms + self.item_ms * sum(len(a) for a in arrays)
+        ends_ms = now_ms + min(self.item_ms) * sum(len(a) for a in arrays)
         out = []
         for request in requests:
             arrived = json.loads(request.parameters() or "{}").get("tritonctl-arrival-ms")

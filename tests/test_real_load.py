@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.state import load_state
+from tritonctl.errors import TritonctlError
 from tritonctl.latency.device import busy_cores
 from tritonctl.latency.model import scaled
 from tritonctl.planning.plan import load_plan, save_plan
@@ -372,6 +373,11 @@ def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within
         return not plan.unserved and all(p.predicted.meets_slo for _, p in plan.instances())
 
     assert served(scale) and not served(round(scale + 0.05, 2))
+
+    swamped = load_cluster(mlp_cluster).with_rates(lambda m: 40_000.0)  # no model served at most scales
+    with pytest.raises(TritonctlError, match="cannot serve any model"):
+        make_plan(swamped, artifacts, "search", mlp_cluster, lm, log=print)
+    assert 0 <= servable_scale(swamped, artifacts, lm, "search") < 1  # the lower scales are still tried
 
 
 def test_the_demo_keeps_at_least_a_calibrations_worst_held_out_error_to_spare():
