@@ -19,7 +19,7 @@ queued behind it.
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served (knowing the batch's drawn latency, or under processor sharing its time
-alone: an oracle; `runtime.reject_late` goes by the instance's recent run time).
+alone: an oracle; `runtime.reject_late` goes by the instance's fastest recent run).
 Requests arrive for `duration_s`; batches go on starting for one SLO after that,
 so that the last requests are judged like the others (a batched instance holds its last
 requests for up to its queue delay). What is still queued then counts as arrived but neither
