@@ -1,7 +1,7 @@
-"""Goodput against offered load, up to three times what the plan serves, with and without refusing late requests.
+"""Goodput against offered load, beyond what the plan serves, with and without refusing late requests.
 
     python bench/overload.py CLUSTER --latency-model LM --out DIR [--rate-scale S] [--scales 0.5 1 2 3]
-        [--duration 15] [--deployments naive naive-late best best-late]
+        [--duration 15] [--deployments naive naive-late best best-late] [--offline]
 
 1x is the cluster's rates times S: by default the largest multiple of 0.05 at which `search` plans every
 model within its SLO on this CPU by LM (profiled or calibrated here), in eq. 2 and in simulation
@@ -9,8 +9,8 @@ model within its SLO on this CPU by LM (profiled or calibrated here), in eq. 2 a
 bench/real_load.py then loads each deployment at every scale of that, with tritonctl's client only:
 perf_analyzer stops at the first refused request, and the `-late` deployments (runtime.reject_late) refuse
 what can only be late. Writes DIR/overload.md (per deployment the capacity, goodput at every scale, and
-goodput at 2x and 3x as a share of goodput at capacity) and DIR/goodput.png, beside real_load's
-results.json and summary.md. Run it on a quiet machine.
+the slowest model's p99) and DIR/goodput.png, beside real_load's results.json and summary.md; with
+`--offline`, only those two, from DIR/results.json. Run it on a quiet machine.
 """
 
 from __future__ import annotations
