@@ -88,14 +88,14 @@ class TritonPythonModel:
         ends_ms = now_ms + min(self.item_ms) * sum(len(a) for a in arrays)
         out = []
         for request in requests:
-            arrived = json.loads(request.parameters() or "{}").get("tritonctl-arrival-ms")
-            if arrived is None or float(arrived) + self.slo_ms >= ends_ms:
+            stamp = json.loads(request.parameters() or "{}").get("tritonctl-arrival-ms")
+            arrived = None if stamp is None else float(stamp)
+            if arrived is None or arrived + self.slo_ms >= ends_ms:
                 out.append(None)
                 continue
-            waited = now_ms - float(arrived)
             out.append(
                 pb_utils.TritonError(
-                    f"refused: waited {waited:.0f} ms, would answer after {ends_ms - float(arrived):.0f} ms, "
+                    f"refused: waited {now_ms - arrived:.0f} ms, would answer after {ends_ms - arrived:.0f} ms, "
                     f"past the SLO of {self.slo_ms:g} ms (runtime.reject_late)",
                     pb_utils.TritonError.UNAVAILABLE,
                 )
