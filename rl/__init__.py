@@ -1,2 +1,3 @@
-"""Training the InSS scheduler (tritonctl.rl): the SAC-Discrete agent (`sac`), its environment (`env`), the loop
-(`train`). Nothing at run time imports it; the trained actor it saves is loaded by `planning.policies.actor`."""
+"""Training the InSS scheduler (tritonctl.rl): imitation of search (`imitate`), the SAC-Discrete agent (`sac`), its
+environment (`env`), the loop (`train`). Nothing at run time imports it; the trained actor it saves is loaded by
+`planning.policies.actor`."""

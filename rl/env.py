@@ -2,9 +2,10 @@
 
 State, action and reward (eq. 3) are those of `tritonctl.planning.policies.inss`, through which the trained
 policy acts online: memory used per device by the previous decision, arrival rate and queued work per
-model; per model a device and a share level; inside a step BDA (Algorithm 1) picks the batch sizes, then
-normalised throughput minus 100 x the SLO-violation share, placements that overflow memory counting as
-violations.
+model; per model a device and a share level or a way of taking turns; inside a step the batch sizes are
+decided as `search` decides them (BDA, Algorithm 1, on split devices), then normalised goodput minus 100 x
+the share of requests missing the SLO, placements that overflow memory missing all of them. The previous
+decision is observed with its devices taken in turns seen as whole devices.
 
 Rates change: each episode draws a factor per model uniformly in [rate_low, rate_high] of the cluster's
 rate, and each step moves it by a log-normal jitter (clipped to what the observation can show). Some
@@ -30,6 +31,7 @@ from tritonctl.planning.policies.inss import (
     SHARE_LEVELS,
     Layout,
     action_mask,
+    current_placement,
     decode,
     observe,
     outcome,
@@ -37,7 +39,7 @@ from tritonctl.planning.policies.inss import (
     propose,
     undeployed,
 )
-from tritonctl.planning.policies.spread import spread
+from tritonctl.planning.policies.search import TURNS, Judge
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class EnvConfig:
     rate_jitter: float = 0.1
     """Standard deviation of the per-step log-normal change of a model's rate."""
     levels: int = SHARE_LEVELS
-    """Share levels per device (level l is (l + 1) / levels of its units)."""
+    """Share levels per device (level l is (l + 1) / levels of its units), before the ways of taking turns."""
     absent: float = 0.3
     """Probability that an episode leaves out models: between 1 and half of them, chosen at random."""
 
@@ -102,10 +104,10 @@ class InssEnv(gym.Env):
     def planning_reward(self, act) -> float:
         """Eq. 3's reward of the decision `act(state, mask)` takes where `tritonctl plan` asks for one: every model
         at the cluster's own rate, spread's placement current."""
-        current = {n: c[0] for n, c in spread(self.demands, self.devices, self.lm).items()}
-        decision = bda(current, self.demands, self.devices, self.lm)
-        placement = propose(act, self.layout, current, decision, self.demands, self.lm)
-        return outcome(placement, self.demands, self.devices, self.lm, self.peak, self.config.penalty).reward
+        current = current_placement(self.demands, self.devices, self.lm)
+        placement = propose(act, self.layout, current, self.demands, self.devices, self.lm)
+        judged = Judge(self.demands, self.devices, self.lm)(placement)
+        return outcome(judged, self.demands, self.peak, self.config.penalty).reward
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -116,18 +118,23 @@ class InssEnv(gym.Env):
         if n > 1 and self.np_random.random() < cfg.absent:
             self.present[self.np_random.choice(n, self.np_random.integers(1, n // 2 + 1), replace=False)] = False
         self.t = 0
-        self.placement = {m: c[0] for m, c in spread(self.current_demands(), self.devices, self.lm).items()}
+        self.placement = current_placement(self.current_demands(), self.devices, self.lm)
         return self._observe(), {"action_mask": self.action_masks()}
 
     def step(self, action):
         demands = self.current_demands()
-        self.placement = decode(action, self.layout, demands)
-        result = outcome(self.placement, demands, self.devices, self.lm, self.peak, self.config.penalty)
+        placement = decode(action, self.layout, demands)
+        judged = Judge(demands, self.devices, self.lm)(placement)
+        result = outcome(judged, demands, self.peak, self.config.penalty)
+        units = {d.id: d.units for d in self.devices}
+        self.placement = {
+            n: Choice(s.device, units[s.device] if s.share == TURNS else s.share) for n, s in placement.items()
+        }
         info = {
             "action_mask": self.action_masks(),
             "throughput": sum(result.throughput.values()),
             "violation": sum(result.violation[d.name] * d.rate for d in demands) / sum(d.rate for d in demands),
-            "goodput_rps": sum((1 - result.violation[d.name]) * d.rate for d in demands),
+            "goodput_rps": sum(judged.served.values()),
         }
         self.t += 1
         jitter = self.np_random.normal(0.0, self.config.rate_jitter, len(self.demands))

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tritonctl.planning.policies.actor import Actor, check_mask, trunk
+from tritonctl.planning.policies.actor import Actor, check_mask, save_actor, trunk
 
 
 @dataclass
@@ -277,17 +277,9 @@ class SACDiscrete:
         torch.save(state, path)
 
     def save_actor(self, path: str | Path, metadata: dict[str, Any]) -> None:
-        """Write only what acting needs, the actor's shape and weights and `metadata`: a small file to deploy
-        (`TrainedActor.load`), unlike `save`, which keeps everything training needs."""
-        json.dumps(metadata)
-        state = {
-            "obs_dim": self.obs_dim,
-            "heads": self.heads,
-            "hidden_sizes": list(self.config.hidden_sizes),
-            "actor": self.actor.state_dict(),
-            "metadata": metadata,
-        }
-        torch.save(state, path)
+        """Write only what acting needs (`actor.save_actor`): a small file to deploy, unlike `save`, which keeps
+        everything training needs."""
+        save_actor(path, self.actor, self.obs_dim, self.config.hidden_sizes, metadata)
 
     @classmethod
     def load(cls, path: str | Path) -> SACDiscrete:

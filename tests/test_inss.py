@@ -18,9 +18,11 @@ from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device, load_plan
 from tritonctl.planning.policies import POLICIES, Demand
 from tritonctl.planning.policies.base import Choice
-from tritonctl.planning.policies.bda import bda, shortfall
-from tritonctl.planning.policies.inss import HEADROOM, Layout, decode, inss, load_trained, outcome, peak_rps
+from tritonctl.planning.policies.bda import bda
+from tritonctl.planning.policies.inss import HEADROOM, Layout, decode, encode, inss, load_trained
+from tritonctl.planning.policies.search import TURNS, Judge, Spot
 from tritonctl.rl.env import EnvConfig, InssEnv
+from tritonctl.rl.imitate import ImitationConfig, imitate
 from tritonctl.rl.sac import SACConfig, SACDiscrete
 from tritonctl.rl.train import TrainConfig, train
 from tritonctl.spec import load_cluster
@@ -44,18 +46,18 @@ def test_env_passes_the_gymnasium_checker(lm):
     env = InssEnv("test", DEMANDS, cpus(4096, 4096), lm)
     check_env(env, skip_render_check=True)
     assert env.observation_space.shape == (2 + 2 * 2,)
-    assert list(env.action_space.nvec) == [2, 10, 2, 10]
+    assert list(env.action_space.nvec) == [2, 22, 2, 22]  # 20 share levels, then turns with 1 or 2 instances
 
 
 def test_a_placement_that_overflows_memory_is_a_full_violation(lm):
     env = InssEnv("test", DEMANDS, cpus(150, 150), lm, EnvConfig(absent=0.0))  # one fits a device, two do not
     env.reset(seed=0)
-    obs, reward, _, _, info = env.step([1, 9, 1, 9])  # both on cpu1: 200 MB > 150 MB
+    obs, reward, _, _, info = env.step([1, 19, 1, 19])  # both on cpu1: 200 MB > 150 MB
     assert reward == pytest.approx(-env.config.penalty)  # h = 0, v = 1 for both: (0 - 100 - 100) / 2
     assert info["violation"] == 1.0 and info["goodput_rps"] == 0.0
     assert obs[:2].tolist() == [0.0, 1.0]  # memory used after the decision: cpu1 over full
     assert obs[-2:].tolist() == [1.0, 1.0]  # undeployed: fully queued
-    _, reward, _, _, info = env.step([0, 9, 1, 9])  # one per device: both served
+    _, reward, _, _, info = env.step([0, 19, 1, 19])  # one per device: both served
     assert reward > 0 and info["violation"] == 0.0
 
 
@@ -64,7 +66,7 @@ def test_episodes_without_some_models_observe_them_idle_and_place_the_rest(lm):
     obs, _ = env.reset(seed=1)
     (gone,) = [i for i, here in enumerate(env.present) if not here]  # one of two models left out
     assert obs[2 + gone] == 0.0 and obs[4 + gone] == 0.0  # rate and queue
-    env.step([0, 9, 0, 9])
+    env.step([0, 19, 0, 19])
     assert set(env.placement) == {DEMANDS[1 - gone].name}
     assert env.placement[DEMANDS[1 - gone].name].share == 100  # alone on cpu0: no split with the absent one
 
@@ -75,19 +77,33 @@ def test_masks_forbid_devices_too_small_and_shares_below_the_profile(lm):
     _, info = env.reset(seed=0)
     mask = env.action_masks()
     assert (mask == info["action_mask"]).all()
-    alpha_devices, alpha_levels, beta_devices = mask[:2], mask[2:12], mask[12:14]
+    alpha_devices, alpha_levels, beta_devices = mask[:2], mask[2:24], mask[24:26]
     assert alpha_devices.tolist() == [False, True] and beta_devices.tolist() == [True, True]
-    assert alpha_levels.tolist() == [False, False] + [True] * 8  # profiled from 25 units: 10% and 20% masked
+    assert alpha_levels.tolist() == [False] * 4 + [True] * 18  # profiled from 25 units: 5-20% masked, turns not
     agent = SACDiscrete(env.layout.obs_dim, env.layout.heads, SACConfig(hidden_sizes=(16,)))
     obs = np.tile(env.observation_space.sample(), (200, 1))
     actions = agent.act(obs, mask)
-    assert (actions[:, 0] == 1).all() and (actions[:, 1] >= 2).all()
+    assert (actions[:, 0] == 1).all() and (actions[:, 1] >= 4).all()
 
 
-def test_oversubscribed_devices_split_in_proportion():
+def test_oversubscribed_devices_split_in_proportion_and_most_asking_for_turns_take_them():
     layout = Layout.of("test", DEMANDS, cpus(4096, 4096))
-    placement = decode([0, 9, 0, 4], layout, DEMANDS)  # 100 + 50 units asked of one device
-    assert placement == {"alpha": Choice("cpu0", 66), "beta": Choice("cpu0", 33)}
+    assert decode([0, 19, 0, 9], layout, DEMANDS) == {"alpha": Spot("cpu0", 65), "beta": Spot("cpu0", 30)}  # 100 + 50
+    assert decode([1, 20, 1, 9], layout, DEMANDS) == {"alpha": Spot("cpu1", TURNS), "beta": Spot("cpu1", TURNS)}
+    assert decode([0, 21, 0, 9], layout, DEMANDS)["alpha"] == Spot("cpu0", TURNS, 2)  # two instances of alpha
+    assert decode([0, 9, 1, 20], layout, DEMANDS) == {"alpha": Spot("cpu0", 50), "beta": Spot("cpu1", 100)}  # alone
+
+
+def test_encoding_numbers_identical_devices_by_the_first_model_they_hold():
+    layout = Layout.of("test", DEMANDS, cpus(4096, 4096))
+    placement = {"alpha": Spot("cpu1", 45), "beta": Spot("cpu0", TURNS, 2)}
+    assert encode(placement, layout).tolist() == [0, 8, 1, 21]
+    renumbered = {"alpha": Spot("cpu0", 45), "beta": Spot("cpu1", TURNS, 2)}
+    assert decode(encode(placement, layout), layout, DEMANDS) == renumbered
+    assert encode({"beta": Spot("cpu1", 100)}, layout).tolist() == [-1, -1, 0, 19]  # alpha left out
+    big = Device(id="big", kind="cpu", index=1, memory_mb=8192, units=100, cores=2.0)
+    mixed = Layout.of("test", DEMANDS, [*cpus(4096), big])  # not interchangeable: keep their numbers
+    assert encode({"alpha": Spot("big", 100), "beta": Spot("cpu0", 100)}, mixed).tolist() == [1, 19, 0, 19]
 
 
 def forced_policy(path, layout: Layout, action: list[int]) -> None:
@@ -107,16 +123,17 @@ def test_inss_takes_bda_first_then_the_actor_then_bda(lm, tmp_path):
     layout = Layout.of("test", demands, devices, levels=4)
     forced_policy(tmp_path / "p.pt", layout, [0, 2, 0, 0])
     trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
-    out = inss(demands, devices, lm, trained)
+    said = []
+    out = inss(demands, devices, lm, trained, log=said.append)
     assert {n: (c[0].device, c[0].share) for n, c in out.items()} == {"alpha": ("cpu0", 75), "beta": ("cpu0", 25)}
-    chosen = {n: Choice("cpu0", s) for n, s in (("alpha", 75), ("beta", 25))}
-    expected = bda(chosen, demands, devices, lm.with_margin(HEADROOM))  # BDA's batches, with headroom
-    assert expected.ok and {n: c[0].batch for n, c in out.items()} == expected.batches
+    assert said[0].startswith("inss deployed the actor's placement: BDA fails on the current placement")
+    slower = Judge(demands, devices, lm.with_margin(HEADROOM))  # batches with headroom
+    chosen = {"alpha": Spot("cpu0", 75), "beta": Spot("cpu0", 25)}
+    assert {n: c[0].batch for n, c in out.items()} == {n: c[0].batch for n, c in slower.choices(chosen).items()}
     light = [Demand("alpha", 150, 50, 100), Demand("beta", 400, 10, 100)]  # spread's 50/50 serves: no actor
-    out = inss(light, devices, lm, trained)
+    out = inss(light, devices, lm, trained, log=said.append)
     assert {c[0].share for c in out.values()} == {50}
-    halves = {n: Choice("cpu0", 50) for n in out}
-    assert {n: c[0].batch for n, c in out.items()} == bda(halves, light, devices, lm.with_margin(HEADROOM)).batches
+    assert "BDA finds batches that meet every SLO on the current (spread) placement" in said[1]
 
 
 def test_inss_batches_meet_the_slo_with_the_model_slower_than_predicted_where_they_can(lm, tmp_path):
@@ -147,22 +164,22 @@ def test_inss_batches_meet_the_slo_with_the_model_slower_than_predicted_where_th
     assert task_latency(300, alpha, slower.t_inf("alpha", alpha, 75, others)).p99_ms > 150
 
 
-def test_when_no_placement_serves_every_model_inss_deploys_the_better_one_by_eq_3(lm, tmp_path):
+def test_inss_keeps_the_current_placement_where_it_is_predicted_to_serve_more(lm, tmp_path):
     devices = cpus(4096)
     demands = [Demand("alpha", 150, 600, 100), Demand("beta", 400, 10, 100)]  # alpha overloads any share
     layout = Layout.of("test", demands, devices, levels=4)
     forced_policy(tmp_path / "p.pt", layout, [0, 0, 0, 3])  # alpha 25 units, beta 75: worse than 50/50
     trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
-    out = inss(demands, devices, lm, trained)  # not refused: served as well as the better placement allows
-    halves = {n: Choice("cpu0", 50) for n in ("alpha", "beta")}
-    proposal = {"alpha": Choice("cpu0", 25), "beta": Choice("cpu0", 75)}
-    reward = [outcome(p, demands, devices, lm, peak_rps(demands, devices, lm), 100).reward for p in (halves, proposal)]
-    assert reward[0] > reward[1]
+    said = []
+    out = inss(demands, devices, lm, trained, log=said.append)  # not refused: served as well as it can be
+    judge = Judge(demands, devices, lm)
+    halves = {n: Spot("cpu0", 50) for n in ("alpha", "beta")}
+    proposal = {"alpha": Spot("cpu0", 25), "beta": Spot("cpu0", 75)}
+    assert sum(judge(halves).served.values()) > sum(judge(proposal).served.values())
     assert {n: c[0].share for n, c in out.items()} == {"alpha": 50, "beta": 50}
-    decision = bda(halves, demands, devices, lm)
-    assert set(decision.infeasible) == {"alpha"}
-    closest = shortfall("alpha", halves, decision.batches, {d.name: d for d in demands}, lm)[1]
-    assert out["alpha"][0].batch == closest > 1 and out["beta"][0].batch == decision.batches["beta"]
+    assert "inss deployed the current (spread) placement" in said[0] and "the current one is kept" in said[0]
+    assert 0 < judge(halves).served["alpha"] < 600  # served in part, at the batch serving most in time
+    assert out["alpha"][0].batch > 1
 
 
 def test_inss_refuses_a_policy_for_another_cluster(tmp_path, lm):
@@ -239,3 +256,39 @@ def test_plan_cli_uses_a_matching_policy_file_and_refuses_another(tmp_path, caps
     assert main([*args, "--policy-file", str(tmp_path / "ok.pt"), "-o", str(tmp_path / "plan.yaml")]) == 0
     plan = load_plan(tmp_path / "plan.yaml").plan
     assert plan.policy == "inss" and not plan.unserved and {m.name for m in plan.models} == {"alpha", "beta"}
+    assert len(plan.notes) == 1 and plan.notes[0].startswith("inss deployed the actor's placement")
+
+
+def test_imitation_fits_the_actor_to_search_and_reuses_its_demonstrations(tmp_path, lm, monkeypatch, capsys):
+    synthetic_dataset(tmp_path / "profile")
+    make_mlp(tmp_path / "mlp.onnx")
+    models = [mlp_model("alpha", rate=300, slo_ms=150), mlp_model("beta", rate=10, slo_ms=400)]
+    cluster = load_cluster(write_cluster(tmp_path, models))
+    config = ImitationConfig(demonstrations=40, epochs=60, batch_size=8, hidden_sizes=(32,))
+    said = []
+    rows = imitate(cluster, lm, tmp_path / "run", tmp_path / "p.pt", config, progress=False, log=said.append)
+    assert len(rows) == 60 and rows[-1]["loss"] < rows[0]["loss"] / 2
+    assert log_rows(tmp_path / "run" / "imitate.csv")[0]["epoch"] == "1"
+    assert (tmp_path / "run" / "imitation-curve.png").stat().st_size > 5_000
+    assert "of heads as search chose, predicted goodput" in said[0]
+    trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], cpus(4096))
+    assert trained.actor.metadata["training"]["method"] == "imitate"
+    demands, devices = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 10, 100)], cpus(4096)
+    notes = []
+    out = inss(demands, devices, lm, trained, log=notes.append)  # spread's 50/50 fails alpha: the actor decides
+    assert "the actor's placement" in notes[0]
+    judge = Judge(demands, devices, lm)
+    placement = {n: Spot(c[0].device, TURNS if len(out) > 1 and c[0].turns else c[0].share) for n, c in out.items()}
+    assert sum(judge(placement).served.values()) >= 0.99 * 310  # as much as search serves: every request
+
+    def no_search(*_):
+        raise AssertionError("search ran again")
+
+    monkeypatch.setattr("tritonctl.rl.imitate.climb", no_search)  # the demonstrations are reused
+    imitate(cluster, lm, tmp_path / "run", tmp_path / "q.pt", config, progress=False, log=said.append)
+    assert said[1] == said[0].replace("p.pt", "q.pt")  # and the same seed fits the same actor
+    lm_file = str(tmp_path / "profile" / "latency-model.json")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    capsys.readouterr()
+    assert main(["train", str(cluster.path), "--latency-model", lm_file, "--episodes", "3"]) == 2
+    assert "--episodes: only with --method sac, not imitate" in capsys.readouterr().err

@@ -290,17 +290,28 @@ def build_parser() -> argparse.ArgumentParser:
         "interference terms, no wake-up, linear instead of LWR, no queueing model), each plan simulated on the "
         "whole model",
     )
-    p = add("train", "planning.cmd_train", "train the inss policy (SAC-Discrete, InSS Algorithm 2) for a cluster")
+    p = add("train", "planning.cmd_train", "train the inss policy for a cluster (imitating search, or SAC-Discrete)")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
-    p.add_argument("--episodes", type=int, help="episodes in all, resumed ones included (default 400)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the agent and the workload (default 0)")
-    p.add_argument("--resume", action="store_true", help="go on from the run folder's last checkpoint")
+    p.add_argument(
+        "--method",
+        choices=["imitate", "sac"],
+        default="imitate",
+        help="imitate: fit the actor to search's decisions over random rates (default); sac: SAC-Discrete, InSS "
+        "Algorithm 2, from scratch",
+    )
+    p.add_argument(
+        "--demonstrations", type=int, help="imitate: workloads search decides for the actor to learn (default 1500)"
+    )
+    p.add_argument("--epochs", type=int, help="imitate: passes over the demonstrations (default 200)")
+    p.add_argument("--episodes", type=int, help="sac: episodes in all, resumed ones included (default 400)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the network and the workloads (default 0)")
+    p.add_argument("--resume", action="store_true", help="sac: go on from the run folder's last checkpoint")
     p.add_argument(
         "-o",
         "--output",
         type=_output_folder,
-        help="run folder: log, learning curve, checkpoint (default: rl/runs/<cluster>)",
+        help="run folder: log, learning curve, demonstrations or checkpoint (default: rl/runs/<cluster>)",
     )
     p.add_argument("--policy-file", help="where the trained policy goes (default: rl/policies/<cluster name>.pt)")
     p = add("load", "deploy.cmd_load", "send Poisson traffic at the planned rates and print latency and throughput")

@@ -172,12 +172,28 @@ def cmd_bench(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from tritonctl.rl.train import TrainConfig, train  # torch loads only for training
-
     cluster = load_cluster(args.cluster)
     lm = load_latency_model(args.latency_model)
     out = Path(args.output) if args.output else Path("rl") / "runs" / cluster.spec.name
     policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
+    sac_only = [f"--{k}" for k in ("episodes", "resume") if getattr(args, k) not in (None, False)]
+    imitate_only = [f"--{k}" for k in ("demonstrations", "epochs") if getattr(args, k) is not None]
+    wrong, other = (sac_only, "sac") if args.method == "imitate" else (imitate_only, "imitate")
+    if wrong:
+        raise TritonctlError(f"{' and '.join(wrong)}: only with --method {other}, not {args.method}")
+    if args.method == "imitate":
+        from tritonctl.rl.imitate import ImitationConfig, imitate  # torch loads only for training
+
+        config = ImitationConfig(seed=args.seed)
+        for key in ("demonstrations", "epochs"):
+            if getattr(args, key) is not None:
+                if getattr(args, key) < 1:
+                    raise TritonctlError(f"--{key} must be at least 1, not {getattr(args, key)}")
+                setattr(config, key, getattr(args, key))
+        imitate(cluster, lm, out, policy_file, config, log=say)
+        return 0
+    from tritonctl.rl.train import TrainConfig, train
+
     config = TrainConfig(seed=args.seed)
     if args.episodes is not None:
         config.episodes = args.episodes

@@ -158,6 +158,7 @@ class Plan(_Strict):
     models: list[PlannedModel] = Field(min_length=1, max_length=256)
     unserved: list[Unserved] = Field(default_factory=list, max_length=256)
     turns: list[Name] = Field(default_factory=list, max_length=1024)
+    notes: list[Text] = Field(default_factory=list, max_length=64)  # what the policy said of its decision
     runtime: RuntimeSettings
 
     def takes_turns(self, device_id: str) -> bool:

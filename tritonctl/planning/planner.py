@@ -368,8 +368,14 @@ def make_plan(
     if POLICIES[policy].trained:
         path = policy_file or default_policy_file(cluster.spec.name)
         fn = partial(fn, trained=load_trained(path, cluster.spec.name, [d.name for d in demands], devices))
+    notes: list[str] = []  # what the policy says of its decision (inss: whose placement; optimal: the gap)
     if POLICIES[policy].logs:
-        fn = partial(fn, log=log)
+
+        def say(message: str) -> None:
+            notes.append(message)
+            log(message)
+
+        fn = partial(fn, log=say)
     unserved = {d.name: why for d in demands if (why := unservable(d, devices, lm))}
     try:
         choices, shed = place(policy, fn, [d for d in demands if d.name not in unserved], devices, lm)
@@ -452,6 +458,7 @@ def make_plan(
         models=planned,
         unserved=[Unserved(name=n, reason=why) for n, why in unserved.items()],
         turns=turns,
+        notes=notes,
         runtime=RuntimeSettings(
             repository_dir=relative_to(cluster.resolve(runtime.repository_dir), base),
             state_dir=relative_to(cluster.resolve(runtime.state_dir), base),

@@ -23,12 +23,13 @@ POLICIES: dict[str, PolicyInfo] = {
     "spread": PolicyInfo(spread, "spread models over devices, equal shares per device, batch 1 (no latency model)"),
     "bda": PolicyInfo(bda_policy, "spread's placement and shares, batch sizes by InSS's BDA (Algorithm 1)"),
     "search": PolicyInfo(
-        search, "stand-in for the InSS scheduler: local search over placements and shares, BDA batches"
+        search, "local search over placements, shares and turns, BDA batches (what the inss actor learns from)"
     ),
     "inss": PolicyInfo(
         inss,
-        "InSS two-layer scheduler: BDA on the current placement, else a trained SAC-Discrete actor (tritonctl train)",
+        "InSS two-layer scheduler: BDA on the current placement, else a trained actor's placement (tritonctl train)",
         trained=True,
+        logs=True,
     ),
     "gpulet": PolicyInfo(gpulet, "Gpulet: elastic partitioning into two gpulets per device, GPU scaling"),
     "gslice": PolicyInfo(gslice, "GSLICE: knee shares, self-tuned by average latency and throughput"),

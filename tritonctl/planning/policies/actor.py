@@ -6,6 +6,7 @@ only here, and only when a trained policy is used.
 
 from __future__ import annotations
 
+import json
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,20 @@ class Actor(nn.Module):
         return [F.log_softmax(z, dim=-1) for z in self(obs, mask)]
 
 
+def save_actor(path: str | Path, actor: Actor, obs_dim: int, hidden_sizes: tuple[int, ...], metadata: dict) -> None:
+    """Write only what acting needs, the actor's shape and weights and `metadata` (JSON-like): the small file
+    `TrainedActor.load` reads."""
+    json.dumps(metadata)  # fail here, not at load time, on values a weights-only load would refuse
+    state = {
+        "obs_dim": obs_dim,
+        "heads": actor.sizes,
+        "hidden_sizes": list(hidden_sizes),
+        "actor": actor.state_dict(),
+        "metadata": metadata,
+    }
+    torch.save(state, path)
+
+
 class TrainedActor:
     """A deployed policy: the actor `SACDiscrete.save_actor` wrote, choosing greedily under a mask."""
 
@@ -86,3 +101,19 @@ class TrainedActor:
         if mask is not None:
             mask = torch.as_tensor(check_mask(mask, self.actor.sizes)[None])
         return np.array([int(z.argmax()) for z in self.actor(rows, mask)])
+
+    @torch.no_grad()
+    def proposals(self, obs, mask, count: int, seed: int = 0) -> np.ndarray:
+        """`count` actions for one observation, one per row: the greedy one first, then draws from the policy
+        (each head independently, seeded: the same observation gives the same proposals)."""
+        rows = torch.as_tensor(np.asarray(obs, np.float32)[None])
+        allowed = torch.as_tensor(check_mask(mask, self.actor.sizes)[None])
+        generator = torch.Generator().manual_seed(seed)
+        heads = []
+        for z in self.actor(rows, allowed):
+            greedy = z[0].argmax()[None]
+            if count > 1:
+                drawn = torch.multinomial(torch.softmax(z[0], -1), count - 1, replacement=True, generator=generator)
+                greedy = torch.cat([greedy, drawn])
+            heads.append(greedy)
+        return torch.stack(heads, 1).numpy()

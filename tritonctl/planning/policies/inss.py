@@ -1,18 +1,22 @@
-"""The InSS two-layer scheduler TS (section 5): a trained SAC-Discrete actor for placement and shares, BDA
-for batch sizes; and the pieces of its MDP (section 5.2) that training (`rl/env.py`) shares with it.
+"""The InSS two-layer scheduler TS (section 5): a trained actor for placement and shares, BDA for batch sizes;
+and the pieces of its MDP (section 5.2) that training (`rl/`) shares with it.
 
 Online (section 5.5, Workflow): BDA runs first on the current placement (spread's, the one a fresh
 deployment starts from); only when BDA reports failure does the actor choose placement and shares, and
-BDA runs again on its choice. When BDA fails there too, InSS deploys its decision all the same, its
-violations priced into the reward the actor was trained on; here the placement eq. 3 rates higher of
-the actor's and the current one is deployed (a reallocation that the latency model predicts to do worse
-is not made), models without a feasible batch at the batch that comes closest to one (`bda.shortfall`).
-Only a placement that does not fit in memory is refused (the planner then sheds a model).
+batches are decided on its choice: BDA's on devices it splits, the duty cycle's on devices whose models
+take turns (as `search` decides them, `search.Judge`). The actor proposes PROPOSALS placements, its greedy
+one and draws from its policy, and the one predicted to serve most within the SLOs is kept: a factorised
+actor chooses each model's device and share on its own, and a draw often mends what the greedy choices of
+two models get wrong together. The actor's placement is deployed unless the current one is predicted to
+serve more; the plan's notes say which was deployed and why.
 
-One addition to the paper, for robustness to a latency model that is off: the deployed batches are BDA's
-for the model running HEADROOM (10%) slower than predicted, where BDA finds batches for that; otherwise
-BDA's own. The placement decision and eq. 3 still use the prediction itself. With +-10% errors injected
-into the simulator this keeps `inss` under 1% mean violations on the InSS setups (`bench/latency_error.py`).
+The action space is search's: per model a device and either a share level or taking turns with the
+device's other models with all of it (on a CPU with one instance or more). A trained actor is therefore
+compared with `search` decision for decision, and can learn from it (`rl/imitate.py`).
+
+One addition to the paper, for robustness to a latency model that is off: the deployed batches are those
+chosen for every model running HEADROOM (10%) slower than predicted, where they serve as much; otherwise
+the prediction's own. The placement decision itself uses the prediction.
 
 The MDP, for N models and K devices:
 
@@ -21,22 +25,20 @@ The MDP, for N models and K devices:
   the previous decision: Little's law gives rate x mean latency tasks in the queue, counted in units of the
   tasks that arrive within one SLO, i.e. mean latency / SLO, 1 where the queue grows without bound or the
   model is not deployed. All in [0, 1].
-- reward, eq. 3: r = (1 / N) sum_i (h_i / H_i - omega v_i), with H_i model i's throughput alone on a
-  whole device at batch 1 and omega = 100 (section 6.1). Per model: BDA finds a batch: h_i = b_i / t_inf
-  (problem (1)'s objective), v_i = 0 (its p99 meets the SLO); no batch fits in memory (constraint 1b):
-  not deployed, h_i = 0, v_i = 1; no batch meets the SLO or the rate: v_i = 1 - 1 / s_i, with s_i >= 1
-  how far it is from a feasible batch (`bda.shortfall`), to first order the share of its traffic it would
-  have to shed, and h_i = (1 - v_i) x rate, what it serves within the SLO. Dividing by N puts clusters
-  of different sizes on one scale ("normalisation of the reward", section 5.4).
-- action: per model a device head (K) and a share-level head (`levels`: level l is (l + 1) / levels of the
-  device's units). Where the levels on a device add up to more than its units, the device is split in
-  proportion to them. Masked: devices the model does not fit on alone, levels below its profiled share.
+- action: per model a device head (K) and a placement head of `levels` share levels (level l is (l + 1) /
+  levels of the device's units) then `copies` ways of taking turns (with 1 ... copies instances). A device
+  most of whose models ask for turns is taken in turns by all of them; otherwise it is split, in proportion
+  to the levels asked for where they add up to more than its units. Masked: devices the model does not fit
+  on alone, levels below its profiled share.
+- reward, eq. 3: r = (1 / N) sum_i (h_i / H_i - omega v_i), with H_i model i's throughput alone on a whole
+  device at batch 1 and omega = 100 (section 6.1); h_i is what model i serves within its SLO (requests/s,
+  `search.Judge`: its whole rate where BDA finds it a batch, else what its best batch serves in time, 0 where
+  it does not fit in memory) and v_i = 1 - h_i / rate_i the share of its traffic it misses. Dividing by N
+  puts clusters of different sizes on one scale ("normalisation of the reward", section 5.4).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -50,25 +52,37 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
-from tritonctl.planning.policies.bda import BatchDecision, bda, corunners, explain, memory_at, shortfall, with_batches
+from tritonctl.planning.policies.bda import BatchDecision, bda, corunners, memory_at
+from tritonctl.planning.policies.search import TURNS, Judge, Judged, Placement, Spot, max_copies, normal
 from tritonctl.planning.policies.spread import spread
 
-SHARE_LEVELS = 10
+SHARE_LEVELS = 20  # search's 5-unit grid on a device of 100 units
 PENALTY = 100.0  # omega of eq. 3 (InSS section 6.1)
 RATE_HEADROOM = 1.5  # rates observe as rate / (RATE_HEADROOM x the cluster's rate at training)
-# Batches are chosen to meet their SLOs with the model this much slower than predicted, where BDA finds such
-# a batch (`with_headroom`); placements are still judged on the prediction itself.
+# Placements the actor proposes at a decision (its greedy one and draws from its policy); the one predicted to
+# serve most within the SLOs is deployed
+PROPOSALS = 16
+# Batches are chosen to meet their SLOs with the model this much slower than predicted, where they serve as
+# much; placements are still judged on the prediction itself.
 HEADROOM = 0.1
-FORMAT = "tritonctl-inss-policy/1"
+FORMAT = "tritonctl-inss-policy/2"
 
 
 @dataclass(frozen=True)
 class Slot:
-    """A device as the policy knows it."""
+    """A device as the policy knows it: `copies`, how many instances of one model may take turns with it."""
 
     id: str
     units: int
     memory_mb: int
+    copies: int
+
+    @classmethod
+    def of(cls, device: Device) -> Slot:
+        return cls(device.id, device.units, device.memory_mb, max_copies(device))
+
+    def same_kind(self, other: Slot) -> bool:
+        return (self.units, self.memory_mb, self.copies) == (other.units, other.memory_mb, other.copies)
 
 
 @dataclass(frozen=True)
@@ -86,14 +100,19 @@ class Layout:
         return cls(
             cluster,
             tuple(d.name for d in demands),
-            tuple(Slot(d.id, d.units, d.memory_mb) for d in devices),
+            tuple(Slot.of(d) for d in devices),
             levels,
             tuple(RATE_HEADROOM * d.rate for d in demands),
         )
 
     @property
+    def copies(self) -> int:
+        """Ways of taking turns a placement head offers: with 1 ... copies instances."""
+        return max(s.copies for s in self.devices)
+
+    @property
     def heads(self) -> list[int]:
-        return [len(self.devices), self.levels] * len(self.models)
+        return [len(self.devices), self.levels + self.copies] * len(self.models)
 
     @property
     def obs_dim(self) -> int:
@@ -116,7 +135,7 @@ class Layout:
 
     def mismatch(self, models: list[str], devices: list[Device]) -> str | None:
         """How a cluster with these models and devices differs from the one trained for, or None."""
-        wanted = tuple(Slot(d.id, d.units, d.memory_mb) for d in devices)
+        wanted = tuple(Slot.of(d) for d in devices)
         if tuple(models) != self.models:
             return f"it was trained for models {list(self.models)}, the cluster has {models}"
         if wanted != self.devices:
@@ -129,8 +148,9 @@ def _show(slots: tuple[Slot, ...]) -> str:
 
 
 def action_mask(layout: Layout, demands: list[Demand], lm: LatencyModel) -> np.ndarray:
-    """Allowed choices, the heads' masks concatenated: per model the devices it fits on alone and the share
-    levels at or above its profiled share (at least the top level). Models absent from `demands` may take any."""
+    """Allowed choices, the heads' masks concatenated: per model the devices it fits on alone, the share levels
+    at or above its profiled share (at least the top level) and every way of taking turns. Models absent from
+    `demands` may take any."""
     by_name = {d.name: d for d in demands}
     parts = []
     for name in layout.models:
@@ -139,27 +159,58 @@ def action_mask(layout: Layout, demands: list[Demand], lm: LatencyModel) -> np.n
         floor = lm.models[name].share_range[0] / lm.device.units if demand else 0.0
         levels = [(k + 1) / layout.levels >= floor - 1e-9 for k in range(layout.levels)]
         levels[-1] = True
-        parts += [fits if any(fits) else [True] * len(fits), levels]
+        parts += [fits if any(fits) else [True] * len(fits), levels + [True] * layout.copies]
     return np.concatenate([np.array(p, bool) for p in parts])
 
 
-def decode(action, layout: Layout, demands: list[Demand]) -> dict[str, Choice]:
-    """The placement an action stands for, for the models in `demands`; oversubscribed devices split in
-    proportion to the levels asked for."""
+def decode(action, layout: Layout, demands: list[Demand]) -> Placement:
+    """The placement an action stands for, for the models in `demands` (see the module docstring)."""
     present = {d.name for d in demands}
-    asked: dict[str, tuple[int, int]] = {}  # model -> (device index, units asked)
-    for i, name in enumerate(layout.models):
-        if name in present:
-            k, level = int(action[2 * i]), int(action[2 * i + 1])
-            asked[name] = (k, math.ceil(layout.devices[k].units * (level + 1) / layout.levels))
-    placement = {}
+    asked = {  # model -> (device index, placement head)
+        name: (int(action[2 * i]), int(action[2 * i + 1])) for i, name in enumerate(layout.models) if name in present
+    }
+    placement: Placement = {}
     for k, slot in enumerate(layout.devices):
-        here = {n: units for n, (dev, units) in asked.items() if dev == k}
-        total = sum(here.values())
-        for name, units in here.items():
-            share = units if total <= slot.units else max(1, units * slot.units // total)
-            placement[name] = Choice(slot.id, share)
-    return {d.name: placement[d.name] for d in demands}
+        here = {n: head for n, (dev, head) in asked.items() if dev == k}
+        if 2 * sum(head >= layout.levels for head in here.values()) >= len(here):
+            copies = {
+                n: min(slot.copies, head - layout.levels + 1) if head >= layout.levels else 1
+                for n, head in here.items()
+            }
+            placement.update({n: Spot(slot.id, TURNS, c) for n, c in copies.items()})
+            continue
+        grid = slot.units // layout.levels
+        units = {n: grid * (min(head, layout.levels - 1) + 1) for n, head in here.items()}
+        total = sum(units.values())
+        if total > slot.units:
+            units = {n: max(grid, grid * (u * slot.units // total // grid)) for n, u in units.items()}
+        placement.update({n: Spot(slot.id, u) for n, u in units.items()})
+    return normal({d.name: placement[d.name] for d in demands}, layout.devices)
+
+
+def encode(placement: Placement, layout: Layout) -> np.ndarray:
+    """The action that stands for `placement`, identical devices renumbered in the order of the first model each
+    holds (so that equal placements get one action); -1 in the heads of models it leaves out."""
+    slots = {s.id: k for k, s in enumerate(layout.devices)}
+    renumbered: dict[str, int] = {}
+    free = list(range(len(layout.devices)))
+    for name in layout.models:  # the first model on a device takes the first free device of its kind
+        if name in placement and placement[name].device not in renumbered:
+            own = layout.devices[slots[placement[name].device]]
+            k = next(k for k in free if layout.devices[k].same_kind(own))
+            renumbered[placement[name].device] = k
+            free.remove(k)
+    action = np.full(2 * len(layout.models), -1, np.int64)
+    for i, name in enumerate(layout.models):
+        if name in placement:
+            spot = placement[name]
+            k = renumbered[spot.device]
+            if spot.share == TURNS:
+                head = layout.levels + spot.copies - 1
+            else:
+                head = min(layout.levels, max(1, round(spot.share * layout.levels / layout.devices[k].units))) - 1
+            action[2 * i : 2 * i + 2] = k, head
+    return action
 
 
 def queued_work(demand: Demand, choice: Choice, batch: int, others, lm: LatencyModel) -> float:
@@ -178,7 +229,7 @@ def observe(
     lm: LatencyModel,
     undeployed: set[str] = frozenset(),
 ) -> np.ndarray:
-    """The state s_t = {u_k, (lambda_i, G_i)} after a decision (`placement` with `batches`); `undeployed`
+    """The state s_t = {u_k, (lambda_i, G_i)} after a split decision (`placement` with `batches`); `undeployed`
     models (memory) count as fully queued. Models absent from `demands` observe as idle."""
     by_name = {d.name: d for d in demands}
     memory = dict.fromkeys((s.id for s in layout.devices), 0.0)
@@ -199,18 +250,32 @@ def observe(
     return np.array(used + rates + queues, np.float32)
 
 
+def peak_rps(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> dict[str, float]:
+    """H_i: throughput alone on a whole device at batch 1."""
+    units = max(d.units for d in devices)
+    return {d.name: 1000 / lm.t_inf(d.name, 1, units) for d in demands}
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What one decision yields: BDA's batches and eq. 3's terms per model."""
+    """Eq. 3's terms of one decision, per model: h_i / H_i and v_i, and the reward."""
 
-    decision: BatchDecision
-    throughput: dict[str, float]  # h_i / H_i
-    violation: dict[str, float]  # v_i
+    throughput: dict[str, float]
+    violation: dict[str, float]
     reward: float
 
-    @property
-    def undeployed(self) -> set[str]:
-        return undeployed(self.decision)
+
+def outcome(judged: Judged, demands: list[Demand], peak: dict[str, float], penalty: float) -> Outcome:
+    """The reward of eq. 3 for a judged placement (see the module docstring)."""
+    throughput = {d.name: judged.served[d.name] / peak[d.name] for d in demands}
+    violation = {d.name: 1 - judged.served[d.name] / d.rate if d.rate > 0 else 0.0 for d in demands}
+    reward = sum(throughput[d.name] - penalty * violation[d.name] for d in demands) / len(demands)
+    return Outcome(throughput, violation, reward)
+
+
+def current_placement(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> dict[str, Choice]:
+    """Spread's placement: where a fresh deployment starts and what the first layer tries BDA on."""
+    return {name: choices[0] for name, choices in spread(demands, devices, lm).items()}
 
 
 def undeployed(decision: BatchDecision) -> set[str]:
@@ -218,50 +283,39 @@ def undeployed(decision: BatchDecision) -> set[str]:
     return {n for n, why in decision.infeasible.items() if why == "memory"}
 
 
-def peak_rps(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> dict[str, float]:
-    """H_i: throughput alone on a whole device at batch 1."""
-    units = max(d.units for d in devices)
-    return {d.name: 1000 / lm.t_inf(d.name, 1, units) for d in demands}
-
-
-def outcome(
-    placement: dict[str, Choice],
-    demands: list[Demand],
-    devices: list[Device],
-    lm: LatencyModel,
-    peak: dict[str, float],
-    penalty: float,
-) -> Outcome:
-    """BDA on the placement, then the reward of eq. 3 (see the module docstring)."""
-    decision = bda(placement, demands, devices, lm)
-    by_name = {d.name: d for d in demands}
-    throughput, violation = {}, {}
-    for d in demands:
-        why, batch = decision.infeasible.get(d.name), decision.batches[d.name]
-        if why is None:
-            t = lm.t_inf(d.name, batch, placement[d.name].share, corunners(d.name, placement, decision.batches))
-            violation[d.name], served = 0.0, 1000 * batch / t
-        elif why == "memory":
-            violation[d.name], served = 1.0, 0.0
-        else:
-            violation[d.name] = 1 - 1 / shortfall(d.name, placement, decision.batches, by_name, lm)[0]
-            served = (1 - violation[d.name]) * d.rate
-        throughput[d.name] = served / peak[d.name]
-    reward = sum(throughput[n] - penalty * violation[n] for n in by_name) / len(demands)
-    return Outcome(decision, throughput, violation, reward)
+def state(
+    layout: Layout, current: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel
+) -> np.ndarray:
+    """The state the actor decides in: the current placement with BDA's batches on it at the current rates."""
+    decision = bda(current, demands, devices, lm)
+    return observe(layout, current, decision.batches, demands, lm, undeployed(decision))
 
 
 def propose(
     act: Callable[[np.ndarray, np.ndarray], np.ndarray],
     layout: Layout,
     current: dict[str, Choice],
-    decision: BatchDecision,
     demands: list[Demand],
+    devices: list[Device],
     lm: LatencyModel,
-) -> dict[str, Choice]:
-    """The actor's placement, `act(state, mask)`, seeing the current placement with BDA's `decision` on it."""
-    obs = observe(layout, current, decision.batches, demands, lm, undeployed(decision))
+) -> Placement:
+    """The actor's greedy placement, `act(state, mask)`."""
+    obs = state(layout, current, demands, devices, lm)
     return decode(act(obs, action_mask(layout, demands, lm)), layout, demands)
+
+
+def proposals(
+    trained: Trained, current: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel
+) -> list[Placement]:
+    """The actor's PROPOSALS placements: its greedy one first, then draws from its policy (distinct ones)."""
+    obs = state(trained.layout, current, demands, devices, lm)
+    mask = action_mask(trained.layout, demands, lm)
+    out: list[Placement] = []
+    for action in trained.actor.proposals(obs, mask, PROPOSALS):
+        placement = decode(action, trained.layout, demands)
+        if placement not in out:
+            out.append(placement)
+    return out
 
 
 @dataclass(frozen=True)
@@ -304,60 +358,76 @@ def load_trained(path: Path, cluster: str, models: list[str], devices: list[Devi
 
 @dataclass(frozen=True)
 class Decision:
-    """What the two layers decided: the placement, whose it is ('current': spread's, or 'actor'), its batches
-    (BDA's with headroom, and for a model without a feasible batch the one closest to one), and eq. 3's
-    outcome of each placement judged (none where BDA served the current one)."""
+    """What the two layers decided: the placement, whose it is ('current': spread's; 'actor'), why, and the
+    plan of it (batches with HEADROOM where they serve as much)."""
 
-    placement: dict[str, Choice]
+    placement: Placement
     source: str
-    batches: dict[str, int]
-    judged: dict[str, Outcome]
+    why: str
+    choices: dict[str, list[Choice]]
 
 
-def with_headroom(
-    placement: dict[str, Choice], nominal: BatchDecision, demands: list[Demand], devices: list[Device], lm: LatencyModel
-) -> dict[str, int]:
-    """BDA's batches, each replaced by the one BDA picks for a model HEADROOM slower than predicted where that
-    finds one: a batch at the edge of the SLO as predicted misses it when the model is a little slower."""
-    at_nominal = {n: dataclasses.replace(c, batch=nominal.batches[n]) for n, c in placement.items()}
-    # co-runners at the batches they will run; the headroom on top of any margin the plan already has
-    robust = bda(at_nominal, demands, devices, lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1)))
-    return {
-        n: robust.batches[n] if n not in robust.infeasible and n not in nominal.infeasible else b
-        for n, b in nominal.batches.items()
-    }
+def _served(judged: Judged) -> float:
+    return sum(judged.served.values())
+
+
+def robust_choices(placement: Placement, judge: Judge) -> dict[str, list[Choice]]:
+    """The plan of `placement` with batches chosen for every model HEADROOM slower than predicted, where those
+    are predicted to serve as much as the prediction's own (`judge`'s); else the prediction's."""
+    lm = judge.lm
+    slower = Judge(judge.demands, judge.devices, lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1)))
+    if _served(slower(placement)) >= _served(judge(placement)) - judge.quantum:
+        return slower.choices(placement)
+    return judge.choices(placement)
 
 
 def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, trained: Trained | None) -> Decision:
-    """BDA on the current (spread) placement; when it fails, the actor's placement and shares, then BDA again;
-    when that fails too, the better of the two by eq. 3 (see the module docstring). Batches with HEADROOM."""
-    current = {name: choices[0] for name, choices in spread(demands, devices, lm).items()}
-    decision = bda(current, demands, devices, lm)
-    if decision.ok:
-        return Decision(current, "current", with_headroom(current, decision, demands, devices, lm), {})
+    """BDA on the current (spread) placement; when it fails, the actor's placement, unless the current one is
+    predicted to serve more within the SLOs (see the module docstring)."""
+    current = current_placement(demands, devices, lm)
+    as_spots = {n: Spot(c.device, c.share) for n, c in current.items()}
+    judge = Judge(demands, devices, lm)
+    if bda(current, demands, devices, lm).ok:
+        why = "BDA finds batches that meet every SLO on the current (spread) placement"
+        return Decision(as_spots, "current", why, robust_choices(as_spots, judge))
     if trained is None:
         raise PlacementError("BDA fails on the current placement and inss has no trained policy (tritonctl train)")
-    placements = {
-        "actor": propose(trained.actor.act, trained.layout, current, decision, demands, lm),
-        "current": current,
-    }
-    peak = peak_rps(demands, devices, lm)
-    judged = {k: outcome(p, demands, devices, lm, peak, PENALTY) for k, p in placements.items()}
-    source = "actor" if judged["actor"].decision.ok else max(judged, key=lambda k: judged[k].reward)
-    result, placement = judged[source], placements[source]
-    if result.undeployed:
-        raise PlacementError(explain(result.decision) + " on the current placement or the trained policy's")
-    by_name, batches = {d.name: d for d in demands}, result.decision.batches
-    closest = {n: shortfall(n, placement, batches, by_name, lm)[1] for n in result.decision.infeasible}
-    robust = with_headroom(placement, result.decision, demands, devices, lm)
-    return Decision(placement, source, {**robust, **closest}, judged)
+    candidates = proposals(trained, current, demands, devices, lm)
+    proposal = min(candidates, key=lambda p: judge(p).score)  # the first of equals: the greedy one where it ties
+    mine, theirs = judge(proposal), judge(as_spots)
+    if theirs.score < mine.score:
+        why = (
+            f"the actor's best placement is predicted to serve {_served(mine):.4g} requests/s within the SLOs, "
+            f"the current one {_served(theirs):.4g}: the current one is kept"
+        )
+        placement, source = as_spots, "current"
+    else:
+        rank = "its greedy one" if proposal == candidates[0] else f"proposal {candidates.index(proposal) + 1}"
+        why = (
+            f"BDA fails on the current placement; of the actor's {len(candidates)} proposals {rank} is predicted "
+            f"to serve most, {_served(mine):.4g} requests/s within the SLOs (the current one {_served(theirs):.4g})"
+        )
+        placement, source = proposal, "actor"
+    unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)
+    if unserved:
+        raise PlacementError(
+            f"neither the trained policy's placement nor the current one serves {', '.join(unserved)} at all",
+            shed=unserved,
+        )
+    return Decision(placement, source, why, robust_choices(placement, judge))
 
 
 def inss(
-    demands: list[Demand], devices: list[Device], lm: LatencyModel | None, trained: Trained | None = None
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel | None,
+    trained: Trained | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, list[Choice]]:
-    """The InSS scheduler's plan: `decide`'s placement and batches, with queue delays that fill them."""
+    """The InSS scheduler's plan: `decide`'s placement with its batches; says whose placement it deployed."""
     if lm is None:
         raise PlacementError("policy inss needs a fitted latency model: pass --latency-model")
     chosen = decide(demands, devices, lm, trained)
-    return with_batches(chosen.placement, chosen.batches, demands, lm)
+    whose = "the actor's placement" if chosen.source == "actor" else "the current (spread) placement"
+    log(f"inss deployed {whose}: {chosen.why}")
+    return chosen.choices

@@ -1,8 +1,7 @@
-"""A search-based stand-in for the InSS scheduler: local search over placements and shares, BDA inside.
+"""Local search over placements and shares, BDA inside: the scheduler the trained `inss` actor learns from.
 
-InSS decides placement and shares with a trained SAC-Discrete agent and batch sizes with
-BDA. Until that agent exists (the `inss` policy), this policy searches the same space
-directly, widened by one choice per device: split it into shares (spatial sharing, MPS or
+InSS decides placement and shares with a trained agent and batch sizes with BDA. This
+policy searches that space directly, widened by one choice per device: split it into shares (spatial sharing, MPS or
 CPU quotas) or let its models take turns with all of it (temporal sharing: on a GPU the duty
 cycles of `timesharing`; on a CPU every instance at once on the threads `shares.turn_threads`
 leaves it, without a quota that idles cores another instance could use). On a device whose
@@ -100,7 +99,7 @@ def _resplit(
         return {}
     if _turns(placement, device.id) or len(names) == 1:  # models that stay keep their copies
         copies = {n: placement[n].copies if placement[n].device == device.id else 1 for n in names}
-        return _normal({n: Spot(device.id, TURNS, copies[n]) for n in names}, [device])
+        return normal({n: Spot(device.id, TURNS, copies[n]) for n in names}, [device])
     shares = _split(names, work, device.units, floor)
     return None if shares is None else {n: Spot(device.id, s) for n, s in shares.items()}
 
@@ -132,7 +131,7 @@ def _starts(
     try:
         shared = time_sharing(demands, devices, lm)
         if all(len(c) == 1 for c in shared.values()):
-            yield _normal({n: Spot(c[0].device, TURNS) for n, c in shared.items()}, devices)
+            yield normal({n: Spot(c[0].device, TURNS) for n, c in shared.items()}, devices)
             assignments.append({n: c[0].device for n, c in shared.items()})
     except PlacementError:
         pass
@@ -149,10 +148,10 @@ def _starts(
                     break
                 placement.update({n: Spot(device.id, s) for n, s in shares.items()})
             else:
-                yield _normal(placement, devices)
+                yield normal(placement, devices)
 
 
-def _normal(placement: Placement, devices: list[Device]) -> Placement:
+def normal(placement: Placement, devices: list[Device]) -> Placement:
     """A single instance alone on a device taking turns has all of it."""
     units = {d.id: d.units for d in devices}
     count: dict[str, int] = {}
@@ -190,7 +189,7 @@ def _neighbours(
                     break
                 moved.update(shares)
             else:
-                yield _normal(moved, devices)
+                yield normal(moved, devices)
     for i, a in enumerate(names):  # swap two models across devices, shares (and copies) stay with the device
         for b in names[i + 1 :]:
             (dev_a, sa, ca), (dev_b, sb, cb) = placement[a], placement[b]
@@ -212,7 +211,7 @@ def _neighbours(
         if (spot.share == TURNS or alone) and spot.copies < max_copies(device):
             yield {**placement, a: Spot(device.id, TURNS, spot.copies + 1)}
         if spot.copies > 1:
-            yield _normal({**placement, a: Spot(device.id, TURNS, spot.copies - 1)}, devices)
+            yield normal({**placement, a: Spot(device.id, TURNS, spot.copies - 1)}, devices)
 
 
 def _partial(
@@ -269,29 +268,42 @@ def _memory_fits(names: list[str], demands: dict[str, Demand], device: Device, b
     return sum(memory_at(demands[n], batches[n], lm) for n in names) <= device.memory_mb
 
 
-def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
-    if lm is None:
-        raise PlacementError("policy search needs a fitted latency model: pass --latency-model")
-    evaluations = 0
-    floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
-    by_name = {d.name: d for d in demands}
-    by_id = {d.id: d for d in devices}
-    work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
-    judged: dict[tuple, tuple] = {}
-    memo: dict[tuple, int] = {}
-    quantum = max(1e-3, GOODPUT_TIE * sum(d.rate for d in demands))
+class Judged(NamedTuple):
+    """What a placement yields: its score (lower is better), batches, goodput per model, and per device taken in
+    turns its members with the duty cycle's outcome."""
 
-    def judge(placement: Placement):
-        """(score, (batches, goodput per model, cycle per turn-taking device)); lower scores are better."""
-        nonlocal evaluations
+    score: tuple
+    batches: dict[str, int]
+    served: dict[str, float]
+    taking_turns: dict[str, tuple]
+
+
+class Judge:
+    """Judges placements of `demands` on `devices` (cached), as search ranks them: by predicted goodput
+    (`queueing.goodput` per model), then by the goodput if every request were served in its turn, then by the
+    fewest instances, then by total throughput sum b / t_inf (problem (1)); see the module docstring."""
+
+    def __init__(self, demands: list[Demand], devices: list[Device], lm: LatencyModel):
+        self.demands, self.devices, self.lm = demands, devices, lm
+        self.by_name = {d.name: d for d in demands}
+        self.quantum = max(1e-3, GOODPUT_TIE * sum(d.rate for d in demands))
+        self.evaluations = 0
+        self._judged: dict[tuple, Judged] = {}
+        self._memo: dict[tuple, int] = {}
+
+    def __call__(self, placement: Placement) -> Judged:
         key = tuple(sorted(placement.items()))
-        if key in judged:
-            return judged[key]
-        evaluations += 1
+        if key not in self._judged:
+            self.evaluations += 1
+            self._judged[key] = self._judge(placement)
+        return self._judged[key]
+
+    def _judge(self, placement: Placement) -> Judged:
+        demands, devices, lm, by_name = self.demands, self.devices, self.lm, self.by_name
         split = [d for d in demands if placement[d.name].share != TURNS]
         choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
         decision = bda(choices, split, devices, lm)
-        batches = _partial(choices, decision.batches, decision.infeasible, split, devices, lm, memo)
+        batches = _partial(choices, decision.batches, decision.infeasible, split, devices, lm, self._memo)
         # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
         served = {d.name: d.rate for d in split if d.name not in decision.infeasible}
         in_turn = dict(served)  # the same, with every request served in its turn (nothing rejected)
@@ -315,36 +327,53 @@ def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None
                 capacity += turns.capacity
         # an instance more costs memory and CPU the latency model does not see: only goodput pays for one
         instances = sum(spot.copies for spot in placement.values())
+        quantum = self.quantum
         score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), instances, -capacity)
-        judged[key] = (score, (batches, served, taking_turns))
-        return judged[key]
+        return Judged(score, batches, served, taking_turns)
 
-    starts = sorted((judge(p)[0], k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
+    def choices(self, placement: Placement) -> dict[str, list[Choice]]:
+        """The plan of a placement: BDA's (or the best partial) batches on split devices with queue delays that
+        fill them, the duty cycle's choices on devices taken in turns."""
+        judged, by_id = self(placement), {d.id: d for d in self.devices}
+        split = [d for d in self.demands if placement[d.name].share != TURNS]
+        choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
+        out = with_batches(choices, judged.batches, split, self.lm)
+        for device_id, (members, turns) in judged.taking_turns.items():
+            out.update(turn_choices(members, by_id[device_id], turns, self.lm))
+        return out
+
+
+def climb(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> tuple[Placement, Judge]:
+    """The best placement the climb finds from every start (see the module docstring), and its judge."""
+    floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
+    work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
+    judge = Judge(demands, devices, lm)
+    starts = sorted((judge(p).score, k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
     best = None
     for score, _, current in starts:
-        outcome = judge(current)[1]
-        while evaluations < MAX_EVALUATIONS:
+        while judge.evaluations < MAX_EVALUATIONS:
             improved = None
             for candidate in _neighbours(current, devices, work, floor):
-                candidate_score, candidate_outcome = judge(candidate)
+                candidate_score = judge(candidate).score
                 if candidate_score < score and (improved is None or candidate_score < improved[1]):
-                    improved = (candidate, candidate_score, candidate_outcome)
-                if evaluations >= MAX_EVALUATIONS:
+                    improved = (candidate, candidate_score)
+                if judge.evaluations >= MAX_EVALUATIONS:
                     break
             if improved is None:
                 break
-            current, score, outcome = improved
+            current, score = improved
         if best is None or score < best[1]:
-            best = (current, score, outcome)
-    placement, _, (batches, served, taking_turns) = best
-    unserved = sorted(n for n, g in served.items() if g <= 0)
+            best = (current, score)
+    return best[0], judge
+
+
+def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
+    if lm is None:
+        raise PlacementError("policy search needs a fitted latency model: pass --latency-model")
+    placement, judge = climb(demands, devices, lm)
+    unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)
     if unserved:
         raise PlacementError(
             f"no placement the search found serves {', '.join(unserved)} within its SLO at all", shed=unserved
         )
-    split = [d for d in demands if placement[d.name].share != TURNS]
-    choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
-    out = with_batches(choices, batches, split, lm)
-    for device_id, (members, turns) in taking_turns.items():
-        out.update(turn_choices(members, by_id[device_id], turns, lm))
-    return out
+    return judge.choices(placement)
