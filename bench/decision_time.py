@@ -6,8 +6,8 @@ Policies on the InSS eight-model, four-device setup (examples/inss-scaled/eight-
 the SCALED latency model): the one-time cost of the queueing tables, BDA per call on the
 spread placement, and each policy's warm planning time (median of 3; a policy that finds
 no plan for all eight models is timed to its failure, as the planner's first attempt). For
-`inss` (with the trained rl/policies/inss-eight-4.pt) also its online decision when BDA fails
-on the current placement: actor forward pass plus BDA on the actor's choice (median of 200).
+`inss` (with the trained rl/policies/inss-eight-4.pt) also its online decision alone (`inss.decide`:
+BDA on the current placement, the actor's proposals judged; median of 50).
 Simulator: requests simulated per second of wall time for the CPU demo's batch-1 plans
 (the slowest case: one batch per request), the CPU split into quotas
 (bench/results/cpu-demo/plan-spread.yaml) and in turns (plan-search.yaml: processor
@@ -27,7 +27,7 @@ from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import demands_of, devices_of
 from tritonctl.planning.policies import POLICIES, PlacementError, PolicyLimit
 from tritonctl.planning.policies.bda import bda
-from tritonctl.planning.policies.inss import action_mask, decode, default_policy_file, load_trained, observe
+from tritonctl.planning.policies.inss import decide, default_policy_file, load_trained
 from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.simulate import simulate
 from tritonctl.spec import load_cluster
@@ -61,16 +61,11 @@ def main() -> None:
     trained = load_trained(default_policy_file(name), name, [d.name for d in demands], devices)
     for name, info in POLICIES.items():
         fn = partial(info.fn, trained=trained) if info.trained else info.fn
+        fn = partial(fn, log=lambda _: None) if info.logs else fn
         runs = [timed(lambda fn=fn: fn(demands, devices, lm)) for _ in range(3)]
         print(f"  {name:13} {statistics.median(runs):8.1f} ms")
-    mask = action_mask(trained.layout, demands, lm)
-    obs = observe(trained.layout, placement, bda(placement, demands, devices, lm).batches, demands, lm)
-
-    def decide() -> None:
-        bda(decode(trained.actor.act(obs, mask), trained.layout, demands), demands, devices, lm)
-
-    runs = [timed(decide) for _ in range(200)]
-    print(f"inss online decision (actor forward + BDA), eight models: {statistics.median(runs):.2f} ms")
+    runs = [timed(lambda: decide(demands, devices, lm, trained)) for _ in range(50)]
+    print(f"inss online decision (BDA, the actor's proposals judged), eight models: {statistics.median(runs):.2f} ms")
     demo_lm = load_latency_model(REPO / "profiles/cpu-demo/latency-model.json")
     for policy, sharing in (("spread", "split"), ("search", "in turns")):
         demo = load_plan(REPO / f"bench/results/cpu-demo/plan-{policy}.yaml").plan

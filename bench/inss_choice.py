@@ -9,7 +9,8 @@ profile, each with its actor in rl/policies/. For each:
   goodput it is predicted to serve (`search.Judge`) beside search's and the optimum's;
 - on `--workloads` held-out rate vectors (every model's rate drawn uniformly in 0.5-1.2x its
   own, from a seed training never used, all models present): the mean and the lowest of inss's
-  predicted goodput as a share of search's on the same vector, how often the actor's placement
+  predicted goodput as a share of search's on the same vector, the same with the actor's greedy
+  placement alone (one proposal instead of `inss.PROPOSALS`), how often the actor's placement
   was deployed, and the median planning time of `inss` and `search` (warm, this machine).
 
 Run it on a quiet machine: the times are wall times.
@@ -76,7 +77,7 @@ def setup_rows(cluster_file: str, lm_file: str, workloads: int) -> tuple[str, st
         f"{100 * mine / best:.1f}% | {chosen.why} |"
     )
     rng = np.random.default_rng(SEED)
-    shares, actor, inss_ms, search_ms = [], 0, [], []
+    shares, greedy, actor, inss_ms, search_ms = [], [], 0, [], []
     plan_inss = partial(POLICIES["inss"].fn, trained=trained, log=lambda _: None)
     for _ in range(workloads):
         drawn = [replace(d, rate=d.rate * f) for d, f in zip(demands, rng.uniform(0.5, 1.2, len(demands)), strict=True)]
@@ -85,13 +86,17 @@ def setup_rows(cluster_file: str, lm_file: str, workloads: int) -> tuple[str, st
         inss_ms.append(ms)
         (placement, _), ms = timed(lambda drawn=drawn: climb(drawn, devices, lm))
         search_ms.append(ms)
-        reference = served(placement, drawn, devices, lm)
-        shares.append(served(decision.placement, drawn, devices, lm) / reference if reference > 0 else 1.0)
+        reference = served(placement, drawn, devices, lm) or 1.0
+        shares.append(served(decision.placement, drawn, devices, lm) / reference)
         actor += decision.source == "actor"
+        proposals, inss_module.PROPOSALS = inss_module.PROPOSALS, 1
+        alone = inss_module.decide(drawn, devices, lm, trained).placement
+        inss_module.PROPOSALS = proposals
+        greedy.append(served(alone, drawn, devices, lm) / reference)
     held_out = (
         f"| {name} | {workloads} | {100 * np.mean(shares):.2f}% | {100 * min(shares):.1f}% | "
-        f"{sum(s >= 0.98 for s in shares)} | {actor} | {statistics.median(inss_ms):.1f} | "
-        f"{statistics.median(search_ms):.1f} |"
+        f"{sum(s >= 0.98 for s in shares)} | {100 * np.mean(greedy):.2f}% | {actor} | "
+        f"{statistics.median(inss_ms):.1f} | {statistics.median(search_ms):.1f} |"
     )
     return at_rates, held_out
 
@@ -123,9 +128,9 @@ def main() -> None:
             "",
             f"## Held-out rate vectors (each model 0.5-1.2x its rate, seed {SEED})",
             "",
-            "| setup | vectors | inss of search, mean | lowest | vectors at >= 98% | actor's placement deployed | "
-            "inss ms (median) | search ms (median) |",
-            "|---|---|---|---|---|---|---|---|",
+            "| setup | vectors | inss of search, mean | lowest | vectors at >= 98% | greedy proposal alone, mean | "
+            "actor's placement deployed | inss ms (median) | search ms (median) |",
+            "|---|---|---|---|---|---|---|---|---|",
             *(r[1] for r in rows),
             "",
         ]

@@ -235,7 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("plan", help="plan.yaml to start from (or resume the plan the controller applied last)")
     p.add_argument("--latency-model", help="fitted latency model (tritonctl fit); without it, no re-planning")
-    p.add_argument("--policy", default="search", help="policy to re-plan with when BDA fails (default: search)")
+    p.add_argument(
+        "--policy",
+        help="policy to re-plan with when BDA fails (default: inss where a trained policy for the cluster ships, "
+        "search otherwise)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default: local)")
     p.add_argument("--port", type=int, default=9300, help="port of the state and metrics endpoint (default 9300)")
     p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")

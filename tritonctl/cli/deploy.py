@@ -25,7 +25,9 @@ from tritonctl.deploy.state import State, load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import LoadedPlan, load_plan
+from tritonctl.planning.planner import replan_policy
 from tritonctl.planning.policies import POLICIES
+from tritonctl.spec import load_cluster
 from tritonctl.triton.client import endpoints, format_results, run_load
 from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from tritonctl.triton.render import render
@@ -121,7 +123,7 @@ def cmd_apply(args) -> int:
 
 def cmd_controller(args) -> int:
     loaded = load_plan(args.plan)
-    if args.policy not in POLICIES:
+    if args.policy is not None and args.policy not in POLICIES:
         raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
     runtime = runtime_for(loaded, args.runtime, args.compose_dir, say, namespace=args.namespace)
     if args.latency_margin and not args.latency_model:
@@ -129,10 +131,15 @@ def cmd_controller(args) -> int:
     lm = load_latency_model(args.latency_model).with_margin(args.latency_margin) if args.latency_model else None
     if lm is None:
         say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")
+    policy = args.policy
+    if policy is None:
+        policy, why = replan_policy(load_cluster(loaded.resolve(loaded.plan.cluster_file)), lm)
+        if lm is not None:
+            say(f"re-planning with {policy}: {why}")
     cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
     if not 0 <= args.port <= 65535 or (args.port and not port_is_free(args.host, args.port)):
         raise TritonctlError(f"cannot serve the controller's state on {args.host}:{args.port}", field="--port")
-    controller = Controller(loaded.path, runtime, lm, args.policy, cfg, log=say)
+    controller = Controller(loaded.path, runtime, lm, policy, cfg, log=say)
     server = controller.serve(args.host, args.port)
     say(
         f"controller running: state http://{args.host}:{server.server_port}/state, "
