@@ -9,13 +9,15 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from conftest import make_mlp, mlp_model, write_cluster
+from conftest import REPO, make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device, load_plan
+from tritonctl.planning.planner import replan_policy
 from tritonctl.planning.policies import POLICIES, Demand
 from tritonctl.planning.policies.base import Choice
 from tritonctl.planning.policies.bda import bda
@@ -292,3 +294,21 @@ def test_imitation_fits_the_actor_to_search_and_reuses_its_demonstrations(tmp_pa
     capsys.readouterr()
     assert main(["train", str(cluster.path), "--latency-model", lm_file, "--episodes", "3"]) == 2
     assert "--episodes: only with --method sac, not imitate" in capsys.readouterr().err
+
+
+def test_the_controller_replans_with_a_trained_policy_where_one_fits_and_search_otherwise(tmp_path, lm, monkeypatch):
+    synthetic_dataset(tmp_path / "profile")
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = load_cluster(write_cluster(tmp_path, [mlp_model("alpha", rate=300, slo_ms=150), mlp_model("beta")]))
+    policy = tmp_path / "test.pt"
+    monkeypatch.setattr("tritonctl.planning.planner.default_policy_file", lambda name: tmp_path / f"{name}.pt")
+    assert replan_policy(cluster, lm) == ("search", f"no trained inss policy {policy}")
+    forced_policy(policy, Layout.of("test", DEMANDS, cpus(4096, 4096)), [0, 9, 1, 9])  # two devices: not this one
+    chosen, why = replan_policy(cluster, lm)
+    assert chosen == "search" and "the cluster has cpu0 (100 units, 4096 MB)" in why
+    forced_policy(policy, Layout.of("test", DEMANDS, cpus(4096)), [0, 9, 0, 9])
+    assert replan_policy(cluster, lm) == ("inss", f"the trained policy {policy} fits the cluster")
+    assert replan_policy(cluster, None)[0] == "search"  # no latency model, no re-planning by inss
+    monkeypatch.undo()
+    demo = load_cluster(REPO / "examples/cpu-demo/cluster.yaml")  # the shipped demo has its policy
+    assert replan_policy(demo, load_latency_model(REPO / "profiles/cpu-demo/latency-model.json"))[0] == "inss"

@@ -397,15 +397,15 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
     mine, theirs = judge(proposal), judge(as_spots)
     if theirs.score < mine.score:
         why = (
-            f"the actor's best placement is predicted to serve {_served(mine):.4g} requests/s within the SLOs, "
-            f"the current one {_served(theirs):.4g}: the current one is kept"
+            f"the actor's best placement is predicted to serve {_served(mine):,.1f} requests/s within the SLOs, "
+            f"the current one {_served(theirs):,.1f}: the current one is kept"
         )
         placement, source = as_spots, "current"
     else:
         rank = "its greedy one" if proposal == candidates[0] else f"proposal {candidates.index(proposal) + 1}"
         why = (
             f"BDA fails on the current placement; of the actor's {len(candidates)} proposals {rank} is predicted "
-            f"to serve most, {_served(mine):.4g} requests/s within the SLOs (the current one {_served(theirs):.4g})"
+            f"to serve most, {_served(mine):,.1f} requests/s within the SLOs (the current one {_served(theirs):,.1f})"
         )
         placement, source = proposal, "actor"
     unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)
