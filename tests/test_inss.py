@@ -90,7 +90,7 @@ def test_masks_forbid_devices_too_small_and_shares_below_the_profile(lm):
 
 def test_oversubscribed_devices_split_in_proportion_and_most_asking_for_turns_take_them():
     layout = Layout.of("test", DEMANDS, cpus(4096, 4096))
-    assert decode([0, 19, 0, 9], layout, DEMANDS) == {"alpha": Spot("cpu0", 65), "beta": Spot("cpu0", 30)}  # 100 + 50
+    assert decode([0, 19, 0, 9], layout, DEMANDS) == {"alpha": Spot("cpu0", 66), "beta": Spot("cpu0", 33)}  # 100 + 50
     assert decode([1, 20, 1, 9], layout, DEMANDS) == {"alpha": Spot("cpu1", TURNS), "beta": Spot("cpu1", TURNS)}
     assert decode([0, 21, 0, 9], layout, DEMANDS)["alpha"] == Spot("cpu0", TURNS, 2)  # two instances of alpha
     assert decode([0, 9, 1, 20], layout, DEMANDS) == {"alpha": Spot("cpu0", 50), "beta": Spot("cpu1", 100)}  # alone

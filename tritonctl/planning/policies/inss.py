@@ -39,6 +39,7 @@ The MDP, for N models and K devices:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -179,11 +180,12 @@ def decode(action, layout: Layout, demands: list[Demand]) -> Placement:
             }
             placement.update({n: Spot(slot.id, TURNS, c) for n, c in copies.items()})
             continue
-        grid = slot.units // layout.levels
-        units = {n: grid * (min(head, layout.levels - 1) + 1) for n, head in here.items()}
+        units = {
+            n: math.ceil(slot.units * (min(head, layout.levels - 1) + 1) / layout.levels) for n, head in here.items()
+        }
         total = sum(units.values())
         if total > slot.units:
-            units = {n: max(grid, grid * (u * slot.units // total // grid)) for n, u in units.items()}
+            units = {n: max(1, u * slot.units // total) for n, u in units.items()}
         placement.update({n: Spot(slot.id, u) for n, u in units.items()})
     return normal({d.name: placement[d.name] for d in demands}, layout.devices)
 
