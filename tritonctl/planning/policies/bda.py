@@ -13,6 +13,7 @@ model infeasible that has a feasible batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
@@ -45,17 +46,29 @@ def broken_constraint(
     lm: LatencyModel,
 ) -> str | None:
     """The first constraint `batch` breaks for model `name` ('memory', 'slo', 'rate'), or None."""
+    return batch_check(name, batch, placement, demands, batches, devices, lm)[0]
+
+
+def batch_check(
+    name: str,
+    batch: int,
+    placement: dict[str, Choice],
+    demands: dict[str, Demand],
+    batches: dict[str, int],
+    devices: dict[str, Device],
+    lm: LatencyModel,
+) -> tuple[str | None, float]:
+    """`broken_constraint`, and the time of a batch beside the co-runners (ms; inf where it breaks memory)."""
     trial = {**batches, name: batch}
     choice = placement[name]
     here = [m for m in placement if placement[m].device == choice.device]
     if sum(memory_at(demands[m], trial[m], lm) for m in here) > devices[choice.device].memory_mb:
-        return "memory"
-    corunners = tuple((m, placement[m].share, trial[m]) for m in here if m != name)
-    exec_ms = lm.t_inf(name, batch, choice.share, corunners)
+        return "memory", math.inf
+    exec_ms = lm.t_inf(name, batch, choice.share, corunners(name, placement, trial))
     task = task_latency(demands[name].rate, batch, exec_ms)
     if not task.stable:  # batches of this size serve fewer requests per second than arrive
-        return "rate"
-    return "slo" if task.p99_ms > demands[name].slo_ms else None
+        return "rate", exec_ms
+    return ("slo" if task.p99_ms > demands[name].slo_ms else None), exec_ms
 
 
 def bda(placement: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel) -> BatchDecision:

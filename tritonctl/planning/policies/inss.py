@@ -4,11 +4,12 @@ and the pieces of its MDP (section 5.2) that training (`rl/`) shares with it.
 Online (section 5.5, Workflow): BDA runs first on the current placement (spread's, the one a fresh
 deployment starts from); only when BDA reports failure does the actor choose placement and shares, and
 batches are decided on its choice: BDA's on devices it splits, the duty cycle's on devices whose models
-take turns (as `search` decides them, `search.Judge`). The actor proposes PROPOSALS placements, its greedy
-one and draws from its policy, and the one predicted to serve most within the SLOs is kept: a factorised
-actor chooses each model's device and share on its own, and a draw often mends what the greedy choices of
-two models get wrong together. The actor's placement is deployed unless the current one is predicted to
-serve more; the plan's notes say which was deployed and why.
+take turns (as `search` decides them, `search.Judge`). The actor proposes up to PROPOSALS placements, its
+greedy one and draws from its policy (no more once one serves every request within its SLO), and the one
+predicted to serve most within the SLOs is kept: a factorised actor chooses each model's device and share
+on its own, and a draw often mends what the greedy choices of two models get wrong together. The actor's
+placement is deployed unless the current one is predicted to serve more; the plan's notes say which was
+deployed and why.
 
 The action space is search's: per model a device and either a share level or taking turns with the
 device's other models with all of it (on a CPU with one instance or more). A trained actor is therefore
@@ -394,7 +395,11 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
         return Decision(as_spots, "current", why, robust_choices(as_spots, judge))
     if trained is None:
         raise PlacementError("BDA fails on the current placement and inss has no trained policy (tritonctl train)")
-    candidates = proposals(trained, current, demands, devices, lm)
+    candidates, offered = [], sum(d.rate for d in demands)
+    for candidate in proposals(trained, current, demands, devices, lm):
+        candidates.append(candidate)
+        if _served(judge(candidate)) >= offered - judge.quantum:
+            break  # serves every request within its SLO: no proposal serves more
     proposal = min(candidates, key=lambda p: judge(p).score)  # the first of equals: the greedy one where it ties
     mine, theirs = judge(proposal), judge(as_spots)
     if theirs.score < mine.score:
@@ -406,8 +411,9 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
     else:
         rank = "its greedy one" if proposal == candidates[0] else f"proposal {candidates.index(proposal) + 1}"
         why = (
-            f"BDA fails on the current placement; of the actor's {len(candidates)} proposals {rank} is predicted "
-            f"to serve most, {_served(mine):,.1f} requests/s within the SLOs (the current one {_served(theirs):,.1f})"
+            f"BDA fails on the current placement; of the actor's {len(candidates)} placements judged, {rank} is "
+            f"predicted to serve most, {_served(mine):,.1f} requests/s within the SLOs "
+            f"(the current one {_served(theirs):,.1f})"
         )
         placement, source = proposal, "actor"
     unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)

@@ -43,7 +43,7 @@ from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
-from tritonctl.planning.policies.bda import bda, broken_constraint, corunners, memory_at, throughput, with_batches
+from tritonctl.planning.policies.bda import batch_check, bda, corunners, memory_at, throughput, with_batches
 from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.policies.timesharing import time_sharing, turn_choices, turn_outcome
 
@@ -240,10 +240,9 @@ def _partial(
             if key not in memo:
                 best_b, best_rate = out[name], 0.0
                 for b in range(1, MAX_BATCH + 1):
-                    if broken_constraint(name, b, placement, by_name, out, by_id, lm) is None:
-                        rate = b / lm.t_inf(name, b, placement[name].share, key[3])
-                        if rate > best_rate * (1 + 1e-9):
-                            best_b, best_rate = b, rate
+                    broken, exec_ms = batch_check(name, b, placement, by_name, out, by_id, lm)
+                    if broken is None and b / exec_ms > best_rate * (1 + 1e-9):
+                        best_b, best_rate = b, b / exec_ms
                 memo[key] = best_b
             out[name] = memo[key]
     for name in infeasible:
