@@ -14,6 +14,7 @@ model infeasible that has a feasible batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
@@ -46,29 +47,33 @@ def broken_constraint(
     lm: LatencyModel,
 ) -> str | None:
     """The first constraint `batch` breaks for model `name` ('memory', 'slo', 'rate'), or None."""
-    return batch_check(name, batch, placement, demands, batches, devices, lm)[0]
+    return next(batch_checks(name, placement, demands, batches, devices, lm, (batch,)))[1]
 
 
-def batch_check(
+def batch_checks(
     name: str,
-    batch: int,
     placement: dict[str, Choice],
     demands: dict[str, Demand],
     batches: dict[str, int],
     devices: dict[str, Device],
     lm: LatencyModel,
-) -> tuple[str | None, float]:
-    """`broken_constraint`, and the time of a batch beside the co-runners (ms; inf where it breaks memory)."""
-    trial = {**batches, name: batch}
-    choice = placement[name]
-    here = [m for m in placement if placement[m].device == choice.device]
-    if sum(memory_at(demands[m], trial[m], lm) for m in here) > devices[choice.device].memory_mb:
-        return "memory", math.inf
-    exec_ms = lm.t_inf(name, batch, choice.share, corunners(name, placement, trial))
-    task = task_latency(demands[name].rate, batch, exec_ms)
-    if not task.stable:  # batches of this size serve fewer requests per second than arrive
-        return "rate", exec_ms
-    return ("slo" if task.p99_ms > demands[name].slo_ms else None), exec_ms
+    sizes: Iterable[int] = range(1, MAX_BATCH + 1),
+) -> Iterator[tuple[int, str | None, float]]:
+    """For each batch size of `sizes`, model `name` beside its co-runners at `batches`: the size, the first
+    constraint it breaks ('memory', 'slo', 'rate') or None, and its batch time (ms; inf where memory breaks)."""
+    choice, demand = placement[name], demands[name]
+    others = corunners(name, placement, batches)
+    left = devices[choice.device].memory_mb - sum(memory_at(demands[m], b, lm) for m, _, b in others)
+    for batch in sizes:
+        if memory_at(demand, batch, lm) > left:
+            yield batch, "memory", math.inf
+            continue
+        exec_ms = lm.t_inf(name, batch, choice.share, others)
+        task = task_latency(demand.rate, batch, exec_ms)
+        if not task.stable:  # batches of this size serve fewer requests per second than arrive
+            yield batch, "rate", exec_ms
+        else:
+            yield batch, ("slo" if task.p99_ms > demand.slo_ms else None), exec_ms
 
 
 def bda(placement: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel) -> BatchDecision:

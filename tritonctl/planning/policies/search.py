@@ -39,11 +39,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from tritonctl.latency.model import MAX_BATCH, LatencyModel
+from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import goodput, goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
-from tritonctl.planning.policies.bda import batch_check, bda, corunners, memory_at, throughput, with_batches
+from tritonctl.planning.policies.bda import batch_checks, bda, corunners, throughput, with_batches
 from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.policies.timesharing import time_sharing, turn_choices, turn_outcome
 
@@ -239,32 +239,25 @@ def _partial(
             key = ("feasible", name, placement[name].share, corunners(name, placement, out))
             if key not in memo:
                 best_b, best_rate = out[name], 0.0
-                for b in range(1, MAX_BATCH + 1):
-                    broken, exec_ms = batch_check(name, b, placement, by_name, out, by_id, lm)
+                for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm):
                     if broken is None and b / exec_ms > best_rate * (1 + 1e-9):
                         best_b, best_rate = b, b / exec_ms
                 memo[key] = best_b
             out[name] = memo[key]
     for name in infeasible:
         demand, best = by_name[name], (0.0, 1)
-        device = by_id[placement[name].device]
         others = corunners(name, placement, out)
         key = (name, placement[name].share, others)  # the same device layout recurs across placements
         if key not in memo:
-            beside = [m for m, _, _ in others]
-            for b in range(1, MAX_BATCH + 1):
-                if not _memory_fits([*beside, name], by_name, device, {**out, name: b}, lm):
+            for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm):
+                if broken == "memory":
                     break  # memory grows with the batch
-                g = goodput(demand.rate, b, lm.t_inf(name, b, placement[name].share, others), demand.slo_ms)
+                g = goodput(demand.rate, b, exec_ms, demand.slo_ms)
                 if g > best[0] + 1e-3:
                     best = (g, b)
             memo[key] = best[1]
         out[name] = memo[key]
     return out
-
-
-def _memory_fits(names: list[str], demands: dict[str, Demand], device: Device, batches: dict[str, int], lm) -> bool:
-    return sum(memory_at(demands[n], batches[n], lm) for n in names) <= device.memory_mb
 
 
 class Judged(NamedTuple):
