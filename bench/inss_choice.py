@@ -1,18 +1,21 @@
 """Where the trained `inss` actor decides, and how close its placements come to `search`'s, on every setup with one.
 
     python bench/inss_choice.py [--workloads 100] [--out bench/results/inss-choice.md]
+    python bench/inss_choice.py --setup cpu-demo --policy-file rl/runs/cpu-demo-sac/policy.pt --out OUT
 
 Setups: the CPU demo, the InSS setups on the scaled CPU profile (SYNTHETIC) and on the H100
 profile, each with its actor in rl/policies/. For each:
 
 - at the setup's own rates: whose placement `inss` deploys (`inss.decide`) and why, and the
-  goodput it is predicted to serve (`search.Judge`) beside search's and the optimum's;
+  goodput it is predicted to serve (`search.Judge`) beside search's and the optimum's; and
+  whose placement it deploys with the actor's greedy proposal alone, and its goodput;
 - on `--workloads` held-out rate vectors (every model's rate drawn uniformly in 0.5-1.2x its
   own, from a seed training never used, all models present): the mean and the lowest of inss's
   predicted goodput as a share of search's on the same vector, the same with the actor's greedy
   placement alone (one proposal instead of `inss.PROPOSALS`), how often the actor's placement
   was deployed, and the median planning time of `inss` and `search` (warm, this machine).
 
+`--setup NAME --policy-file FILE` judges another actor of one setup (the SAC-Discrete one, say).
 Run it on a quiet machine: the times are wall times.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import statistics
+import sys
 import time
 from dataclasses import replace
 from functools import partial
@@ -33,8 +37,8 @@ from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.planner import demands_of, devices_of
 from tritonctl.planning.policies import POLICIES
-from tritonctl.planning.policies.search import Judge, Spot, climb
-from tritonctl.spec import load_cluster
+from tritonctl.planning.policies.search import TURNS, Judge, Spot, climb
+from tritonctl.spec import Cluster, load_cluster
 
 inss_module = importlib.import_module("tritonctl.planning.policies.inss")  # the package exports a function `inss`
 
@@ -54,27 +58,38 @@ def served(placement, demands, devices, lm) -> float:
     return sum(Judge(demands, devices, lm)(placement).served.values())
 
 
+def greedy_decision(demands, devices, lm, trained):
+    """`inss.decide` with the actor's greedy proposal alone."""
+    proposals, inss_module.PROPOSALS = inss_module.PROPOSALS, 1
+    try:
+        return inss_module.decide(demands, devices, lm, trained)
+    finally:
+        inss_module.PROPOSALS = proposals
+
+
 def timed(fn):
     started = time.perf_counter()
     out = fn()
     return out, 1000 * (time.perf_counter() - started)
 
 
-def setup_rows(cluster_file: str, lm_file: str, workloads: int) -> tuple[str, str]:
+def setup_rows(cluster: Cluster, lm_file: str, workloads: int, policy_file: Path | None) -> tuple[str, str]:
     lm = load_latency_model(REPO / lm_file)
-    cluster = load_cluster(REPO / cluster_file)
     devices, demands = devices_of(cluster), demands_of(cluster, {}, lm)
     name = cluster.spec.name
-    trained = inss_module.load_trained(inss_module.default_policy_file(name), name, [d.name for d in demands], devices)
+    path = policy_file or inss_module.default_policy_file(name)
+    trained = inss_module.load_trained(path, name, [d.name for d in demands], devices)
     chosen = inss_module.decide(demands, devices, lm, trained)
     search_placement, _ = climb(demands, devices, lm)
     optimum = POLICIES["optimal"].fn(demands, devices, lm, log=lambda _: None)
-    optimal_placement = {n: Spot(c[0].device, 0 if c[0].turns else c[0].share, len(c)) for n, c in optimum.items()}
+    optimal_placement = {n: Spot(c[0].device, TURNS if c[0].turns else c[0].share, len(c)) for n, c in optimum.items()}
     mine, theirs = served(chosen.placement, demands, devices, lm), served(search_placement, demands, devices, lm)
     best = served(optimal_placement, demands, devices, lm)
+    alone = greedy_decision(demands, devices, lm, trained)
+    alone_share = served(alone.placement, demands, devices, lm) / theirs
     at_rates = (
-        f"| {name} | {chosen.source} | {mine:,.1f} | {theirs:,.1f} | {best:,.1f} | {100 * mine / theirs:.1f}% | "
-        f"{100 * mine / best:.1f}% | {chosen.why} |"
+        f"| {name} | {chosen.source} | {mine:,.1f} | {theirs:,.1f} | {best:,.1f} | {100 * mine / theirs:.2f}% | "
+        f"{100 * mine / best:.2f}% | {alone.source}, {100 * alone_share:.2f}% | {chosen.why} |"
     )
     rng = np.random.default_rng(SEED)
     shares, greedy, actor, inss_ms, search_ms = [], [], 0, [], []
@@ -89,10 +104,7 @@ def setup_rows(cluster_file: str, lm_file: str, workloads: int) -> tuple[str, st
         reference = served(placement, drawn, devices, lm) or 1.0
         shares.append(served(decision.placement, drawn, devices, lm) / reference)
         actor += decision.source == "actor"
-        proposals, inss_module.PROPOSALS = inss_module.PROPOSALS, 1
-        alone = inss_module.decide(drawn, devices, lm, trained).placement
-        inss_module.PROPOSALS = proposals
-        greedy.append(served(alone, drawn, devices, lm) / reference)
+        greedy.append(served(greedy_decision(drawn, devices, lm, trained).placement, drawn, devices, lm) / reference)
     held_out = (
         f"| {name} | {workloads} | {100 * np.mean(shares):.2f}% | {100 * min(shares):.1f}% | "
         f"{sum(s >= 0.98 for s in shares)} | {100 * np.mean(greedy):.2f}% | {actor} | "
@@ -105,25 +117,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", type=int, default=100, help="held-out rate vectors per setup (default 100)")
     parser.add_argument("--out", default=str(REPO / "bench/results/inss-choice.md"), help="the table (markdown)")
+    parser.add_argument("--setup", help="only the setup of this cluster name")
+    parser.add_argument("--policy-file", type=Path, help="with --setup: the actor to judge (default: rl/policies/)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [setup_rows(c, m, args.workloads) for c, m in SETUPS]
+    setups = [(load_cluster(REPO / c), m) for c, m in SETUPS]
+    setups = [(c, m) for c, m in setups if args.setup in (None, c.spec.name)]
+    if args.policy_file and len(setups) != 1:
+        parser.error("--policy-file needs --setup naming one setup")
+    rows = [setup_rows(c, m, args.workloads, args.policy_file) for c, m in setups]
     for row in rows:
         print(*row, sep="\n")
+    command = " ".join(["python bench/inss_choice.py", *sys.argv[1:]])
     cpu = cpu_fingerprint()
     cpu = (
         f"{cpu['model']}, L1d {cpu['caches'].get('L1 Data')} / L2 {cpu['caches'].get('L2 Unified')}, CPU id {cpu['id']}"
     )
     text = "\n".join(
         [
-            f"# inss against search, predicted goodput (`python bench/inss_choice.py`; {cpu}, one torch thread)",
+            f"# inss against search, predicted goodput (`{command}`; {cpu}, one torch thread)",
             "",
             "The inss-* setups on profiles/inss-scaled are SYNTHETIC.",
             "",
             "## At each setup's own rates",
             "",
-            "| setup | deployed | inss req/s | search req/s | optimal req/s | inss of search | inss of optimal | why |",
-            "|---|---|---|---|---|---|---|---|",
+            "| setup | deployed | inss req/s | search req/s | optimal req/s | inss of search | inss of optimal | "
+            "greedy proposal alone: deployed, of search | why |",
+            "|---|---|---|---|---|---|---|---|---|",
             *(r[0] for r in rows),
             "",
             f"## Held-out rate vectors (each model 0.5-1.2x its rate, seed {SEED})",

@@ -9,7 +9,15 @@ from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
-from tritonctl.planning.policies.bda import MAX_BATCH, bda, bda_policy, broken_constraint, queue_delay_us
+from tritonctl.planning.policies.bda import (
+    MAX_BATCH,
+    batch_checks,
+    bda,
+    bda_policy,
+    broken_constraint,
+    memory_at,
+    queue_delay_us,
+)
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +95,24 @@ def test_a_latency_margin_leaves_headroom_for_slower_batches(lm):
     assert lm.t_inf("alpha", 4, 50) == pytest.approx(slow.t_inf("alpha", 4, 50) / 1.2)  # the original is untouched
     with pytest.raises(TritonctlError, match="margin"):
         lm.with_margin(1.5)
+
+
+def test_a_scan_over_every_batch_size_says_what_each_single_check_says(lm):
+    """`batch_checks` reads every batch size at once (`t_infs`, `p99s`); the answers must be the one-by-one ones,
+    nearly idle, overloaded and out-of-memory batches included."""
+    seen = set()
+    for rate in (0.5, 40, 300, 3000):
+        demands = {"alpha": Demand("alpha", 150, rate, 100), "beta": Demand("beta", 400, 40, 100)}
+        batches = {"alpha": 1, "beta": 4}
+        full = memory_at(demands["alpha"], 16, lm) + memory_at(demands["beta"], 4, lm)
+        devices = {"cpu0": cpu(int(full))[0]}  # batches of alpha beyond 16 do not fit
+        for share in (5, 30, 50, 95):
+            placement = {"alpha": Choice("cpu0", share), "beta": Choice("cpu0", 100 - share)}
+            scan = list(batch_checks("alpha", placement, demands, batches, devices, lm))
+            one_by_one = [
+                next(batch_checks("alpha", placement, demands, batches, devices, lm, (b,)))
+                for b in range(1, MAX_BATCH + 1)
+            ]
+            assert scan == one_by_one
+            seen |= {why for _, why, _ in scan}
+    assert seen == {None, "memory", "slo", "rate"}

@@ -294,6 +294,8 @@ def test_imitation_fits_the_actor_to_search_and_reuses_its_demonstrations(tmp_pa
     capsys.readouterr()
     assert main(["train", str(cluster.path), "--latency-model", lm_file, "--episodes", "3"]) == 2
     assert "--episodes: only with --method sac, not imitate" in capsys.readouterr().err
+    assert main(["train", str(cluster.path), "--latency-model", lm_file, "--demonstrations", "5"]) == 2
+    assert "--demonstrations must be at least 10, not 5" in capsys.readouterr().err
 
 
 def test_the_controller_replans_with_a_trained_policy_where_one_fits_and_search_otherwise(tmp_path, lm, monkeypatch):

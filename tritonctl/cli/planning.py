@@ -185,10 +185,10 @@ def cmd_train(args) -> int:
         from tritonctl.rl.imitate import ImitationConfig, imitate  # torch loads only for training
 
         config = ImitationConfig(seed=args.seed)
-        for key in ("demonstrations", "epochs"):
+        for key, least in (("demonstrations", 10), ("epochs", 1)):  # a tenth of the demonstrations is held out
             if getattr(args, key) is not None:
-                if getattr(args, key) < 1:
-                    raise TritonctlError(f"--{key} must be at least 1, not {getattr(args, key)}")
+                if getattr(args, key) < least:
+                    raise TritonctlError(f"--{key} must be at least {least}, not {getattr(args, key)}")
                 setattr(config, key, getattr(args, key))
         imitate(cluster, lm, out, policy_file, config, log=say)
         return 0

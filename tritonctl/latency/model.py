@@ -193,6 +193,19 @@ class LatencyModel:
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
         return (self.io_ms(model, batch) + run) * (1 + self.margin)
 
+    def t_infs(self, model: str, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> np.ndarray:
+        """`t_inf` of batches 1 ... MAX_BATCH at once (the same values), for a scan over batch sizes."""
+        batches = np.arange(1, MAX_BATCH + 1)
+        if self.mlp is not None or not 1 <= share <= self.device.units:
+            return np.array([self.t_inf(model, int(b), share, corunners) for b in batches])
+        p, d = self.models[model], self.device
+        run = np.array([row[share] for row in self._table[model][1:]])
+        if corunners:
+            pressure = sum(self.cache_pressure(m, s) for m, s, _ in corunners)
+            run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
+            run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
+        return (d.io_c0_ms + d.io_ms_per_byte * p.io_bytes * batches + run) * (1 + self.margin)
+
     def _predicted_by_mlp(
         self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...]
     ) -> float:

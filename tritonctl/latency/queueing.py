@@ -135,6 +135,34 @@ def task_latency(rate: float, batch: int, t_inf_ms: float) -> TaskLatency:
     return TaskLatency(float(np.interp(rho, _LOADS, mean)) * scale, float(np.interp(rho, _LOADS, p99)) * scale, True)
 
 
+@functools.lru_cache(maxsize=4)
+def _p99_rows(max_batch: int) -> np.ndarray:
+    """The p99 column of `_table` for batches 1..max_batch, one row each."""
+    return np.stack([_table(b)[1] for b in range(1, max_batch + 1)])
+
+
+def p99s(rate: float, t_inf_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`task_latency`'s p99 and stability for batches 1, 2 ... len(t_inf_ms) at once, batch b taking
+    t_inf_ms[b - 1]: the same values (the table read as `np.interp` reads it), for a scan over batch sizes."""
+    batches = np.arange(1, len(t_inf_ms) + 1)
+    rho = rate * t_inf_ms / (1000.0 * batches)
+    stable = rho < 1
+    if not _QUEUEING.get():
+        return np.where(stable, t_inf_ms, np.inf), stable
+    rows, loads = _p99_rows(len(t_inf_ms)), _LOADS
+    j = np.clip(np.searchsorted(loads, rho, side="right") - 1, 0, len(loads) - 2)
+    here, after = rows[batches - 1, j], rows[batches - 1, j + 1]
+    slope = (after - here) / (loads[j + 1] - loads[j])
+    read = np.where(rho == loads[j], here, slope * (rho - loads[j]) + here)
+    read = np.where(rho == loads[-1], rows[batches - 1, -1], read)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p99 = read * (t_inf_ms / rho)
+    p99 = np.where(stable, p99, np.inf)
+    for k in np.flatnonzero(stable & ((rho < loads[0]) | (rho > loads[-1]))):  # nearly idle or nearly saturated
+        p99[k] = sample_task_latency(rate, int(batches[k]), float(t_inf_ms[k])).p99_ms
+    return p99, stable
+
+
 def in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
     """The share of tasks whose latency by eq. 2 is within `slo_ms`, under Poisson arrivals at `rate`
     (0 when the rate overloads batches of this size; see `goodput` for what is served then)."""

@@ -17,8 +17,10 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import task_latency
+from tritonctl.latency.queueing import p99s, task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.spread import spread
@@ -57,13 +59,32 @@ def batch_checks(
     batches: dict[str, int],
     devices: dict[str, Device],
     lm: LatencyModel,
-    sizes: Iterable[int] = range(1, MAX_BATCH + 1),
+    sizes: Iterable[int] | None = None,
 ) -> Iterator[tuple[int, str | None, float]]:
-    """For each batch size of `sizes`, model `name` beside its co-runners at `batches`: the size, the first
-    constraint it breaks ('memory', 'slo', 'rate') or None, and its batch time (ms; inf where memory breaks)."""
+    """For each batch size of `sizes` (default 1 ... MAX_BATCH), model `name` beside its co-runners at `batches`:
+    the size, the first constraint it breaks ('memory', 'slo', 'rate') or None, and its batch time (ms; inf where
+    memory breaks). Every size at once where `sizes` is the default (`LatencyModel.t_infs`, `queueing.p99s`)."""
     choice, demand = placement[name], demands[name]
     others = corunners(name, placement, batches)
     left = devices[choice.device].memory_mb - sum(memory_at(demands[m], b, lm) for m, _, b in others)
+    if sizes is None:
+        every = np.arange(1, MAX_BATCH + 1)
+        times = lm.t_infs(name, choice.share, others)
+        p99, stable = p99s(demand.rate, times)
+        rows = zip(
+            every.tolist(),
+            (memory_at(demand, every, lm) > left).tolist(),
+            times.tolist(),
+            p99.tolist(),
+            stable.tolist(),
+            strict=True,
+        )
+        for batch, over, exec_ms, p99_ms, ok in rows:
+            if over:
+                yield batch, "memory", math.inf
+            else:
+                yield batch, ("rate" if not ok else "slo" if p99_ms > demand.slo_ms else None), exec_ms
+        return
     for batch in sizes:
         if memory_at(demand, batch, lm) > left:
             yield batch, "memory", math.inf
@@ -120,22 +141,6 @@ def throughput(placement: dict[str, Choice], batches: dict[str, int], lm: Latenc
         1000 * batches[n] / lm.t_inf(n, batches[n], c.share, corunners(n, placement, batches))
         for n, c in placement.items()
     )
-
-
-def shortfall(
-    name: str, placement: dict[str, Choice], batches: dict[str, int], demands: dict[str, Demand], lm: LatencyModel
-) -> tuple[float, int]:
-    """How far a model without a feasible batch is from one, and the batch that comes closest: over batches
-    1, 2, 4 ... 32, the least of the larger of load (rate x t_inf / b) and p99 / SLO."""
-    demand, choice = demands[name], placement[name]
-    others = corunners(name, placement, batches)
-    best = (float("inf"), 1)
-    for b in (2**k for k in range(MAX_BATCH.bit_length())):
-        t = lm.t_inf(name, b, choice.share, others)
-        task = task_latency(demand.rate, b, t)
-        load = demand.rate * t / (1000 * b)
-        best = min(best, (max(load, task.p99_ms / demand.slo_ms) if task.stable else load, b))
-    return best
 
 
 def with_batches(

@@ -409,11 +409,14 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
         )
         placement, source = as_spots, "current"
     else:
-        rank = "its greedy one" if proposal == candidates[0] else f"proposal {candidates.index(proposal) + 1}"
+        if len(candidates) == 1:
+            which = "the actor's greedy placement serves every request in time"
+        else:
+            rank = "its greedy one" if proposal == candidates[0] else f"proposal {candidates.index(proposal) + 1}"
+            which = f"of the actor's {len(candidates)} placements judged, {rank} serves most"
         why = (
-            f"BDA fails on the current placement; of the actor's {len(candidates)} placements judged, {rank} is "
-            f"predicted to serve most, {_served(mine):,.1f} requests/s within the SLOs "
-            f"(the current one {_served(theirs):,.1f})"
+            f"BDA fails on the current placement; {which}: {_served(mine):,.1f} requests/s within the SLOs "
+            f"predicted (the current one {_served(theirs):,.1f})"
         )
         placement, source = proposal, "actor"
     unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)
