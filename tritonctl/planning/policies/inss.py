@@ -334,6 +334,9 @@ def default_policy_file(cluster: str) -> Path:
     return Path(str(resources.files("tritonctl.rl"))) / "policies" / f"{cluster}.pt"
 
 
+_LOADED: dict[tuple, Any] = {}  # the actor loaded last, by file (path, modification time, size)
+
+
 def load_trained(path: Path, cluster: str, models: list[str], devices: list[Device]) -> Trained:
     """The policy in `path`, refused unless trained for these models and devices."""
     from tritonctl.planning.policies.actor import TrainedActor  # torch loads only when a trained policy is used
@@ -344,10 +347,15 @@ def load_trained(path: Path, cluster: str, models: list[str], devices: list[Devi
             f"--latency-model MODEL.json --policy-file {path}` (see rl/README.md), or pass --policy-file",
             file=path,
         )
-    try:
-        actor = TrainedActor.load(path)
-    except Exception as exc:  # a torch file of another kind, truncated, or not one at all
-        raise TritonctlError(f"cannot load a trained policy ({type(exc).__name__}: {exc})", file=path) from None
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)  # a re-plan reuses the actor it loaded last
+    if key not in _LOADED:
+        try:
+            _LOADED.clear()
+            _LOADED[key] = TrainedActor.load(path)
+        except Exception as exc:  # a torch file of another kind, truncated, or not one at all
+            raise TritonctlError(f"cannot load a trained policy ({type(exc).__name__}: {exc})", file=path) from None
+    actor = _LOADED[key]
     layout = Layout.from_metadata(actor.metadata, path)
     why = layout.mismatch(models, devices)
     if why:
@@ -418,6 +426,8 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
             f"BDA fails on the current placement; {which}: {_served(mine):,.1f} requests/s within the SLOs "
             f"predicted (the current one {_served(theirs):,.1f})"
         )
+        if _served(mine) < _served(theirs):
+            why += "; level within search's tie margin, where search's tie-breaks favour the actor's"
         placement, source = proposal, "actor"
     unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)
     if unserved:
