@@ -310,7 +310,7 @@ def propose(
 def proposals(
     trained: Trained, current: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel
 ) -> list[Placement]:
-    """The actor's PROPOSALS placements: its greedy one first, then draws from its policy (distinct ones)."""
+    """Up to PROPOSALS distinct placements of the actor: its greedy one first, then draws from its policy."""
     obs = state(trained.layout, current, demands, devices, lm)
     mask = action_mask(trained.layout, demands, lm)
     out: list[Placement] = []
