@@ -123,7 +123,7 @@ class InssEnv(gym.Env):
 
     def step(self, action):
         demands = self.current_demands()
-        placement = decode(action, self.layout, demands)
+        placement = decode(action, self.layout, demands, self.devices)
         judged = Judge(demands, self.devices, self.lm)(placement)
         result = outcome(judged, demands, self.peak, self.config.penalty)
         units = {d.id: d.units for d in self.devices}

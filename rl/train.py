@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
-from tritonctl.planning.planner import demands_of, devices_of
+from tritonctl.planning.planner import demands_of, devices_of, reserve_for_requests
 from tritonctl.planning.policies import PlacementError
 from tritonctl.planning.policies.spread import spread
 from tritonctl.spec import Cluster
@@ -65,6 +65,8 @@ def make_env(cluster: Cluster, lm: LatencyModel, config: EnvConfig) -> InssEnv:
     missing = [m.name for m in cluster.spec.models if m.name not in lm.models]
     if missing:
         raise TritonctlError(f"models {missing} are not in the latency model: profile and fit them", file=cluster.path)
+    if cluster.kind == "cpu":  # the devices as the planner sees them at the cluster's rates
+        cluster = reserve_for_requests(cluster, lm, lambda _: None, None)
     demands, devices = demands_of(cluster, {}, lm), devices_of(cluster)
     try:  # episodes start from spread's placement: it must fit
         spread(demands, devices, lm)

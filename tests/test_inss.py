@@ -42,6 +42,7 @@ def cpus(*memory: int) -> list[Device]:
 
 
 DEMANDS = [Demand("alpha", 150, 120, 100), Demand("beta", 400, 40, 100)]
+TWO = cpus(4096, 4096)
 
 
 def test_env_passes_the_gymnasium_checker(lm):
@@ -90,10 +91,16 @@ def test_masks_forbid_devices_too_small_and_shares_below_the_profile(lm):
 
 def test_oversubscribed_devices_split_in_proportion_and_most_asking_for_turns_take_them():
     layout = Layout.of("test", DEMANDS, cpus(4096, 4096))
-    assert decode([0, 19, 0, 9], layout, DEMANDS) == {"alpha": Spot("cpu0", 66), "beta": Spot("cpu0", 33)}  # 100 + 50
-    assert decode([1, 20, 1, 9], layout, DEMANDS) == {"alpha": Spot("cpu1", TURNS), "beta": Spot("cpu1", TURNS)}
-    assert decode([0, 21, 0, 9], layout, DEMANDS)["alpha"] == Spot("cpu0", TURNS, 2)  # two instances of alpha
-    assert decode([0, 9, 1, 20], layout, DEMANDS) == {"alpha": Spot("cpu0", 50), "beta": Spot("cpu1", 100)}  # alone
+    assert decode([0, 19, 0, 9], layout, DEMANDS, TWO) == {
+        "alpha": Spot("cpu0", 66),
+        "beta": Spot("cpu0", 33),
+    }  # 100 + 50
+    assert decode([1, 20, 1, 9], layout, DEMANDS, TWO) == {"alpha": Spot("cpu1", TURNS), "beta": Spot("cpu1", TURNS)}
+    assert decode([0, 21, 0, 9], layout, DEMANDS, TWO)["alpha"] == Spot("cpu0", TURNS, 2)  # two instances of alpha
+    assert decode([0, 9, 1, 20], layout, DEMANDS, TWO) == {
+        "alpha": Spot("cpu0", 50),
+        "beta": Spot("cpu1", 100),
+    }  # alone
 
 
 def test_encoding_numbers_identical_devices_by_the_first_model_they_hold():
@@ -101,7 +108,7 @@ def test_encoding_numbers_identical_devices_by_the_first_model_they_hold():
     placement = {"alpha": Spot("cpu1", 45), "beta": Spot("cpu0", TURNS, 2)}
     assert encode(placement, layout).tolist() == [0, 8, 1, 21]
     renumbered = {"alpha": Spot("cpu0", 45), "beta": Spot("cpu1", TURNS, 2)}
-    assert decode(encode(placement, layout), layout, DEMANDS) == renumbered
+    assert decode(encode(placement, layout), layout, DEMANDS, TWO) == renumbered
     assert encode({"beta": Spot("cpu1", 100)}, layout).tolist() == [-1, -1, 0, 19]  # alpha left out
     big = Device(id="big", kind="cpu", index=1, memory_mb=8192, units=100, cores=2.0)
     mixed = Layout.of("test", DEMANDS, [*cpus(4096), big])  # not interchangeable: keep their numbers

@@ -333,13 +333,11 @@ def _work(demand: Demand, lm: LatencyModel | None) -> float:
 
 
 def replan_policy(cluster: Cluster, lm: LatencyModel | None) -> tuple[str, str]:
-    """The policy re-planning uses unless told: `inss` where a trained policy for this cluster ships and fits it
-    (at its rates, as the planner sees its devices), `search` otherwise; and why."""
+    """The policy re-planning uses unless told: `inss` where a trained policy for this cluster ships and fits it,
+    `search` otherwise; and why."""
     path = default_policy_file(cluster.spec.name)
     if lm is None or not path.is_file():
         return "search", f"no trained inss policy {path}"
-    if cluster.kind == "cpu":
-        cluster = reserve_for_requests(cluster, lm, lambda _: None, None)
     try:
         load_trained(path, cluster.spec.name, [m.name for m in cluster.spec.models], devices_of(cluster))
     except TritonctlError as exc:

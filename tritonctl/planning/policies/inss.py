@@ -136,12 +136,14 @@ class Layout:
         )
 
     def mismatch(self, models: list[str], devices: list[Device]) -> str | None:
-        """How a cluster with these models and devices differs from the one trained for, or None."""
-        wanted = tuple(Slot.of(d) for d in devices)
+        """How a cluster with these models and devices differs from the one trained for, or None. A device's units
+        and cores may be fewer than at training (the CPU the planner reserves for requests varies with the rates):
+        the actor's levels are parts of whatever a device has."""
         if tuple(models) != self.models:
             return f"it was trained for models {list(self.models)}, the cluster has {models}"
-        if wanted != self.devices:
-            return f"it was trained for devices {_show(self.devices)}, the cluster has {_show(wanted)}"
+        if tuple((d.id, d.memory_mb) for d in devices) != tuple((s.id, s.memory_mb) for s in self.devices):
+            here = tuple(map(Slot.of, devices))
+            return f"it was trained for devices {_show(self.devices)}, the cluster has {_show(here)}"
         return None
 
 
@@ -165,14 +167,15 @@ def action_mask(layout: Layout, demands: list[Demand], lm: LatencyModel) -> np.n
     return np.concatenate([np.array(p, bool) for p in parts])
 
 
-def decode(action, layout: Layout, demands: list[Demand]) -> Placement:
-    """The placement an action stands for, for the models in `demands` (see the module docstring)."""
+def decode(action, layout: Layout, demands: list[Demand], devices: list[Device]) -> Placement:
+    """The placement an action stands for on `devices` (those of `layout`, with the units they have now), for the
+    models in `demands` (see the module docstring)."""
     present = {d.name for d in demands}
     asked = {  # model -> (device index, placement head)
         name: (int(action[2 * i]), int(action[2 * i + 1])) for i, name in enumerate(layout.models) if name in present
     }
     placement: Placement = {}
-    for k, slot in enumerate(layout.devices):
+    for k, slot in enumerate(map(Slot.of, devices)):
         here = {n: head for n, (dev, head) in asked.items() if dev == k}
         if 2 * sum(head >= layout.levels for head in here.values()) >= len(here):
             copies = {
@@ -188,7 +191,7 @@ def decode(action, layout: Layout, demands: list[Demand]) -> Placement:
         if total > slot.units:
             units = {n: max(1, u * slot.units // total) for n, u in units.items()}
         placement.update({n: Spot(slot.id, u) for n, u in units.items()})
-    return normal({d.name: placement[d.name] for d in demands}, layout.devices)
+    return normal({d.name: placement[d.name] for d in demands}, devices)
 
 
 def encode(placement: Placement, layout: Layout) -> np.ndarray:
@@ -304,7 +307,7 @@ def propose(
 ) -> Placement:
     """The actor's greedy placement, `act(state, mask)`."""
     obs = state(layout, current, demands, devices, lm)
-    return decode(act(obs, action_mask(layout, demands, lm)), layout, demands)
+    return decode(act(obs, action_mask(layout, demands, lm)), layout, demands, devices)
 
 
 def proposals(
@@ -315,7 +318,7 @@ def proposals(
     mask = action_mask(trained.layout, demands, lm)
     out: list[Placement] = []
     for action in trained.actor.proposals(obs, mask, PROPOSALS):
-        placement = decode(action, trained.layout, demands)
+        placement = decode(action, trained.layout, demands, devices)
         if placement not in out:
             out.append(placement)
     return out
