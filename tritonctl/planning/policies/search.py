@@ -1,13 +1,14 @@
 """Local search over placements and shares, BDA inside: the scheduler the trained `inss` actor learns from.
 
 InSS decides placement and shares with a trained agent and batch sizes with BDA. This
-policy searches that space directly, widened by one choice per device: split it into shares (spatial sharing, MPS or
-CPU quotas) or let its models take turns with all of it (temporal sharing: on a GPU the duty
-cycles of `timesharing`; on a CPU every instance at once on the threads `shares.turn_threads`
-leaves it, without a quota that idles cores another instance could use). On a device whose
-share buys few distinct speeds taking turns can serve models that no split can; elsewhere
-splitting wins. Every plan of `spread` and `time-sharing`
-(without replicas) is a point of this space, and both are among the starting points.
+policy searches that space directly, widened by one choice per device: split it into
+shares (spatial sharing, MPS or CPU quotas) or let its models take turns with all of it
+(temporal sharing: on a GPU the duty cycles of `timesharing`; on a CPU every instance at
+once on the threads `shares.turn_threads` leaves it, without a quota that idles cores
+another instance could use). On a device whose share buys few distinct speeds taking turns
+can serve models that no split can; elsewhere splitting wins. Every plan of `spread` and
+`time-sharing` (without replicas) is a point of this space, and both are among the starting
+points.
 
 From the starts (LPT by work, spread, time-sharing, everything alone where it fits) it
 climbs, taking the best neighbour each round: move 5, 10 or 25 units of share between two
