@@ -283,6 +283,7 @@ class Judge:
         self.evaluations = 0
         self._judged: dict[tuple, Judged] = {}
         self._memo: dict[tuple, int] = {}
+        self._devices: dict[tuple, object] = {}  # BDA or the duty cycle of one device's models: devices do not interact
 
     def __call__(self, placement: Placement) -> Judged:
         key = tuple(sorted(placement.items()))
@@ -295,12 +296,22 @@ class Judge:
         demands, devices, lm, by_name = self.demands, self.devices, self.lm, self.by_name
         split = [d for d in demands if placement[d.name].share != TURNS]
         choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
-        decision = bda(choices, split, devices, lm)
-        batches = _partial(choices, decision.batches, decision.infeasible, split, devices, lm, self._memo)
+        found: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        for device in devices:  # BDA device by device (Algorithm 1 sizes a model beside its device's models only)
+            here = [d for d in split if choices[d.name].device == device.id]
+            key = ("bda", device.id, tuple((d.name, choices[d.name].share) for d in here))
+            if here and key not in self._devices:
+                self._devices[key] = bda({d.name: choices[d.name] for d in here}, here, devices, lm)
+            if here:
+                found.update(self._devices[key].batches)
+                failed.update(self._devices[key].infeasible)
+        infeasible = {d.name: failed[d.name] for d in split if d.name in failed}  # in model order, as BDA gives it
+        batches = _partial(choices, {d.name: found[d.name] for d in split}, infeasible, split, devices, lm, self._memo)
         # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
-        served = {d.name: d.rate for d in split if d.name not in decision.infeasible}
+        served = {d.name: d.rate for d in split if d.name not in infeasible}
         in_turn = dict(served)  # the same, with every request served in its turn (nothing rejected)
-        for name, reason in decision.infeasible.items():
+        for name, reason in infeasible.items():
             d = by_name[name]
             t = lm.t_inf(name, batches[name], choices[name].share, corunners(name, choices, batches))
             fits = reason != "memory"
@@ -312,7 +323,10 @@ class Judge:
                 (by_name[n], s.copies) for n, s in placement.items() if s.device == device.id and s.share == TURNS
             ]
             if members:
-                turns = turn_outcome(members, device, lm)
+                key = ("turns", device.id, tuple((d.name, copies) for d, copies in members))
+                if key not in self._devices:
+                    self._devices[key] = turn_outcome(members, device, lm)
+                turns = self._devices[key]
                 taking_turns[device.id] = (members, turns)
                 batches.update(turns.batches)
                 served.update(turns.served)
