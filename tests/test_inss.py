@@ -287,7 +287,7 @@ def test_imitation_fits_the_actor_to_search_and_reuses_its_demonstrations(tmp_pa
     out = inss(demands, devices, lm, trained, log=notes.append)  # spread's 50/50 fails alpha: the actor decides
     assert "the actor's placement" in notes[0]
     judge = Judge(demands, devices, lm)
-    placement = {n: Spot(c[0].device, TURNS if len(out) > 1 and c[0].turns else c[0].share) for n, c in out.items()}
+    placement = {n: Spot(c[0].device, TURNS if c[0].turns else c[0].share, len(c)) for n, c in out.items()}
     assert sum(judge(placement).served.values()) >= 0.99 * 310  # as much as search serves: every request
 
     def no_search(*_):

@@ -71,30 +71,24 @@ def batch_checks(
         every = np.arange(1, MAX_BATCH + 1)
         times = lm.t_infs(name, choice.share, others)
         p99, stable = p99s(demand.rate, times)
-        rows = zip(
-            every.tolist(),
-            (memory_at(demand, every, lm) > left).tolist(),
-            times.tolist(),
-            p99.tolist(),
-            stable.tolist(),
-            strict=True,
-        )
-        for batch, over, exec_ms, p99_ms, ok in rows:
-            if over:
-                yield batch, "memory", math.inf
-            else:
-                yield batch, ("rate" if not ok else "slo" if p99_ms > demand.slo_ms else None), exec_ms
-        return
-    for batch in sizes:
-        if memory_at(demand, batch, lm) > left:
+        over = memory_at(demand, every, lm) > left
+        rows = zip(every.tolist(), over.tolist(), times.tolist(), p99.tolist(), stable.tolist(), strict=True)
+    else:
+        rows = (_one(name, b, choice.share, others, demand, left, lm) for b in sizes)
+    for batch, over, exec_ms, p99_ms, stable in rows:
+        if over:
             yield batch, "memory", math.inf
-            continue
-        exec_ms = lm.t_inf(name, batch, choice.share, others)
-        task = task_latency(demand.rate, batch, exec_ms)
-        if not task.stable:  # batches of this size serve fewer requests per second than arrive
-            yield batch, "rate", exec_ms
-        else:
-            yield batch, ("slo" if task.p99_ms > demand.slo_ms else None), exec_ms
+        else:  # unstable: batches of this size serve fewer requests per second than arrive
+            yield batch, ("rate" if not stable else "slo" if p99_ms > demand.slo_ms else None), exec_ms
+
+
+def _one(name, batch, share, others, demand, left, lm) -> tuple[int, bool, float, float, bool]:
+    """One batch size as `batch_checks` reads it: (batch, over memory, batch time, p99, stable)."""
+    if memory_at(demand, batch, lm) > left:
+        return batch, True, math.inf, math.inf, False
+    exec_ms = lm.t_inf(name, batch, share, others)
+    task = task_latency(demand.rate, batch, exec_ms)
+    return batch, False, exec_ms, task.p99_ms, task.stable
 
 
 def bda(placement: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel) -> BatchDecision:

@@ -300,12 +300,13 @@ class Judge:
         failed: dict[str, str] = {}
         for device in devices:  # BDA device by device (Algorithm 1 sizes a model beside its device's models only)
             here = [d for d in split if choices[d.name].device == device.id]
+            if not here:
+                continue
             key = ("bda", device.id, tuple((d.name, choices[d.name].share) for d in here))
-            if here and key not in self._devices:
+            if key not in self._devices:
                 self._devices[key] = bda({d.name: choices[d.name] for d in here}, here, devices, lm)
-            if here:
-                found.update(self._devices[key].batches)
-                failed.update(self._devices[key].infeasible)
+            found.update(self._devices[key].batches)
+            failed.update(self._devices[key].infeasible)
         infeasible = {d.name: failed[d.name] for d in split if d.name in failed}  # in model order, as BDA gives it
         batches = _partial(choices, {d.name: found[d.name] for d in split}, infeasible, split, devices, lm, self._memo)
         # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
