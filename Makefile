@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYVER := $(shell $(PYTHON) -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 
-.PHONY: install demo test down clean
+.PHONY: install demo test down clean gpu-pack
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,20 @@ down: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# What travels to a GPU host without network (bench/gpu_triton.sh): the trimmed Triton for its Python, the wheels
+# tritonctl needs beyond what such a host has (PyTorch, numpy, grpcio, ...), and HAProxy with its Lua library.
+GPU_PYTHON ?= 3.12
+GPU_WHEELS := tritonclient==2.73.0 python-rapidjson pydantic==2.14.4 pydantic-core==2.50.5 annotated-types \
+	typing-inspection highspy
+gpu-pack: $(STAMP)
+	mkdir -p .gpu/whl .gpu/deb
+	$(BIN)/tritonctl bundle --python $(GPU_PYTHON) -o .gpu/triton.tar.xz
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .gpu/whl $(GPU_WHEELS)
+	cd .gpu/deb && apt-get download haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1
+	du -sh .gpu
 
 clean:
 	rm -rf $(VENV) model_repository/cpu-demo model_repository/inss-gpu .tritonctl

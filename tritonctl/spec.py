@@ -166,6 +166,11 @@ class RuntimeSpec(_Strict):
     # instance gets at least its share when every instance is busy, and idle cores when others are not), or
     # `quota`, a CFS quota of exactly the share (never more, even on an idle machine; what profiles measure).
     cpu_share: Literal["quota", "weight"] = "quota"
+    # What serves a GPU instance: Triton's `onnxruntime` backend over the exported file (the NGC images that Compose
+    # and Kubernetes deployments run), or the `python` backend with tritonctl's GPU glue (PyTorch CUDA graphs, or
+    # onnxruntime-gpu), for a Triton with only the Python backend. The local runtime picks `python` itself where its
+    # tritonserver has no onnxruntime backend.
+    gpu_backend: Literal["onnxruntime", "python"] = "onnxruntime"
 
     def folders(self) -> dict[str, str]:
         """The folders tritonctl writes into, by field name."""

@@ -178,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="latency model file (default: latency-model.json in the profile folder)")
     p.add_argument("-o", "--output", type=_output_folder, help="report folder (default: report/ in the profile folder)")
     add("policies", "planning.cmd_policies", "list the placement policies")
+    p = add(
+        "bundle",
+        "deploy.cmd_bundle",
+        "write the trimmed Triton (tritonserver, Python backend, perf_analyzer and the libraries they link) as one "
+        ".tar.xz for a host without the nvidia-pytriton wheel",
+    )
+    p.add_argument("-o", "--output", required=True, type=_output_file, help="the archive to write (.tar.xz)")
+    p.add_argument(
+        "--python",
+        default=f"{sys.version_info.major}.{sys.version_info.minor}",
+        help="the target host's Python version, whose backend stub goes in (default: this one's)",
+    )
     p = add("render", "deploy.cmd_render", "render a plan into per-instance Triton model repositories")
     p.add_argument("plan", help="plan.yaml")
     p.add_argument(

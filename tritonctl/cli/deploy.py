@@ -16,7 +16,6 @@ from tritonctl.deploy import share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count, write_compose
-from tritonctl.deploy.kubernetes import KubernetesRuntime
 from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
@@ -28,9 +27,21 @@ from tritonctl.planning.plan import LoadedPlan, load_plan
 from tritonctl.planning.planner import replan_policy
 from tritonctl.planning.policies import POLICIES
 from tritonctl.spec import load_cluster
+from tritonctl.triton.bundle import bundle
 from tritonctl.triton.client import endpoints, format_results, run_load
 from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from tritonctl.triton.render import render
+
+
+def cmd_bundle(args) -> int:
+    say(f"trimming nvidia-pytriton's Triton for Python {args.python} into {args.output} (xz: about a minute) ...")
+    made = bundle(Path(args.output), args.python)
+    say(
+        f"wrote {made.path}: {len(made.files)} files, {made.unpacked_bytes / 2**20:.0f} MiB unpacked, "
+        f"{made.path.stat().st_size / 2**20:.0f} MiB packed; on the target: tar -xJf {made.path.name}, then put "
+        f"tritonserver/bin on PATH and set TRITONCTL_PERF_ANALYZER=<folder>/tritonserver/bin/perf_analyzer"
+    )
+    return 0
 
 
 def cmd_render(args) -> int:
@@ -93,7 +104,7 @@ def _apply(
             file=loaded.path,
         )
     runtime = runtime_for(loaded, runtime_name, compose_dir, say, dry_run, namespace=namespace)
-    if isinstance(runtime, KubernetesRuntime):
+    if runtime.name == "kubernetes":
         say(f"applying {loaded.path} through the Kubernetes API in namespace {runtime.api.namespace}")
         repositories = loaded.resolve(loaded.plan.runtime.repository_dir)
         say(f"  the instances read their repositories from the claim tritonctl-models: copy {repositories} there")

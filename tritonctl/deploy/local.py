@@ -24,7 +24,7 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from tritonctl.deploy import share
+from tritonctl.deploy import mps, share
 from tritonctl.deploy.proxy import (
     ProxyApi,
     Routes,
@@ -170,15 +170,25 @@ class LocalRuntime:
     rehearses = False
 
     def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
-        """The plan as it is (the instances run from its own repositories), once HAProxy is known to be there."""
+        """The plan (the instances run from its own repositories), once HAProxy is known to be there. A GPU plan:
+        served by the Python-backend GPU glue where this tritonserver has no onnxruntime backend, and its MPS
+        control daemon running (started or adopted) unless only rehearsed (`write` False)."""
         one_host(loaded, self.name)
         haproxy_binary()
+        if loaded.plan.target != "gpu":
+            return loaded
+        if self.binary is not None and "onnxruntime" not in self.binary.backends():
+            runtime = loaded.plan.runtime.model_copy(update={"gpu_backend": "python"})
+            loaded = LoadedPlan(loaded.plan.model_copy(update={"runtime": runtime}), loaded.path)
+        if write:
+            self.mps = mps.ensure(self.state_dir)
         return loaded
 
     def __init__(self, binary: TritonBinary | None, state_dir: Path):
         """`binary` may be None for a runtime that only probes and stops instances."""
         self.binary = binary
         self.state_dir = state_dir.absolute()  # HAProxy reads a relative socket path as host:port
+        self.mps = mps.Daemon(self.state_dir)  # a GPU deployment's MPS daemon (`prepare` starts it)
 
     @cached_property
     def control_key(self) -> str:
@@ -236,6 +246,8 @@ class LocalRuntime:
         log_dir.mkdir(parents=True, exist_ok=True)
         log = log_dir / f"{uid}.log"
         env = {**os.environ, **self.binary.env, **launch.env}
+        if launch.kind == "gpu":
+            env.update(self.mps.env)
         try:
             with log.open("wb") as log_fh:
                 proc = subprocess.Popen(
@@ -471,9 +483,11 @@ class LocalRuntime:
                     kill(rec["pid"], signal.SIGKILL)
 
     def shutdown(self) -> None:
-        """Stop HAProxy (after `down` closed every route): SIGTERM, SIGKILL to its group after 5 s."""
+        """Stop HAProxy (after `down` closed every route): SIGTERM, SIGKILL to its group after 5 s; then the MPS
+        daemon if this deployment started it."""
         rec = self._proxy_record()
         if rec is not None:
             self._stop_proxy(rec)
         for name in (PROXY_FILE, ROUTES_FILE, PROXY_CONFIG, PROXY_SOCKET):
             (self.state_dir / name).unlink(missing_ok=True)
+        mps.release(self.state_dir)

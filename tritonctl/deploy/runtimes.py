@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from tritonctl.deploy import mps
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count
-from tritonctl.deploy.kubernetes import KubernetesRuntime, connect
 from tritonctl.deploy.local import LocalRuntime
 from tritonctl.deploy.runtime import Runtime
-from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import LoadedPlan
 from tritonctl.triton.binary import find_tritonserver
 
@@ -26,9 +25,11 @@ def runtime_for(
     namespace: str = "tritonctl",
 ) -> Runtime:
     """The runtime `name` ("local", "compose" or "kubernetes", in `namespace`) for the plan; `starts`: it will
-    start instances (the local one then needs tritonserver, and refuses a GPU plan); `log` takes the Compose
-    runner's command lines and the Kubernetes calls of a dry run."""
+    start instances (the local one then needs tritonserver, and for a GPU plan the GPUs and MPS); `log` takes the
+    Compose runner's command lines and the Kubernetes calls of a dry run."""
     if name == "kubernetes":
+        from tritonctl.deploy.kubernetes import KubernetesRuntime, connect  # the kubernetes client loads only here
+
         return KubernetesRuntime(connect(namespace, dry_run, log), loaded.state_dir)
     if name == "compose":
         folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
@@ -36,10 +37,5 @@ def runtime_for(
     if not starts:
         return LocalRuntime(None, loaded.state_dir)
     if loaded.plan.target == "gpu":
-        raise TritonctlError(
-            "this plan targets GPUs; the local runtime runs CPU plans (on a GPU host: render it with "
-            "--target compose and use --runtime compose)",
-            file=loaded.path,
-            field="target",
-        )
+        mps.check_host(host_gpu_count(), 1 + max(d.index for d in loaded.plan.devices))
     return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)

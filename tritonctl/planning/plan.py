@@ -106,6 +106,9 @@ class PlannedModel(_Strict):
     name: Name
     onnx: PathText
     onnx_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]
+    # The torchvision architecture the ONNX file was exported from (None for a model given as an .onnx file): the
+    # GPU glue builds it with PyTorch where Triton has no GPU backend for ONNX.
+    source: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")] | None = None
     inputs: list[Tensor] = Field(min_length=1, max_length=64)
     outputs: list[Tensor] = Field(min_length=1, max_length=64)
     memory_mb: MemoryMb
@@ -140,6 +143,7 @@ class RuntimeSettings(_Strict):
     startup_timeout_s: TimeoutS = 120.0
     reject_late: bool = False  # a CPU instance refuses a request that can no longer meet its SLO (the model's glue)
     cpu_share: Literal["quota", "weight"] = "quota"  # how a CPU share is enforced (see the cluster file's runtime)
+    gpu_backend: Literal["onnxruntime", "python"] = "onnxruntime"  # what serves a GPU instance (the same)
 
 
 class Plan(_Strict):

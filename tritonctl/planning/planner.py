@@ -428,6 +428,7 @@ def make_plan(
                 name=model.name,
                 onnx=relative_to(artifact.path, base),
                 onnx_sha256=artifact.sha256,
+                source=None if model.is_onnx_file else model.source,
                 inputs=[Tensor(name=t.name, dtype=t.dtype, shape=list(t.shape)) for t in artifact.inputs],
                 outputs=[Tensor(name=t.name, dtype=t.dtype, shape=list(t.shape)) for t in artifact.outputs],
                 memory_mb=demand.memory_mb,
@@ -480,6 +481,7 @@ def make_plan(
             startup_timeout_s=runtime.startup_timeout_s,
             reject_late=runtime.reject_late,
             cpu_share=runtime.cpu_share,
+            gpu_backend=runtime.gpu_backend,
         ),
     )
 

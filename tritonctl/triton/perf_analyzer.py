@@ -53,7 +53,8 @@ class PerfAnalyzer:
     env: dict[str, str]
 
 
-def _binary() -> Path:
+def perf_analyzer_binary() -> Path:
+    """TRITONCTL_PERF_ANALYZER, else the one `make install` puts in the environment, else one on PATH."""
     configured = os.environ.get("TRITONCTL_PERF_ANALYZER")
     candidates = (
         [configured]
@@ -70,8 +71,12 @@ def _binary() -> Path:
     raise TritonctlError(f"perf_analyzer: {where}; {INSTALL_HINT}")
 
 
-def _lib_dir() -> Path | None:
-    """A folder of plain-named links to the libraries perf_analyzer links, from nvidia-pytriton's bundle."""
+def _lib_dir(binary: Path) -> Path | None:
+    """A folder of plain-named links to the libraries perf_analyzer links: the trimmed Triton's lib/ beside the
+    binary's bin/ (tritonctl bundle), else one made from nvidia-pytriton's bundle."""
+    beside = binary.resolve().parent.parent / "lib"
+    if all((beside / name).exists() for name in LIBS):
+        return beside
     try:
         import pytriton
     except ImportError:
@@ -90,8 +95,8 @@ def _lib_dir() -> Path | None:
 
 def find_perf_analyzer() -> PerfAnalyzer:
     """perf_analyzer, checked to start here (its libraries found), or a clear error saying what to install."""
-    binary = _binary()
-    libs = _lib_dir()
+    binary = perf_analyzer_binary()
+    libs = _lib_dir(binary)
     ld_path = os.pathsep.join(p for p in (str(libs) if libs else "", os.environ.get("LD_LIBRARY_PATH", "")) if p)
     env = {"LD_LIBRARY_PATH": ld_path}
     try:

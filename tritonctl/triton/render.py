@@ -5,7 +5,8 @@ Layout, under the plan's repository_dir:
     <instance>/launch.json                 the instance's share and ports (read by runtimes)
     <instance>/models/<model>/config.pbtxt
     <instance>/models/<model>/1/model.onnx (a hard link to the exported file where possible)
-    <instance>/models/<model>/1/model.py   (CPU target: Python-backend glue over onnxruntime)
+    <instance>/models/<model>/1/model.py   (Python-backend glue: onnxruntime on the CPU; PyTorch CUDA graphs or
+                                            onnxruntime-gpu on a GPU)
 
 Rendering is deterministic: the same plan gives the same bytes.
 """
@@ -57,10 +58,13 @@ class Launch:
     process_hash: str  # what the process is started with: a change needs a new process (a swap)
 
 
+GLUE = {"cpu": "python_onnx_model.py", "gpu": "python_torch_gpu_model.py"}  # each device kind's model.py
+
+
 @functools.cache
-def python_glue() -> str:
-    """The Python-backend model.py of CPU instances, read once."""
-    return (resources.files("tritonctl.templates") / "python_onnx_model.py").read_text()
+def python_glue(kind: str = "cpu") -> str:
+    """The Python-backend model.py of instances on a device of `kind`, read once."""
+    return (resources.files("tritonctl.templates") / GLUE[kind]).read_text()
 
 
 def render_config(
@@ -70,13 +74,14 @@ def render_config(
     device: Device,
     reject_late: bool = False,
     threads: int | None = None,
+    gpu_backend: str = "onnxruntime",
 ) -> str:
     """The instance's config.pbtxt, built as Triton's ModelConfig message and written by protobuf (so
     every name is escaped and no field can be misspelled). `threads`: a CPU instance's onnxruntime
-    threads where not those of its share (instances taking turns)."""
+    threads where not those of its share (instances taking turns); `gpu_backend`: what serves a GPU instance."""
     config = mc.ModelConfig(
         name=model.name,
-        backend="onnxruntime" if device.kind == "gpu" else "python",
+        backend=gpu_backend if device.kind == "gpu" else "python",
         max_batch_size=placement.batch,
     )
     for tensors, tensor_list in ((model.inputs, config.input), (model.outputs, config.output)):
@@ -88,7 +93,9 @@ def render_config(
     group = config.instance_group.add(count=1)
     if device.kind == "gpu":
         group.kind = mc.ModelInstanceGroup.KIND_GPU
-        group.gpus.append(0)
+        group.gpus.append(0)  # the one GPU CUDA_VISIBLE_DEVICES leaves the instance
+        if gpu_backend == "python" and model.source:  # the glue builds it with PyTorch (python_torch_gpu_model.py)
+            config.parameters["torchvision_source"].string_value = model.source
     else:
         group.kind = mc.ModelInstanceGroup.KIND_CPU
         config.parameters["intra_op_threads"].string_value = str(threads or threads_for(device, placement.share))
@@ -121,6 +128,7 @@ def launch_for(
     config: str,
     cpu_share: str = "quota",
     threads: int | None = None,
+    gpu_backend: str = "onnxruntime",
 ) -> Launch:
     env: dict[str, str] = {}
     quota = period = weight = None
@@ -146,7 +154,12 @@ def launch_for(
     # What the process is started with. Batch size, queue delay and refusing late requests are left out (the
     # config rendered at batch 1, without delay or refusal): Triton reloads a model with them changed in place.
     batchless = render_config(
-        cluster, model, placement.model_copy(update={"batch": 1, "queue_delay_us": 0}), device, threads=threads
+        cluster,
+        model,
+        placement.model_copy(update={"batch": 1, "queue_delay_us": 0}),
+        device,
+        threads=threads,
+        gpu_backend=gpu_backend,
     )
     process = [batchless, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period]
     if weight is not None:
@@ -195,18 +208,19 @@ def render_instance(
     reject_late: bool = False,
     cpu_share: str = "quota",
     threads: int | None = None,
+    gpu_backend: str = "onnxruntime",
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
-    config = render_config(cluster, model, placement, device, reject_late, threads)
-    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads)
+    config = render_config(cluster, model, placement, device, reject_late, threads, gpu_backend)
+    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / MODEL_VERSION
     version_dir.mkdir(parents=True, exist_ok=True)
     _write(folder / "models" / model.name / "config.pbtxt", config)
     place_file(onnx_path, version_dir / "model.onnx")
-    if device.kind == "cpu":
-        _write(version_dir / "model.py", python_glue())
+    if device.kind == "cpu" or gpu_backend == "python":
+        _write(version_dir / "model.py", python_glue(device.kind))
     _write(folder / "launch.json", json.dumps(launch.__dict__, indent=2, sort_keys=True) + "\n")
     return launch
 
@@ -260,6 +274,7 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
             reject_late,
             plan.runtime.cpu_share,
             threads,
+            plan.runtime.gpu_backend,
         )
 
     reject_late = plan.runtime.reject_late
