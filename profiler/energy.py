@@ -50,8 +50,7 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
     torch.backends.cudnn.allow_tf32 = True
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    graphs = {}
-    pool = torch.cuda.graph_pool_handle()
+    graphs = {}  # (model, batch) -> (graph, static input, static output): the tensors live as long as the graph
     with torch.inference_mode():
         for name in models:
             torch.manual_seed(0)
@@ -62,14 +61,14 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
                     module(static_in)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    module(static_in)
-                graphs[name, b] = graph
+                with torch.cuda.graph(graph):
+                    static_out = module(static_in)
+                graphs[name, b] = (graph, static_in, static_out)
     rows = []
     try:
         for clock in clocks:
             locked = lock_clock(clock)
-            for (name, b), graph in graphs.items():
+            for (name, b), (graph, _, _) in graphs.items():
                 for _ in range(5):
                     graph.replay()
                 torch.cuda.synchronize()
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="resnet50,mobilenet_v2,efficientnet_b0", help="torchvision architectures")
     parser.add_argument("--batches", default="1,4,16,32")
     parser.add_argument("--clocks", default="1980,1590,1200,900", help="SM clocks to lock, MHz")
-    parser.add_argument("--seconds", type=float, default=0.6, help="replay time per point")
+    parser.add_argument("--seconds", type=float, default=1.0, help="replay time per point")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args(argv)
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
