@@ -57,9 +57,12 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
             module = torchvision.models.get_model(name, weights=None).eval().cuda()
             for b in batches:
                 static_in = torch.zeros((b, 3, 224, 224), device="cuda")
-                for _ in range(3):
-                    module(static_in)
-                torch.cuda.synchronize()
+                side = torch.cuda.Stream()  # warm-up off the capture's stream, as CUDA graph capture requires
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        module(static_in)
+                torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     static_out = module(static_in)
