@@ -72,6 +72,7 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
         for clock in clocks:
             locked = lock_clock(clock)
             for (name, b), (graph, _, _) in graphs.items():
+                torch.cuda.synchronize()
                 for _ in range(5):
                     graph.replay()
                 torch.cuda.synchronize()
