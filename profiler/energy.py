@@ -50,7 +50,8 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
     torch.backends.cudnn.allow_tf32 = True
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    graphs = {}  # (model, batch) -> (graph, static input, static output): the tensors live as long as the graph
+    # (model, batch) -> (graph, static input, static output, module): what a graph reads lives as long as it does
+    graphs = {}
     with torch.inference_mode():
         for name in models:
             torch.manual_seed(0)
@@ -66,12 +67,12 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     static_out = module(static_in)
-                graphs[name, b] = (graph, static_in, static_out)
+                graphs[name, b] = (graph, static_in, static_out, module)
     rows = []
     try:
         for clock in clocks:
             locked = lock_clock(clock)
-            for (name, b), (graph, _, _) in graphs.items():
+            for (name, b), (graph, *_) in graphs.items():
                 torch.cuda.synchronize()
                 for _ in range(5):
                     graph.replay()

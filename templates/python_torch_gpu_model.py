@@ -34,6 +34,7 @@ class TorchGraphs:
         self.torch = torch
         torch.manual_seed(SEED)
         module = torchvision.models.get_model(source, weights=None).eval().cuda()
+        self.module = module  # the graphs read its weights: they must outlive the capture
         pool = torch.cuda.graph_pool_handle()  # graphs replay one at a time: they share one memory pool
         self.graphs = {}
         with torch.inference_mode():
