@@ -37,7 +37,7 @@ down: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-# What travels to a GPU host without network (bench/gpu_triton.sh): the trimmed Triton for its Python, the wheels
+# What travels to a GPU host without network (bench/gpu_host.sh): the trimmed Triton for its Python, the wheels
 # tritonctl needs beyond what such a host has (PyTorch, numpy, grpcio, ...), and HAProxy with its Lua library.
 GPU_PYTHON ?= 3.12
 GPU_WHEELS := tritonclient==2.73.0 python-rapidjson pydantic==2.14.4 pydantic-core==2.50.5 annotated-types \

@@ -1,6 +1,6 @@
 """The product's own path on a GPU host: export, plan, apply (real Triton under MPS), load, swap, profile, energy.
 
-    bash bench/gpu_triton.sh OUT        # on the GPU host: unpacks what travels, then runs this
+    bash bench/gpu_host.sh gpu_triton.py OUT     # on the GPU host: unpacks what travels, then runs this
 
 Stages, each timed and written to OUT as it ends (a stage that fails is recorded and the next runs):
 1. export + plan examples/gpu-one (search, with the H100 stand-in latency model profiles/inss-gpu);

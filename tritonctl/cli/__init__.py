@@ -147,7 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="devices: plan on the fewest of the cluster's devices that serve every model within its SLO, and say "
         "which (needs --latency-model; fails, saying why, where not even all of them do)",
     )
+    p.add_argument(
+        "--objective",
+        choices=["throughput", "energy"],
+        default="throughput",
+        help="throughput: the policy's plan (default); energy (GPU clusters, EAIS): then the SM clock and batch sizes "
+        "that serve every model within its SLO with the fewest joules, the clock locked at apply "
+        "(needs --latency-model and --energy-model)",
+    )
+    p.add_argument("--energy-model", help="energy: batch time and energy per image over batch x clock (fit-energy)")
     add_margin(p)
+    p = add(
+        "fit-energy",
+        "measure.cmd_fit_energy",
+        "fit EAIS's curves (time and energy per image over batch size x SM clock) to an energy sweep's CSV "
+        "(python3 -m tritonctl.profiler.energy on the GPU host)",
+    )
+    p.add_argument("sweep", help="the sweep's CSV")
+    p.add_argument("-o", "--output", required=True, type=_output_file, help="the energy model to write (.json)")
+    p.add_argument("--plot", help="also draw the measurements against the fitted curves (.png)")
     p = add(
         "calibrate",
         "measure.cmd_calibrate",

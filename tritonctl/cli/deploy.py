@@ -16,6 +16,7 @@ from tritonctl.deploy import share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count, write_compose
+from tritonctl.deploy.gpu import energy_mj
 from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
@@ -258,17 +259,30 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
         f"sending Poisson traffic with {tool} for {duration:.0f} s at {rate_scale:g} x the planned rates "
         f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ..."
     )
+    gpus = [d.index for d in loaded.plan.devices if d.kind == "gpu"]
+    before = energy_mj(gpus) if gpus else None
     if pa is not None:
         results = run_perf_analyzer(pa, targets, duration, rate_scale, loaded.state_dir / "perf_analyzer")
     else:
         results = run_load(targets, duration, rate_scale)
+    after = energy_mj(gpus) if before is not None else None
+    answered = sum(r.ok for r in results)
+    joules = None if after is None else (after - before) / 1000
     if output.JSON:
-        emit({"tool": tool, "rate_scale": rate_scale, "models": [r.summary() for r in results]})
+        energy = (
+            {} if joules is None else {"gpu_joules": round(joules, 2), "joules_per_request": joules / max(answered, 1)}
+        )
+        emit({"tool": tool, "rate_scale": rate_scale, "models": [r.summary() for r in results], **energy})
     else:
         say(format_results(results))
         for r in results:
             if r.errors:
                 say(f"  {r.model}: first error: {r.errors[0]}")
+        if joules is not None:
+            say(
+                f"GPU energy (NVML, all the GPUs' work while the load ran): {joules:.0f} J over {answered} answered "
+                f"requests, {1000 * joules / max(answered, 1):.1f} mJ/request"
+            )
     return 0 if all(r.ok > 0 for r in results) else 1
 
 

@@ -1,4 +1,4 @@
-"""Verbs that measure models and fit their latency: export, profile, fit, report, calibrate."""
+"""Verbs that measure models and fit their latency and energy: export, profile, fit, fit-energy, report, calibrate."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tritonctl.cli.output import say
 from tritonctl.export import materialize
+from tritonctl.latency import energy
 from tritonctl.latency.dataset import load_dataset
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.fit import fit_latency_model
@@ -84,6 +85,25 @@ def cmd_fit(args) -> int:
     say(f"latency model written to {out}")
     if args.report:
         _report(dataset, out, dataset.folder / "report")
+    return 0
+
+
+def cmd_fit_energy(args) -> int:
+    sweep = Path(args.sweep)
+    samples = energy.read_samples(sweep)
+    say(f"fitting {sweep} ({len(samples)} measurements; EAIS: over the clock per batch size, then over the batch) ...")
+    model = energy.fit(samples, meta={"sweep": str(sweep)})
+    energy.save(model, Path(args.output))
+    say(f"energy model written to {args.output}: clocks {model.clocks[0]}-{model.clocks[-1]} MHz, batch 1-32")
+    for name, err in model.errors.items():
+        if err:
+            say(
+                f"  {name:18} leaving a clock out: time median {err['time_median_pct']}% / p95 {err['time_p95_pct']}%, "
+                f"energy median {err['energy_median_pct']}% / p95 {err['energy_p95_pct']}%"
+            )
+    if args.plot:
+        energy.plot(model, samples, Path(args.plot))
+        say(f"figure written to {args.plot}")
     return 0
 
 

@@ -12,6 +12,8 @@ from tritonctl.deploy.apply import predicted_misses
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.files import load_yaml
+from tritonctl.latency.energy import clocked
+from tritonctl.latency.energy import load as load_energy_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.compare import (
     format_rows,
@@ -23,7 +25,14 @@ from tritonctl.planning.compare import (
     write_bench,
 )
 from tritonctl.planning.plan import Plan, PlannedModel, load_plan, save_plan
-from tritonctl.planning.planner import HEADROOM, check_latency_model, fewest_devices, make_plan, predicted_load
+from tritonctl.planning.planner import (
+    HEADROOM,
+    check_latency_model,
+    fewest_devices,
+    make_plan,
+    predicted_load,
+    sources_of,
+)
 from tritonctl.planning.policies import POLICIES
 from tritonctl.planning.policies.inss import default_policy_file
 from tritonctl.planning.simulate import format_sim, read_trace, simulate, simulated_misses, with_simulation
@@ -39,6 +48,7 @@ def _plan(
     policy_file: str | None = None,
     margin: float = 0.0,
     minimise: str | None = None,
+    energy_model: str | None = None,
 ) -> Path:
     cluster = cluster_arg if isinstance(cluster_arg, Cluster) else load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
@@ -52,12 +62,16 @@ def _plan(
     elif margin:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     trained = Path(policy_file) if policy_file else None
+    energy = load_energy_model(energy_model) if energy_model else None
     if minimise:  # "devices", the one objective offered
         plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained)
     else:
-        plan = make_plan(cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained)
+        plan = make_plan(
+            cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained, energy=energy
+        )
     if lm is not None:
-        plan = with_simulation(plan, lm)
+        clock = plan.devices[0].clock_mhz
+        plan = with_simulation(plan, lm if clock is None else clocked(lm, energy, clock, sources_of(cluster)))
     save_plan(plan, out)
     say(f"plan ({policy}) written to {out}")
     for model, placement in plan.instances():
@@ -71,6 +85,8 @@ def _plan(
             p99 = f"{pred.latency_ms:.1f} ms" if pred.latency_ms is not None else "overloaded"
             line += f"  batch {pred.exec_ms:.1f} ms, p99 {p99}, simulated {_simulated(model)} (SLO {model.slo_ms:g})"
             line += f", max {pred.throughput_rps:.0f}/s"
+            if pred.joules_per_request is not None:
+                line += f", {1000 * pred.joules_per_request:.1f} mJ/request at {device.clock_mhz} MHz"
         say(line)
     for model in simulated_misses(plan):
         if all(p.predicted.meets_slo for p in model.placements):
@@ -102,10 +118,20 @@ def cmd_plan(args) -> int:
             "--minimise devices needs a latency model: without one nothing says which devices are enough",
             field="--latency-model",
         )
+    if (args.objective == "energy") != bool(args.energy_model):
+        raise TritonctlError(
+            "--objective energy and --energy-model go together (tritonctl fit-energy writes an energy model)",
+            field="--energy-model",
+        )
+    if args.objective == "energy" and (args.minimise or not args.latency_model):
+        raise TritonctlError(
+            "--objective energy needs a latency model and plans the devices it is given (no --minimise)",
+            field="--objective",
+        )
     policy = args.policy or ("search" if args.latency_model else "spread")
     out = _plan(
         args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin,
-        args.minimise,
+        args.minimise, args.energy_model,
     )  # fmt: skip
     if output.JSON:
         emit({"path": str(out), "plan": load_plan(out).plan.model_dump(mode="json")})

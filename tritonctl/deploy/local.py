@@ -25,6 +25,7 @@ from functools import cached_property
 from pathlib import Path
 
 from tritonctl.deploy import mps, share
+from tritonctl.deploy.gpu import lock_clocks, release_clocks
 from tritonctl.deploy.proxy import (
     ProxyApi,
     Routes,
@@ -171,8 +172,9 @@ class LocalRuntime:
 
     def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
         """The plan (the instances run from its own repositories), once HAProxy is known to be there. A GPU plan:
-        served by the Python-backend GPU glue where this tritonserver has no onnxruntime backend, and its MPS
-        control daemon running (started or adopted) unless only rehearsed (`write` False)."""
+        served by the Python-backend GPU glue where this tritonserver has no onnxruntime backend; unless only
+        rehearsed (`write` False), its SM clocks locked where it sets them and its MPS control daemon running
+        (started or adopted)."""
         one_host(loaded, self.name)
         haproxy_binary()
         if loaded.plan.target != "gpu":
@@ -181,6 +183,7 @@ class LocalRuntime:
             runtime = loaded.plan.runtime.model_copy(update={"gpu_backend": "python"})
             loaded = LoadedPlan(loaded.plan.model_copy(update={"runtime": runtime}), loaded.path)
         if write:
+            lock_clocks(self.state_dir, loaded.plan.devices)  # the energy objective's clocks, before any start
             self.mps = mps.ensure(self.state_dir)
         return loaded
 
@@ -484,10 +487,11 @@ class LocalRuntime:
 
     def shutdown(self) -> None:
         """Stop HAProxy (after `down` closed every route): SIGTERM, SIGKILL to its group after 5 s; then the MPS
-        daemon if this deployment started it."""
+        daemon if this deployment started it, and reset the GPU clocks it locked."""
         rec = self._proxy_record()
         if rec is not None:
             self._stop_proxy(rec)
         for name in (PROXY_FILE, ROUTES_FILE, PROXY_CONFIG, PROXY_SOCKET):
             (self.state_dir / name).unlink(missing_ok=True)
         mps.release(self.state_dir)
+        release_clocks(self.state_dir)

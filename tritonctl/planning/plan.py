@@ -59,6 +59,8 @@ class Device(_Strict):
     units: Annotated[int, Field(ge=1, le=1000)]
     cores: Annotated[float, Field(gt=0, le=4096)] | None = None
     node: Name | None = None  # the machine it is on, where the cluster spans several (`index` counts per node)
+    # A GPU's SM clock locked for the deployment (the energy objective's choice; None: the driver's own)
+    clock_mhz: Annotated[int, Field(ge=100, le=5000)] | None = None
 
 
 class Tensor(_Strict):
@@ -84,6 +86,7 @@ class Prediction(_Strict):
     throughput_rps: Number
     meets_slo: bool
     in_slo_rps: Number | None = None
+    joules_per_request: Number | None = None  # the energy objective's estimate (GPU energy per image)
 
 
 class Placement(_Strict):
@@ -156,6 +159,7 @@ class Plan(_Strict):
     cluster: Name
     cluster_file: PathText
     policy: Name
+    objective: Literal["throughput", "energy"] = "throughput"
     target: Literal["gpu", "cpu"]
     sharing: Literal["spatial", "temporal"] = "spatial"
     devices: list[Device] = Field(min_length=1, max_length=1024)

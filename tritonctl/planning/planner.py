@@ -12,8 +12,10 @@ from pathlib import Path
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact, inspect_onnx, materialize
 from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.latency.energy import EnergyModel
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, task_latency
+from tritonctl.planning.energy import least_energy
 from tritonctl.planning.plan import (
     Device,
     LoadedPlan,
@@ -345,6 +347,12 @@ def replan_policy(cluster: Cluster, lm: LatencyModel | None) -> tuple[str, str]:
     return "inss", f"the trained policy {path} fits the cluster"
 
 
+def sources_of(cluster: Cluster) -> dict[str, str]:
+    """Each model's name in measurements made outside the cluster (an energy sweep): its torchvision source, or
+    its own name for a model given as an .onnx file."""
+    return {m.name: m.name if m.is_onnx_file else m.source for m in cluster.spec.models}
+
+
 def make_plan(
     cluster: Cluster,
     artifacts: dict[str, Artifact],
@@ -355,6 +363,7 @@ def make_plan(
     strict: bool = False,
     policy_file: Path | None = None,
     only: frozenset[str] | None = None,
+    energy: EnergyModel | None = None,
 ) -> Plan:
     """Run `policy` on the cluster (on the devices `only` names, else all) and return the plan to be saved at
     `plan_path`.
@@ -362,7 +371,8 @@ def make_plan(
     Models that cannot be served are left out of the plan and listed in its `unserved`
     with the reason; placements predicted to miss their SLO (partial service) say so in
     their prediction and in a warning. With `strict`, either is an error instead. A policy
-    that needs training (inss) reads `policy_file`, by default rl/policies/<cluster name>.pt.
+    that needs training (inss) reads `policy_file`, by default rl/policies/<cluster name>.pt. With an `energy`
+    model, the placement's SM clock and batch sizes are then chosen for the fewest joules (`planning.energy`).
     """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -395,6 +405,18 @@ def make_plan(
     except PolicyLimit as exc:
         raise TritonctlError(str(exc), file=cluster.path, field="models") from None
     unserved.update(shed)
+    joules: dict[str, float] = {}
+    if energy is not None and choices:
+        if lm is None:
+            raise TritonctlError("the energy objective needs a latency model (--latency-model)")
+        try:
+            decision = least_energy(choices, demands, devices, lm, energy, sources_of(cluster))
+        except TritonctlError as exc:
+            raise TritonctlError(str(exc), file=cluster.path, field="models") from None
+        choices, lm, joules = decision.choices, decision.lm, decision.joules_per_request
+        devices = [d.model_copy(update={"clock_mhz": decision.clock_mhz}) for d in devices]
+        notes.append(decision.explain())
+        log(decision.explain())
     if unserved and (strict or not choices):
         fields = {m.name: f"models[{i}]" for i, m in enumerate(cluster.spec.models)}
         raise TritonctlError(
@@ -442,6 +464,22 @@ def make_plan(
     turns = sorted({c.device for cs in choices.values() for c in cs if c.turns}) if sharing == "spatial" else []
     if lm is not None:
         planned = predict(planned, lm, log, sharing, frozenset(turns), devices)
+        if joules:
+            planned = [
+                m.model_copy(
+                    update={
+                        "placements": [
+                            p.model_copy(
+                                update={
+                                    "predicted": p.predicted.model_copy(update={"joules_per_request": joules[m.name]})
+                                }
+                            )
+                            for p in m.placements
+                        ]
+                    }
+                )
+                for m in planned
+            ]
         misses = [(m, p) for m in planned for p in m.placements if not p.predicted.meets_slo]
         if strict and misses:
             fields = {m.name: f"models[{i}]" for i, m in enumerate(cluster.spec.models)}
@@ -466,6 +504,7 @@ def make_plan(
         cluster=cluster.spec.name,
         cluster_file=relative_to(cluster.path, base),
         policy=policy,
+        objective="throughput" if energy is None else "energy",
         target=cluster.kind,
         sharing=sharing,
         devices=devices,

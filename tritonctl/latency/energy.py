@@ -1,0 +1,305 @@
+"""EAIS's energy model: batch time and energy per image of each model over batch size x SM clock, fitted.
+
+The measurements (`python3 -m tritonctl.profiler.energy` on a GPU host) sample a few batch sizes at a few
+locked clocks. EAIS (Algorithm 1) completes them with fitted curves, in two passes:
+
+1. per sampled batch size, over the clock f: the batch time by a rational function, T(f) = a / f + c (the part
+   of the work that scales with the clock, and the part that does not), the energy per image by a one-term
+   Fourier curve, E(f) = a0 + a1 cos(w f) + b1 sin(w f) (high at low clocks, where static power runs longer,
+   and at high ones, where voltage rises), evaluated on a clock grid;
+2. per grid clock, over the batch size b: the batch time by least squares on a line, T(b) = alpha b + beta, the
+   energy per image by a power function, E(b) = p b^k + q, evaluated at every batch size 1..MAX_BATCH.
+
+The clock of a point is the SM clock NVML read while it ran (a locked clock the power limit caps runs lower).
+The result is a table per model: T[f][b] (ms) and E[f][b] (J per image), with each curve's leave-one-out error
+on the samples, and `clocked` carries a latency model to a clock by the ratio T(b, f) / T(b, f_max).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import curve_fit
+
+from tritonctl.errors import TritonctlError
+from tritonctl.files import read_json, write_json_atomic
+from tritonctl.latency.model import MAX_BATCH, LatencyModel, scaled
+
+FORMAT = "tritonctl-energy-model/1"
+COLUMNS = ("model", "batch", "sm_clock_read_mhz", "batch_ms", "joules_per_image")
+CLOCK_STEP_MHZ = 15  # the grid the plan chooses clocks on (H100 and A100 clocks step by 15 MHz)
+
+
+@dataclass(frozen=True)
+class Sample:
+    model: str
+    batch: int
+    clock_mhz: float
+    batch_ms: float
+    joules_per_image: float
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """The rows of an energy sweep's CSV; TritonctlError naming the file, row and column of a bad one."""
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TritonctlError(f"no column {', '.join(missing)} (an energy sweep's CSV)", file=path)
+            samples = []
+            for i, row in enumerate(reader, start=2):
+                try:
+                    sample = Sample(
+                        row["model"],
+                        int(row["batch"]),
+                        float(row["sm_clock_read_mhz"]),
+                        float(row["batch_ms"]),
+                        float(row["joules_per_image"]),
+                    )
+                except ValueError as exc:
+                    raise TritonctlError(f"row {i}: {exc}", file=path) from None
+                bad = [n for n in ("batch", "clock_mhz", "batch_ms", "joules_per_image") if not getattr(sample, n) > 0]
+                if bad or not 1 <= sample.batch <= MAX_BATCH:
+                    raise TritonctlError(f"row {i}: {', '.join(bad) or 'batch'} out of range", file=path)
+                samples.append(sample)
+    except OSError as exc:
+        raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
+    if not samples:
+        raise TritonctlError("no rows", file=path)
+    return samples
+
+
+def _time_of_clock(f, a, c):
+    return a / f + c
+
+
+def _fourier(f, a0, a1, b1, w):
+    return a0 + a1 * np.cos(w * f) + b1 * np.sin(w * f)
+
+
+def _power(b, p, k, q):
+    return p * np.power(b, k) + q
+
+
+def fit_time_over_clock(clocks: np.ndarray, times: np.ndarray):
+    """T(f) = a / f + c by least squares (linear in 1/f)."""
+    a, c = np.polyfit(1.0 / clocks, times, 1)
+    return lambda f: _time_of_clock(np.asarray(f, dtype=float), a, c)
+
+
+def fit_energy_over_clock(clocks: np.ndarray, energy: np.ndarray):
+    """E(f) = a0 + a1 cos(w f) + b1 sin(w f); with fewer than five clocks, a parabola (as many parameters as
+    points would interpolate the noise)."""
+    if len(clocks) < 5:
+        coef = np.polyfit(clocks, energy, min(2, len(clocks) - 1))
+        return lambda f: np.polyval(coef, np.asarray(f, dtype=float))
+    span = clocks.max() - clocks.min()
+    best = None
+    for w0 in (np.pi / span, 1.5 * np.pi / span, 2 * np.pi / span):  # a half to a whole period over the range
+        try:
+            params, _ = curve_fit(
+                _fourier,
+                clocks,
+                energy,
+                p0=[energy.mean(), 0.0, 0.0, w0],
+                bounds=([-np.inf] * 3 + [0.2 * np.pi / span], [np.inf] * 3 + [3 * np.pi / span]),
+                maxfev=20000,
+            )
+        except RuntimeError:
+            continue
+        err = float(np.sum((_fourier(clocks, *params) - energy) ** 2))
+        if best is None or err < best[0]:
+            best = (err, params)
+    if best is None:
+        coef = np.polyfit(clocks, energy, 2)
+        return lambda f: np.polyval(coef, np.asarray(f, dtype=float))
+    params = best[1]
+    return lambda f: _fourier(np.asarray(f, dtype=float), *params)
+
+
+def fit_energy_over_batch(batches: np.ndarray, energy: np.ndarray):
+    """E(b) = p b^k + q (energy per image falls with the batch and levels off)."""
+    try:
+        params, _ = curve_fit(_power, batches, energy, p0=[energy[0] - energy[-1], -0.8, energy[-1]], maxfev=20000)
+        return lambda b: _power(np.asarray(b, dtype=float), *params)
+    except RuntimeError:
+        coef = np.polyfit(np.log(batches), energy, 1)
+        return lambda b: np.polyval(coef, np.log(np.asarray(b, dtype=float)))
+
+
+@dataclass
+class ModelEnergy:
+    """One model's completed tables: t_ms[i][b-1] and j_per_image[i][b-1] at clocks[i]."""
+
+    t_ms: list[list[float]]
+    j_per_image: list[list[float]]
+
+
+@dataclass
+class EnergyModel:
+    clocks: list[int]  # MHz, ascending
+    models: dict[str, ModelEnergy]  # by torchvision source (the name the sweep measured)
+    errors: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> leave-one-clock-out errors
+    meta: dict = field(default_factory=dict)
+
+    def index(self, clock_mhz: int) -> int:
+        if clock_mhz not in self.clocks:
+            raise TritonctlError(
+                f"clock {clock_mhz} MHz is not on the energy model's grid ({self.clocks[0]}-{self.clocks[-1]} MHz)"
+            )
+        return self.clocks.index(clock_mhz)
+
+    def time_ms(self, model: str, batch: int, clock_mhz: int) -> float:
+        return self.models[model].t_ms[self.index(clock_mhz)][batch - 1]
+
+    def joules_per_image(self, model: str, batch: int, clock_mhz: int) -> float:
+        return self.models[model].j_per_image[self.index(clock_mhz)][batch - 1]
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "clocks_mhz": self.clocks,
+            "meta": self.meta,
+            "errors": self.errors,
+            "models": {n: {"t_ms": m.t_ms, "j_per_image": m.j_per_image} for n, m in self.models.items()},
+        }
+
+
+def _complete(samples: list[Sample], clocks: list[int]) -> ModelEnergy:
+    """EAIS Algorithm 1 for one model: curves over the clock per sampled batch, then over the batch per clock."""
+    batches = sorted({s.batch for s in samples})
+    grid = np.array(clocks, dtype=float)
+    t_at = np.zeros((len(batches), len(grid)))
+    e_at = np.zeros((len(batches), len(grid)))
+    for i, b in enumerate(batches):
+        rows = sorted((s for s in samples if s.batch == b), key=lambda s: s.clock_mhz)
+        f = np.array([s.clock_mhz for s in rows])
+        t_at[i] = fit_time_over_clock(f, np.array([s.batch_ms for s in rows]))(grid)
+        e_at[i] = fit_energy_over_clock(f, np.array([s.joules_per_image for s in rows]))(grid)
+    every = np.arange(1, MAX_BATCH + 1)
+    bs = np.array(batches, dtype=float)
+    t_ms, j = [], []
+    for k in range(len(grid)):
+        alpha, beta = np.polyfit(bs, t_at[:, k], 1)
+        t_ms.append([round(float(max(alpha * b + beta, 1e-3)), 5) for b in every])
+        e = fit_energy_over_batch(bs, e_at[:, k])(every)
+        j.append([round(float(max(x, 1e-6)), 7) for x in e])
+    return ModelEnergy(t_ms, j)
+
+
+def _held_out(samples: list[Sample], clocks_measured: list[float]) -> dict[str, float]:
+    """Leave each inner measured clock out, complete from the rest, and compare at its samples (|%|)."""
+    t_err, e_err = [], []
+    for left in clocks_measured[1:-1]:
+        kept = [s for s in samples if s.clock_mhz != left]
+        grid = sorted({round(left)} | {round(c) for c in clocks_measured if c != left})
+        table = _complete(kept, grid)
+        i = grid.index(round(left))
+        for s in samples:
+            if s.clock_mhz == left:
+                t_err.append(abs(table.t_ms[i][s.batch - 1] / s.batch_ms - 1))
+                e_err.append(abs(table.j_per_image[i][s.batch - 1] / s.joules_per_image - 1))
+    if not t_err:
+        return {}
+    pct = lambda xs, q: round(100 * float(np.percentile(xs, q)), 1)  # noqa: E731
+    return {
+        "time_median_pct": pct(t_err, 50),
+        "time_p95_pct": pct(t_err, 95),
+        "energy_median_pct": pct(e_err, 50),
+        "energy_p95_pct": pct(e_err, 95),
+    }
+
+
+def fit(samples: list[Sample], meta: dict | None = None) -> EnergyModel:
+    """The energy model of a sweep: every model with at least two batch sizes at two clocks each."""
+    by_model: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_model.setdefault(s.model, []).append(s)
+    low = max(min(s.clock_mhz for s in ss) for ss in by_model.values())
+    high = min(max(s.clock_mhz for s in ss) for ss in by_model.values())
+    clocks = list(range(int(math.ceil(low / CLOCK_STEP_MHZ)) * CLOCK_STEP_MHZ, int(high) + 1, CLOCK_STEP_MHZ))
+    if len(clocks) < 2:
+        raise TritonctlError(
+            f"the sweep's clocks span {low:g}-{high:g} MHz: at least two clocks {CLOCK_STEP_MHZ} MHz apart are needed"
+        )
+    models, errors = {}, {}
+    for name, ss in sorted(by_model.items()):
+        per_batch = {b: {s.clock_mhz for s in ss if s.batch == b} for b in {s.batch for s in ss}}
+        if len(per_batch) < 2 or min(len(c) for c in per_batch.values()) < 2:
+            raise TritonctlError(f"{name}: the sweep needs at least two batch sizes, each at two clocks or more")
+        models[name] = _complete(ss, clocks)
+        errors[name] = _held_out(ss, sorted({s.clock_mhz for s in ss}))
+    return EnergyModel(clocks, models, errors, meta or {})
+
+
+def save(model: EnergyModel, path: Path) -> None:
+    write_json_atomic(path, model.to_json())
+
+
+def load(path: str | Path) -> EnergyModel:
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise TritonctlError(f"not an energy model (format {FORMAT}; `tritonctl fit-energy` writes one)", file=path)
+    try:
+        models = {n: ModelEnergy(m["t_ms"], m["j_per_image"]) for n, m in data["models"].items()}
+        clocks = [int(c) for c in data["clocks_mhz"]]
+        for n, m in models.items():
+            if len(m.t_ms) != len(clocks) or any(len(row) != MAX_BATCH for row in m.t_ms + m.j_per_image):
+                raise ValueError(f"{n}: tables do not match {len(clocks)} clocks x {MAX_BATCH} batch sizes")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TritonctlError(f"corrupt energy model ({exc})", file=path) from None
+    return EnergyModel(clocks, models, data.get("errors", {}), data.get("meta", {}))
+
+
+def clocked(lm: LatencyModel, energy: EnergyModel, clock_mhz: int, sources: dict[str, str]) -> LatencyModel:
+    """`lm` (profiled at the GPU's own clock, the grid's top) with each model's batch times stretched by
+    T(b, clock) / T(b, top) from the energy model, fitted as k * b^gamma over the batch sizes. `sources`: the
+    latency model's model name -> its name in the energy model."""
+    top = energy.clocks[-1]
+    factors = {}
+    every = np.arange(1, MAX_BATCH + 1)
+    for name in lm.models:
+        if name not in sources:
+            continue
+        src = sources[name]
+        ratio = np.array([energy.time_ms(src, int(b), clock_mhz) / energy.time_ms(src, int(b), top) for b in every])
+        gamma, log_k = np.polyfit(np.log2(every), np.log(ratio), 1)
+        factors[name] = (float(math.exp(log_k)), float(gamma), 0.0)
+    request_cpu = {n: p.request_cpu_ms for n, p in lm.models.items()}
+    return scaled(lm, factors, lm.device.fingerprint, {"clock_mhz": clock_mhz}, request_cpu)
+
+
+def plot(model: EnergyModel, samples: list[Sample], out: Path) -> None:
+    """Per model: energy per image over the clock at each sampled batch size (points: measured; lines: the
+    completed table), and batch time over the batch size at the lowest and highest clocks."""
+    from matplotlib.figure import Figure
+
+    names = sorted(model.models)
+    fig = Figure(figsize=(10, 3.2 * len(names)))
+    axes = fig.subplots(len(names), 2, squeeze=False)
+    grid = np.array(model.clocks)
+    for row, name in zip(axes, names, strict=True):
+        ss = [s for s in samples if s.model == name]
+        table = model.models[name]
+        for b in sorted({s.batch for s in ss}):
+            pts = sorted((s.clock_mhz, 1000 * s.joules_per_image) for s in ss if s.batch == b)
+            line = row[0].plot(grid, [1000 * table.j_per_image[i][b - 1] for i in range(len(grid))], label=f"batch {b}")
+            row[0].scatter(*zip(*pts, strict=True), s=12, color=line[0].get_color())
+        row[0].set(title=f"{name}: energy per image", xlabel="SM clock (MHz)", ylabel="mJ / image")
+        row[0].legend(fontsize=7)
+        for clock in (model.clocks[0], model.clocks[-1]):
+            i = model.clocks.index(clock)
+            row[1].plot(range(1, MAX_BATCH + 1), table.t_ms[i], label=f"{clock} MHz (fit)")
+            near = [s for s in ss if abs(s.clock_mhz - clock) <= CLOCK_STEP_MHZ]
+            if near:
+                row[1].scatter([s.batch for s in near], [s.batch_ms for s in near], s=12)
+        row[1].set(title=f"{name}: batch time", xlabel="batch size", ylabel="ms")
+        row[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
