@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import curve_fit
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import read_json, write_json_atomic
@@ -63,7 +62,9 @@ def read_samples(path: Path) -> list[Sample]:
                     )
                 except ValueError as exc:
                     raise TritonctlError(f"row {i}: {exc}", file=path) from None
-                bad = [n for n in ("batch", "clock_mhz", "batch_ms", "joules_per_image") if not getattr(sample, n) > 0]
+                values = {"batch": sample.batch, "sm_clock_read_mhz": sample.clock_mhz, "batch_ms": sample.batch_ms}
+                values["joules_per_image"] = sample.joules_per_image
+                bad = [column for column, value in values.items() if not value > 0]
                 if bad or not 1 <= sample.batch <= MAX_BATCH:
                     raise TritonctlError(f"row {i}: {', '.join(bad) or 'batch'} out of range", file=path)
                 samples.append(sample)
@@ -74,22 +75,28 @@ def read_samples(path: Path) -> list[Sample]:
     return samples
 
 
-def _time_of_clock(f, a, c):
-    return a / f + c
+# The nonlinear parameter of each curve (the Fourier frequency, the power's exponent) is searched on a grid, the
+# others solved by least squares at each: separable least squares, deterministic and fast.
+FREQUENCIES = 60  # Fourier frequencies tried: 1/8 to 3/4 of a period over the clock range (a U, or one bump)
+EXPONENTS = np.linspace(-2.0, 0.0, 81)[:-1]  # power exponents tried (energy per image falls with the batch)
 
 
-def _fourier(f, a0, a1, b1, w):
-    return a0 + a1 * np.cos(w * f) + b1 * np.sin(w * f)
-
-
-def _power(b, p, k, q):
-    return p * np.power(b, k) + q
+def _separable(design, ys: np.ndarray) -> tuple[float, np.ndarray]:
+    """Least squares of ys (points x curves) on each candidate design (points x terms); the candidate whose
+    summed squared error is least, and its coefficients (terms x curves)."""
+    best = None
+    for candidate, x in design:
+        coef, *_ = np.linalg.lstsq(x, ys, rcond=None)
+        err = float(np.sum((x @ coef - ys) ** 2))
+        if best is None or err < best[0]:
+            best = (err, candidate, coef)
+    return best[1], best[2]
 
 
 def fit_time_over_clock(clocks: np.ndarray, times: np.ndarray):
     """T(f) = a / f + c by least squares (linear in 1/f)."""
     a, c = np.polyfit(1.0 / clocks, times, 1)
-    return lambda f: _time_of_clock(np.asarray(f, dtype=float), a, c)
+    return lambda f: a / np.asarray(f, dtype=float) + c
 
 
 def fit_energy_over_clock(clocks: np.ndarray, energy: np.ndarray):
@@ -98,38 +105,27 @@ def fit_energy_over_clock(clocks: np.ndarray, energy: np.ndarray):
     if len(clocks) < 5:
         coef = np.polyfit(clocks, energy, min(2, len(clocks) - 1))
         return lambda f: np.polyval(coef, np.asarray(f, dtype=float))
-    span = clocks.max() - clocks.min()
-    best = None
-    for w0 in (np.pi / span, 1.5 * np.pi / span, 2 * np.pi / span):  # a half to a whole period over the range
-        try:
-            params, _ = curve_fit(
-                _fourier,
-                clocks,
-                energy,
-                p0=[energy.mean(), 0.0, 0.0, w0],
-                bounds=([-np.inf] * 3 + [0.2 * np.pi / span], [np.inf] * 3 + [3 * np.pi / span]),
-                maxfev=20000,
-            )
-        except RuntimeError:
-            continue
-        err = float(np.sum((_fourier(clocks, *params) - energy) ** 2))
-        if best is None or err < best[0]:
-            best = (err, params)
-    if best is None:
-        coef = np.polyfit(clocks, energy, 2)
-        return lambda f: np.polyval(coef, np.asarray(f, dtype=float))
-    params = best[1]
-    return lambda f: _fourier(np.asarray(f, dtype=float), *params)
+    span = float(clocks.max() - clocks.min())
+
+    def terms(f, w):
+        f = np.asarray(f, dtype=float)
+        return np.stack([np.ones_like(f), np.cos(w * f), np.sin(w * f)], axis=-1)
+
+    ws = np.linspace(0.25 * np.pi / span, 1.5 * np.pi / span, FREQUENCIES)
+    w, coef = _separable(((w, terms(clocks, w)) for w in ws), energy[:, None])
+    return lambda f: terms(f, w) @ coef[:, 0]
 
 
 def fit_energy_over_batch(batches: np.ndarray, energy: np.ndarray):
-    """E(b) = p b^k + q (energy per image falls with the batch and levels off)."""
-    try:
-        params, _ = curve_fit(_power, batches, energy, p0=[energy[0] - energy[-1], -0.8, energy[-1]], maxfev=20000)
-        return lambda b: _power(np.asarray(b, dtype=float), *params)
-    except RuntimeError:
-        coef = np.polyfit(np.log(batches), energy, 1)
-        return lambda b: np.polyval(coef, np.log(np.asarray(b, dtype=float)))
+    """E(b) = p b^k + q for each column of `energy` (points x curves): energy per image falls with the batch and
+    levels off. Returns a function of b giving (len(b) x curves)."""
+    terms = lambda b, k: np.stack([np.power(np.asarray(b, dtype=float), k), np.ones(len(b))], axis=-1)  # noqa: E731
+    ks, coefs = [], []
+    for column in energy.T:  # each clock picks its own exponent
+        k, coef = _separable(((k, terms(batches, k)) for k in EXPONENTS), column[:, None])
+        ks.append(k)
+        coefs.append(coef[:, 0])
+    return lambda b: np.stack([terms(b, k) @ c for k, c in zip(ks, coefs, strict=True)], axis=-1)
 
 
 @dataclass
@@ -184,11 +180,12 @@ def _complete(samples: list[Sample], clocks: list[int]) -> ModelEnergy:
     every = np.arange(1, MAX_BATCH + 1)
     bs = np.array(batches, dtype=float)
     t_ms, j = [], []
+    lines = np.polyfit(bs, t_at, 1)  # a line over the batch per clock: (alpha, beta) x clocks
+    energies = fit_energy_over_batch(bs, e_at)(every)  # batch sizes x clocks
     for k in range(len(grid)):
-        alpha, beta = np.polyfit(bs, t_at[:, k], 1)
+        alpha, beta = lines[:, k]
         t_ms.append([round(float(max(alpha * b + beta, 1e-3)), 5) for b in every])
-        e = fit_energy_over_batch(bs, e_at[:, k])(every)
-        j.append([round(float(max(x, 1e-6)), 7) for x in e])
+        j.append([round(float(max(x, 1e-6)), 7) for x in energies[:, k]])
     return ModelEnergy(t_ms, j)
 
 

@@ -89,13 +89,13 @@ def members(python_version: str) -> dict[str, Path]:
     return out
 
 
-def bundle(output: Path, python_version: str) -> Bundle:
-    """Write the trimmed Triton for Python `python_version` (the GPU host's) to `output` (.tar.xz)."""
+def bundle(output: Path, python_version: str, preset: int = 6) -> Bundle:
+    """Write the trimmed Triton for Python `python_version` (the GPU host's) to `output` (.tar.xz, xz `preset`)."""
     files = members(python_version)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + ".partial")
     sizes = {}
-    with tarfile.open(tmp, "w:xz", preset=6) as tar:
+    with tarfile.open(tmp, "w:xz", preset=preset) as tar:
         for name, source in sorted(files.items()):
             info = tar.gettarinfo(str(source), arcname=f"{TOP}/{name}")
             info.mode = 0o755 if name.startswith("bin/") or name.endswith("_stub") else 0o644

@@ -1,0 +1,370 @@
+"""GPU plans on the local runtime, without a GPU: the GPU glue's rendering, the trimmed Triton bundle, the MPS
+daemon's and the clock lock's command sequences, and the energy objective (EAIS) on synthetic sweeps.
+
+No GPU, MPS daemon or nvidia-smi runs here: where the runtime calls one, a small script on PATH stands in for
+it and records what it was asked (the calls are what is tested; the GPU run is bench/gpu_triton.py). Energy
+sweeps here are SYNTHETIC: curves of a known form, not measurements.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO
+from tritonctl.cli import main
+from tritonctl.deploy import mps
+from tritonctl.deploy.gpu import lock_clocks, release_clocks
+from tritonctl.deploy.local import LocalRuntime, free_port
+from tritonctl.errors import TritonctlError
+from tritonctl.export import materialize
+from tritonctl.latency import energy
+from tritonctl.latency.model import load_latency_model
+from tritonctl.planning.energy import least_energy
+from tritonctl.planning.plan import load_plan, save_plan
+from tritonctl.planning.planner import demands_of, devices_of, make_plan, sources_of
+from tritonctl.planning.policies.bda import batch_checks
+from tritonctl.spec import load_cluster
+from tritonctl.triton.binary import TritonBinary, find_tritonserver
+from tritonctl.triton.bundle import bundle, members
+from tritonctl.triton.render import render
+
+GPU_LM = REPO / "profiles" / "inss-gpu" / "latency-model.json"
+
+
+def _script(folder: Path, name: str, body: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture(scope="module")
+def gpu_one(tmp_path_factory):
+    """examples/gpu-one planned by search with the H100 stand-in latency model (exports cached in the repo)."""
+    folder = tmp_path_factory.mktemp("gpu-one")
+    spec = yaml.safe_load((REPO / "examples" / "gpu-one" / "cluster.yaml").read_text())
+    spec["runtime"].update(export_dir=str(REPO / "model_repository" / "exports"), repository_dir="repo", state_dir="s")
+    (folder / "cluster.yaml").write_text(yaml.safe_dump(spec))
+    cluster = load_cluster(folder / "cluster.yaml")
+    artifacts = materialize(cluster, log=lambda _: None)
+    lm = load_latency_model(GPU_LM)
+    plan = make_plan(cluster, artifacts, "search", folder / "plan.yaml", lm, log=lambda _: None)
+    save_plan(plan, folder / "plan.yaml")
+    return cluster, artifacts, lm, load_plan(folder / "plan.yaml")
+
+
+def _binary(tmp_path: Path, backends: tuple[str, ...]) -> TritonBinary:
+    for name in backends:
+        (tmp_path / "backends" / name).mkdir(parents=True)
+    return TritonBinary(tmp_path / "bin" / "tritonserver", "test", tmp_path / "backends")
+
+
+def test_a_triton_without_onnxruntime_serves_gpu_plans_with_the_torch_glue(gpu_one, tmp_path):
+    _, _, _, loaded = gpu_one
+    assert loaded.plan.runtime.gpu_backend == "onnxruntime"  # what Compose and Kubernetes render (NGC images)
+    local = LocalRuntime(_binary(tmp_path / "py", ("python",)), loaded.state_dir).prepare(loaded, write=False)
+    assert local.plan.runtime.gpu_backend == "python"
+    for name, (folder, launch) in render(local).items():
+        model = name.rsplit("-", 1)[0]
+        config = (folder / "models" / model / "config.pbtxt").read_text()
+        assert 'backend: "python"' in config and "KIND_GPU" in config
+        source = next(m.source for m in loaded.plan.models if m.name == model)
+        assert f'string_value: "{source}"' in config  # the glue builds this torchvision architecture
+        glue = (folder / "models" / model / "1" / "model.py").read_text()
+        assert "class TorchGraphs" in glue and "CUDAGraph" in glue
+        assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and launch.cpu_quota_us is None
+    # A Triton with the onnxruntime backend keeps the plan's own: no glue, a different process (a swap, not a reload)
+    ort = LocalRuntime(_binary(tmp_path / "ort", ("onnxruntime", "python")), loaded.state_dir).prepare(loaded, False)
+    assert ort.plan.runtime.gpu_backend == "onnxruntime"
+    ours = {n: launch.process_hash for n, (_, launch) in render(local, write=False).items()}
+    theirs = {n: launch.process_hash for n, (_, launch) in render(ort, write=False).items()}
+    assert all(ours[n] != theirs[n] for n in ours)
+
+
+def test_gpu_plans_are_refused_on_a_host_without_gpus_or_mps(tmp_path, monkeypatch):
+    with pytest.raises(TritonctlError, match="NVML sees no GPU"):
+        mps.check_host(None, 1)
+    with pytest.raises(TritonctlError, match="GPU index 3; this host has 2"):
+        mps.check_host(2, 4)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(mps, "CONTROL_PATHS", ())
+    with pytest.raises(TritonctlError, match="no MPS control binary"):
+        mps.check_host(1, 1)
+
+
+FAKE_MPS = """log="$CUDA_MPS_LOG_DIRECTORY/calls"
+if [ "$1" = "-d" ]; then echo "-d" >> "$log"; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
+read cmd; echo "$cmd" >> "$log"
+case "$cmd" in
+  get_server_list) [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || exit 1 ;;
+  quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" ;;
+esac
+"""
+
+
+def test_the_mps_daemon_is_started_once_adopted_after_and_stopped_only_by_who_started_it(tmp_path, monkeypatch):
+    _script(tmp_path / "bin", "nvidia-cuda-mps-control", FAKE_MPS)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    state = tmp_path / "state"
+    state.mkdir()
+    daemon = mps.ensure(state)
+    assert daemon.env == {
+        "CUDA_MPS_PIPE_DIRECTORY": str(state / "mps/pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(state / "mps/log"),
+    }
+    calls = lambda: (state / "mps/log/calls").read_text().split()  # noqa: E731
+    assert calls() == ["-d", "get_server_list"]  # started, then asked until it answered
+    mps.ensure(state)  # a second apply finds it answering: no second daemon
+    assert calls().count("-d") == 1
+    mps.release(state)
+    assert calls()[-1] == "quit" and not mps.answers(daemon) and not (state / mps.RECORD).exists()
+    # A daemon that was already answering is adopted: `down` leaves it running
+    (state / "mps/pipe/control").touch()
+    mps.ensure(state)
+    mps.release(state)
+    assert calls().count("-d") == 1 and calls().count("quit") == 1 and mps.answers(daemon)
+
+
+def test_a_pipe_folder_too_long_for_a_socket_is_refused_before_anything_starts(tmp_path):
+    deep = tmp_path / ("x" * 90)
+    with pytest.raises(TritonctlError, match="shorter runtime.state_dir"):
+        mps.ensure(deep)
+    assert not (deep / "mps").exists()
+
+
+FAKE_SMI = """echo "$*" >> "$FAKE_SMI_LOG"
+if [ "$3" = "-lgc" ]; then
+  mhz="${4%%,*}"
+  if [ "$mhz" -gt 2000 ]; then echo "Requested clocks are not supported for GPU $2" >&2; exit 3; fi
+  echo "GPU clocks set to \\"(gpuClkMin $mhz, gpuClkMax $mhz)\\" for GPU $2"
+fi
+"""
+
+
+def test_clocks_are_locked_before_start_and_reset_at_down_and_a_refused_clock_undoes_the_rest(
+    gpu_one, tmp_path, monkeypatch
+):
+    _, _, _, loaded = gpu_one
+    _script(tmp_path / "bin", "nvidia-smi", FAKE_SMI)
+    log = tmp_path / "smi.log"
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_LOG", str(log))
+    state = tmp_path / "state"
+    gpus = [d.model_copy(update={"index": i, "clock_mhz": 1125}) for i, d in enumerate(loaded.plan.devices * 2)]
+    assert lock_clocks(state, gpus) == {0: 1125, 1: 1125}
+    assert log.read_text().splitlines() == ["-i 0 -lgc 1125,1125", "-i 1 -lgc 1125,1125"]
+    lock_clocks(state, [gpus[0].model_copy(update={"clock_mhz": None}), gpus[1]])  # GPU 0 no longer locked
+    assert log.read_text().splitlines()[2] == "-i 0 -rgc"
+    refused = [gpus[0], gpus[1].model_copy(update={"clock_mhz": 2500})]
+    with pytest.raises(TritonctlError, match="refused to lock GPU 1 at 2500 MHz.*nothing was started"):
+        lock_clocks(state, refused)
+    assert log.read_text().splitlines()[-1] == "-i 0 -rgc"  # the one it had locked is reset
+    release_clocks(state)
+    assert not (state / "clocks.json").exists()
+
+
+def test_the_bundle_holds_the_server_its_libraries_and_perf_analyzer():
+    files = members("3.12")
+    assert {"bin/tritonserver", "bin/perf_analyzer", "backends/python/libtriton_python.so"} <= set(files)
+    assert "python_backend_stubs/3.12/triton_python_backend_stub" in files
+    assert not any("python_backend_stubs/3.11" in name for name in files)
+    assert {"lib/libcudart.so.12", "lib/libb64.so.0d"} <= set(files)  # perf_analyzer's, under their plain names
+    assert any(name.startswith("lib/libtritonserver") for name in files)
+    assert not any("libpython" in name for name in files)  # the host's, never the wheel's 3.13
+    assert sum(p.stat().st_size for p in files.values()) < 140 * 2**20
+    with pytest.raises(TritonctlError, match="--python 2.7: the wheel has stubs for Python 3.1"):
+        members("2.7")
+
+
+@pytest.mark.triton
+def test_the_unpacked_bundle_starts_a_server_here(tmp_path, monkeypatch):
+    """The trimmed Triton, unpacked elsewhere, is found on PATH, answers health checks and finds perf_analyzer."""
+    made = bundle(tmp_path / "triton.tar.xz", f"{sys.version_info.major}.{sys.version_info.minor}", preset=0)
+    assert made.path.stat().st_size < made.unpacked_bytes
+    subprocess.run(["tar", "-xJf", str(made.path), "-C", str(tmp_path)], check=True)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'tritonserver' / 'bin'}:{os.environ['PATH']}")
+    binary = find_tritonserver()
+    assert binary.path == tmp_path / "tritonserver" / "bin" / "tritonserver" and binary.backends() == {"python"}
+    (tmp_path / "models").mkdir()
+    port = free_port("127.0.0.1")
+    args = [
+        f"--model-repository={tmp_path / 'models'}",
+        "--model-control-mode=explicit",
+        f"--http-port={port}",
+        f"--grpc-port={free_port('127.0.0.1')}",
+        "--allow-metrics=false",
+        f"--backend-directory={binary.backend_dir}",
+    ]
+    server = subprocess.Popen(
+        [str(binary.path), *args], env={**os.environ, **binary.env}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as answer:
+                    assert answer.status == 200
+                    break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        server.terminate()
+        server.wait(10)
+    monkeypatch.setenv("TRITONCTL_PERF_ANALYZER", str(tmp_path / "tritonserver" / "bin" / "perf_analyzer"))
+    from tritonctl.triton.perf_analyzer import find_perf_analyzer
+
+    assert find_perf_analyzer().env["LD_LIBRARY_PATH"].startswith(str(tmp_path / "tritonserver" / "lib"))
+
+
+def synthetic_sweep(path: Path, models=("resnet50", "mobilenet_v2", "efficientnet_b0", "resnet18")) -> None:
+    """A SYNTHETIC energy sweep: batch time (a / f + c) * (alpha b + beta), energy per image U-shaped in the clock
+    (least near 1150 MHz) and falling with the batch as b^-0.7; one model slower than the next."""
+    with path.open("w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(
+            [
+                "model",
+                "batch",
+                "clock_mhz",
+                "locked",
+                "sm_clock_read_mhz",
+                "batch_ms",
+                "images_per_s",
+                "joules_per_image",
+                "avg_power_w",
+            ]
+        )
+        for k, model in enumerate(models):
+            for b in (1, 2, 4, 8, 16, 32):
+                for f in (780, 1020, 1260, 1500, 1740, 1830):
+                    ms = (1 + k) * (600 / f + 0.2) * (0.15 * b + 0.6)
+                    j = (0.02 + 0.05 * b**-0.7) * (1 + k) * (1 + 0.35 * ((f - 1150) / 700) ** 2)
+                    out.writerow([model, b, f, 1, f, round(ms, 5), 0, round(j, 7), 0])
+
+
+def test_the_energy_fit_completes_a_sweep_over_batch_and_clock(tmp_path):
+    synthetic_sweep(tmp_path / "sweep.csv")
+    samples = energy.read_samples(tmp_path / "sweep.csv")
+    model = energy.fit(samples)
+    assert (
+        model.clocks[0] == 780
+        and model.clocks[-1] == 1830
+        and all(b - a == 15 for a, b in zip(model.clocks, model.clocks[1:], strict=False))
+    )
+    for s in samples:  # the completed table reproduces the sampled points it was fitted to
+        assert model.time_ms(s.model, s.batch, round(s.clock_mhz)) == pytest.approx(s.batch_ms, rel=0.05)
+        assert model.joules_per_image(s.model, s.batch, round(s.clock_mhz)) == pytest.approx(
+            s.joules_per_image, rel=0.08
+        )
+    truth = (600 / 1125 + 0.2) * (0.15 * 3 + 0.6)  # a batch size and a clock the sweep never ran
+    assert model.time_ms("resnet50", 3, 1125) == pytest.approx(truth, rel=0.05)
+    assert all(err["time_median_pct"] < 5 and err["energy_median_pct"] < 8 for err in model.errors.values())
+    energy.save(model, tmp_path / "em.json")
+    assert energy.load(tmp_path / "em.json").models["resnet18"].t_ms == model.models["resnet18"].t_ms
+
+
+def test_a_bad_sweep_or_energy_model_gets_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,batch\nresnet50,1\n")
+    with pytest.raises(TritonctlError, match="no column sm_clock_read_mhz, batch_ms, joules_per_image") as exc:
+        energy.read_samples(bad)
+    assert exc.value.file == str(bad)
+    synthetic_sweep(bad)
+    bad.write_text(bad.read_text().replace("resnet50,4,1020,1,1020,", "resnet50,4,1020,1,-5,", 1))
+    with pytest.raises(TritonctlError, match="row 15: sm_clock_read_mhz out of range"):
+        energy.read_samples(bad)
+    one_clock = [energy.Sample("m", b, 1000, 1.0, 1.0) for b in (1, 2)]
+    with pytest.raises(TritonctlError, match="at least two clocks"):
+        energy.fit(one_clock)
+    (tmp_path / "x.json").write_text('{"format": "something else"}')
+    with pytest.raises(TritonctlError, match="not an energy model"):
+        energy.load(tmp_path / "x.json")
+
+
+def test_the_energy_objective_takes_the_clock_of_least_power_that_keeps_every_slo(gpu_one, tmp_path):
+    cluster, artifacts, lm, loaded = gpu_one
+    synthetic_sweep(tmp_path / "sweep.csv")
+    em = energy.fit(energy.read_samples(tmp_path / "sweep.csv"))
+    demands = demands_of(cluster, artifacts, lm)
+    devices = devices_of(cluster)
+    choices = {m.name: [c] for m in loaded.plan.models for c in [_choice(m.placements[0])]}
+    sources = sources_of(cluster)
+    decision = least_energy(choices, demands, devices, lm, em, sources)
+    # Every model within every constraint at the chosen clock, under the latency model carried to it
+    placement = {n: cs[0] for n, cs in decision.choices.items()}
+    batches = {n: c.batch for n, c in placement.items()}
+    by_name, by_id = {d.name: d for d in demands}, {d.id: d for d in devices}
+    for d in demands:
+        assert (
+            next(batch_checks(d.name, placement, by_name, batches, by_id, decision.lm, (batches[d.name],)))[1] is None
+        )
+    # Slower at the lower clock, as the sweep says, and no cheaper clock on the grid serves every model
+    assert decision.lm.t_inf("resnet50", 8, 25) > lm.t_inf("resnet50", 8, 25)
+    assert decision.clock_mhz < em.clocks[-1]
+    from tritonctl.planning.energy import _at_clock
+
+    others = [
+        _at_clock(f, {n: cs[0] for n, cs in choices.items()}, demands, devices, lm, em, sources) for f in em.clocks[::8]
+    ]
+    assert all(o is None or o.power_w >= decision.power_w - 1e-9 for o in others)
+    assert decision.power_w == pytest.approx(sum(d.rate * decision.joules_per_request[d.name] for d in demands))
+
+
+def _choice(placement):
+    from tritonctl.planning.policies.base import Choice
+
+    return Choice(placement.device, placement.share, placement.batch, placement.queue_delay_us)
+
+
+def test_plan_objective_energy_writes_the_clock_and_joules_and_refuses_what_it_cannot_plan(gpu_one, tmp_path, capsys):
+    cluster, _, _, _ = gpu_one
+    synthetic_sweep(tmp_path / "sweep.csv")
+    em = tmp_path / "em.json"
+    assert main(["fit-energy", str(tmp_path / "sweep.csv"), "-o", str(em)]) == 0
+    out = tmp_path / "plan-energy.yaml"
+    args = [
+        "plan",
+        str(cluster.path),
+        "--latency-model",
+        str(GPU_LM),
+        "--objective",
+        "energy",
+        "--energy-model",
+        str(em),
+    ]
+    assert main([*args, "-o", str(out)]) == 0
+    plan = load_plan(out).plan
+    assert plan.objective == "energy" and plan.devices[0].clock_mhz is not None
+    assert all(p.predicted.joules_per_request > 0 and p.predicted.meets_slo for _, p in plan.instances())
+    assert f"at {plan.devices[0].clock_mhz} MHz" in capsys.readouterr().out
+    assert (
+        main(["plan", str(cluster.path), "--latency-model", str(GPU_LM), "--objective", "energy", "-o", str(out)]) == 2
+    )
+    assert "--objective energy and --energy-model go together" in capsys.readouterr().err
+    synthetic_sweep(tmp_path / "few.csv", models=("resnet50",))
+    assert main(["fit-energy", str(tmp_path / "few.csv"), "-o", str(em)]) == 0
+    assert main([*args, "-o", str(out)]) == 2
+    assert "the energy model has no measurements of efficientnet_b0, mobilenet_v2, resnet18" in capsys.readouterr().err
+
+
+def test_the_committed_h100_energy_model_fits_its_sweep():
+    """The measured sweep (profiles/gpu-energy, H100) against the committed model: refitted, the same tables."""
+    model = energy.fit(energy.read_samples(REPO / "profiles" / "gpu-energy" / "energy.csv"))
+    committed = energy.load(REPO / "profiles" / "gpu-energy" / "energy-model.json")
+    assert committed.clocks == model.clocks
+    for name in model.models:
+        assert np.allclose(committed.models[name].t_ms, model.models[name].t_ms, rtol=1e-3)
+    assert not math.isnan(committed.errors["resnet50"]["energy_median_pct"])
