@@ -368,3 +368,17 @@ def test_the_committed_h100_energy_model_fits_its_sweep():
     for name in model.models:
         assert np.allclose(committed.models[name].t_ms, model.models[name].t_ms, rtol=1e-3)
     assert not math.isnan(committed.errors["resnet50"]["energy_median_pct"])
+
+
+def test_bench_adds_joules_per_request_and_the_energy_objective_row(gpu_one, tmp_path):
+    from tritonctl.planning.compare import format_rows, run_policies
+
+    cluster, artifacts, lm, _ = gpu_one
+    synthetic_sweep(tmp_path / "sweep.csv")
+    em = energy.fit(energy.read_samples(tmp_path / "sweep.csv"))
+    rows = run_policies(cluster, artifacts, lm, ["search"], tmp_path / "bench", 5.0, energy=em)
+    assert [r.policy for r in rows] == ["search", "search, energy objective"]
+    search, saver = rows
+    assert saver.joules_per_request < search.joules_per_request and saver.predicted_misses == 0
+    assert "mJ/request (predicted)" in format_rows(rows).splitlines()[0]
+    assert "mJ/request" not in format_rows([search.__class__(**{**search.__dict__, "joules_per_request": None})])

@@ -315,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o", "--output", type=_output_folder, help="output folder (default: bench/ beside the cluster file)"
     )
+    p.add_argument(
+        "--energy-model",
+        help="GPU clusters: also each plan's joules per request by this energy model (fit-energy), and search's "
+        "placement under the energy objective",
+    )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
     add_margin(p)
     p.add_argument(

@@ -184,9 +184,11 @@ def cmd_bench(args) -> int:
         policies = [p for p in POLICIES if not POLICIES[p].trained or policy_file.is_file()]
         if len(policies) < len(POLICIES):
             say(f"note: inss left out: no trained policy {policy_file} (tritonctl train)")
+    energy = load_energy_model(args.energy_model) if args.energy_model else None
     rows = run_policies(
-        cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin
-    )
+        cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin,
+        energy=energy,
+    )  # fmt: skip
     write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin)
     if output.JSON:
         emit({"output": str(out), "rows": [dataclasses.asdict(row) for row in rows]})

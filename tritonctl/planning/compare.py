@@ -25,10 +25,12 @@ from matplotlib.figure import Figure
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact
 from tritonctl.latency.ablation import ABLATIONS
+from tritonctl.latency.energy import EnergyModel, clocked
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import warm_tables, without_queueing
-from tritonctl.planning.plan import Plan, save_plan
-from tritonctl.planning.planner import devices_of, make_plan
+from tritonctl.planning.energy import plan_joules
+from tritonctl.planning.plan import Plan, load_plan, save_plan
+from tritonctl.planning.planner import devices_of, make_plan, sources_of
 from tritonctl.planning.simulate import SimResult, simulate
 from tritonctl.spec import Cluster
 
@@ -48,6 +50,7 @@ class BenchRow:
     predicted_misses: int = 0
     predicted_goodput_rps: float = 0.0  # what the plan itself predicts within the SLOs
     of_optimum: float | None = None  # predicted goodput over the optimal policy's (None: optimal not run)
+    joules_per_request: float | None = None  # the energy model's estimate (GPU clusters benched with one)
     error: str = ""
 
 
@@ -76,9 +79,12 @@ def run_policies(
     drop: bool = True,
     policy_file: Path | None = None,
     margin: float = 0.0,
+    energy: EnergyModel | None = None,
 ) -> list[BenchRow]:
     """Plan with every policy (against `lm` with a latency margin, when one is given; plans saved in
-    `out_dir`) and simulate each plan on `lm` itself at the cluster's rates."""
+    `out_dir`) and simulate each plan on `lm` itself at the cluster's rates. With an `energy` model, each row
+    says its joules per request too, and one more row is search's placement under the energy objective
+    (simulated at its clock)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     bound = upper_bound_rps(cluster, lm)
     planning_lm = lm.with_margin(margin)
@@ -87,6 +93,20 @@ def run_policies(
         _bench_row(policy, policy, cluster, artifacts, planning_lm, lm, out_dir, bound, duration_s, drop, policy_file)
         for policy in policies
     ]
+    if energy is not None:
+        sources = sources_of(cluster)
+        label = "search, energy objective"
+        planned = _plan(label, "search", cluster, artifacts, planning_lm, _plan_path(out_dir, label), energy=energy)
+        plan = planned[1]
+        sim_lm = lm if isinstance(plan, str) else clocked(lm, energy, plan.devices[0].clock_mhz, sources)
+        rows.append(_simulated(planned, cluster, sim_lm, bound, duration_s, drop))
+        plans = {r.policy: _saved(out_dir, r.policy) for r in rows if not r.error}
+        rows = [
+            dataclasses.replace(r, joules_per_request=plan_joules(plans[r.policy], energy, sources))
+            if not r.error
+            else r
+            for r in rows
+        ]
     optimum = next((r.predicted_goodput_rps for r in rows if r.policy == "optimal" and not r.error), 0.0)
     return [dataclasses.replace(r, of_optimum=r.predicted_goodput_rps / optimum) if optimum > 0 else r for r in rows]
 
@@ -130,9 +150,17 @@ def _bench_row(
     policy_file: Path | None = None,
 ) -> BenchRow:
     """One plan made by `policy` with `planning_lm` (saved in `out_dir`), simulated on `lm`."""
-    plan_path = out_dir / f"plan-{re.sub(r'[^A-Za-z0-9-]+', '-', label).strip('-')}.yaml"
+    plan_path = _plan_path(out_dir, label)
     planned = _plan(label, policy, cluster, artifacts, planning_lm, plan_path, policy_file)
     return _simulated(planned, cluster, lm, bound, duration_s, drop)
+
+
+def _plan_path(out_dir: Path, label: str) -> Path:
+    return out_dir / f"plan-{re.sub(r'[^A-Za-z0-9-]+', '-', label).strip('-')}.yaml"
+
+
+def _saved(out_dir: Path, label: str) -> Plan:
+    return load_plan(_plan_path(out_dir, label)).plan
 
 
 def _plan(
@@ -143,13 +171,15 @@ def _plan(
     planning_lm: LatencyModel,
     plan_path: Path,
     policy_file: Path | None = None,
+    energy: EnergyModel | None = None,
 ) -> tuple[str, Plan | str, float]:
     """(label, the plan or why there is none, planning time in ms); the plan saved at `plan_path`."""
     try:
         started = time.perf_counter()
         plan = make_plan(
-            cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file
-        )
+            cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file,
+            energy=energy,
+        )  # fmt: skip
     except TritonctlError as exc:
         return label, exc.message.splitlines()[0], 0.0
     plan_ms = 1000 * (time.perf_counter() - started)
@@ -197,21 +227,30 @@ def arrived_requests(sim: SimResult, plan: Plan, cluster: Cluster) -> int:
 
 
 def format_rows(rows: list[BenchRow]) -> str:
+    """The bench table; a joules-per-request column where some row has the energy model's estimate."""
+    joules = any(r.joules_per_request is not None for r in rows)
     head = (
         "| policy | plan ms | unserved | predicted misses | capacity req/s | of bound | predicted goodput | "
-        "of optimum | throughput | goodput | SLO violations | drops | devices |\n" + "|---" * 13 + "|"
+        "of optimum | throughput | goodput | SLO violations | drops | devices |"
+        + (" mJ/request (predicted) |" if joules else "")
+        + "\n"
+        + "|---" * (13 + joules)
+        + "|"
     )
     lines = [head]
     for r in rows:
         if r.error:
-            lines.append(f"| {r.policy} | failed: {r.error} | | | | | | | | | | | |")
+            lines.append(f"| {r.policy} | failed: {r.error} |" + " |" * (11 + joules))
             continue
         of_optimum = "-" if r.of_optimum is None else f"{100 * r.of_optimum:.1f}%"
+        energy = (
+            "" if not joules else " - |" if r.joules_per_request is None else f" {1000 * r.joules_per_request:.1f} |"
+        )
         lines.append(
             f"| {r.policy} | {r.plan_ms:.1f} | {r.unserved} | {r.predicted_misses} | {r.capacity_rps:.1f} | "
             f"{100 * r.of_bound:.0f}% | {r.predicted_goodput_rps:.1f} | {of_optimum} | {r.throughput_rps:.1f} | "
             f"{r.goodput_rps:.1f} | "
-            f"{100 * r.violations:.2f}% | {100 * r.drops:.2f}% | {r.devices} |"
+            f"{100 * r.violations:.2f}% | {100 * r.drops:.2f}% | {r.devices} |{energy}"
         )
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.energy import EnergyModel, clocked
 from tritonctl.latency.model import LatencyModel
-from tritonctl.planning.plan import Device
+from tritonctl.planning.plan import Device, Plan
 from tritonctl.planning.policies.base import Choice, Demand
 from tritonctl.planning.policies.bda import batch_checks, bda, with_batches
 
@@ -102,3 +102,18 @@ def least_energy(
             "on this placement"
         )
     return best
+
+
+def plan_joules(plan: Plan, energy: EnergyModel, sources: dict[str, str]) -> float | None:
+    """The energy model's joules per request of a plan, its placements' rates weighting each one's energy per image
+    at its batch and the plan's clock (the grid's top where none is locked); None where a model was not measured."""
+    clocks = {d.id: d.clock_mhz or energy.clocks[-1] for d in plan.devices}
+    total = weight = 0.0
+    for model, placement in plan.instances():
+        source = sources.get(model.name, model.name)
+        if source not in energy.models:
+            return None
+        rate = model.rate_of(placement)
+        total += rate * energy.joules_per_image(source, placement.batch, clocks[placement.device])
+        weight += rate
+    return total / weight if weight else None
