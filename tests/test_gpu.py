@@ -382,3 +382,15 @@ def test_bench_adds_joules_per_request_and_the_energy_objective_row(gpu_one, tmp
     assert saver.joules_per_request < search.joules_per_request and saver.predicted_misses == 0
     assert "mJ/request (predicted)" in format_rows(rows).splitlines()[0]
     assert "mJ/request" not in format_rows([search.__class__(**{**search.__dict__, "joules_per_request": None})])
+
+
+def test_a_dry_run_rehearses_a_gpu_plan_on_a_host_without_gpus(gpu_one, capsys):
+    _, _, _, loaded = gpu_one
+    assert main(["apply", str(loaded.path), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        f"CUDA_MPS_PIPE_DIRECTORY={loaded.state_dir / 'mps' / 'pipe'}" in said and "nvidia-cuda-mps-control -d" in said
+    )
+    assert "would change 4 instance(s)" in said and not (loaded.state_dir / "mps").exists()
+    assert main(["apply", str(loaded.path)]) == 2  # for real: refused here, nothing started
+    assert "NVML sees no GPU" in capsys.readouterr().err

@@ -12,11 +12,11 @@ from tritonctl.cli.output import emit, say
 from tritonctl.controller.decide import ControllerConfig
 from tritonctl.controller.loop import Controller
 from tritonctl.controller.state import load_controller_state
-from tritonctl.deploy import share
+from tritonctl.deploy import mps, share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import host_gpu_count, write_compose
-from tritonctl.deploy.gpu import energy_mj
+from tritonctl.deploy.gpu import energy_mj, lock_commands
 from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
@@ -117,7 +117,12 @@ def _apply(
             say("dry run: the docker commands and HTTP calls below are printed, not made")
     else:
         say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
-        if share.mechanism() == "none":
+        if loaded.plan.target == "gpu" and dry_run:
+            say("dry run: on the GPU host, before any instance starts:")
+            for line in [*lock_commands(loaded.plan.devices), mps.rehearsal(runtime.mps)]:
+                say(f"  {line}")
+            say("  every instance with CUDA_VISIBLE_DEVICES and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its launch.json)")
+        elif share.mechanism() == "none":
             say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
     started = time.monotonic()
     steps = apply_plan(loaded, runtime, log=say, dry_run=dry_run)

@@ -45,6 +45,13 @@ def _write(state_dir: Path, locked: dict[int, int]) -> None:
         path.unlink(missing_ok=True)
 
 
+def lock_commands(devices: list[Device]) -> list[str]:
+    """The nvidia-smi commands `lock_clocks` runs for these devices (for a dry run)."""
+    return [
+        f"nvidia-smi -i {d.index} -lgc {d.clock_mhz},{d.clock_mhz}" for d in devices if d.kind == "gpu" and d.clock_mhz
+    ]
+
+
 def lock_clocks(state_dir: Path, devices: list[Device]) -> dict[int, int]:
     """Lock each GPU with a `clock_mhz` at it, reset those tritonctl locked that have none now; the GPUs locked."""
     wanted = {d.index: d.clock_mhz for d in devices if d.kind == "gpu" and d.clock_mhz is not None}

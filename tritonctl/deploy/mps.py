@@ -43,6 +43,12 @@ class Daemon:
         return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
 
 
+def rehearsal(daemon: Daemon) -> str:
+    """The command `ensure` runs where no daemon answers on the deployment's pipe folder (for a dry run)."""
+    env = " ".join(f"{k}={v}" for k, v in daemon.env.items())
+    return f"{env} {CONTROL} -d   (unless a daemon answers there already)"
+
+
 def control_binary() -> str:
     """nvidia-cuda-mps-control, or a TritonctlError saying it is missing."""
     found = shutil.which(CONTROL) or next((p for p in CONTROL_PATHS if Path(p).is_file()), None)

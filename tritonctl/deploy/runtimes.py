@@ -36,6 +36,6 @@ def runtime_for(
         return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), host_gpu_count() if starts else None)
     if not starts:
         return LocalRuntime(None, loaded.state_dir)
-    if loaded.plan.target == "gpu":
+    if loaded.plan.target == "gpu" and not dry_run:  # a dry run rehearses a GPU plan on any host
         mps.check_host(host_gpu_count(), 1 + max(d.index for d in loaded.plan.devices))
     return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)

@@ -347,6 +347,15 @@ def replan_policy(cluster: Cluster, lm: LatencyModel | None) -> tuple[str, str]:
     return "inss", f"the trained policy {path} fits the cluster"
 
 
+def _with_joules(model: PlannedModel, joules: float) -> PlannedModel:
+    """The model with the energy objective's joules per request in each placement's prediction."""
+    placements = [
+        p.model_copy(update={"predicted": p.predicted.model_copy(update={"joules_per_request": joules})})
+        for p in model.placements
+    ]
+    return model.model_copy(update={"placements": placements})
+
+
 def sources_of(cluster: Cluster) -> dict[str, str]:
     """Each model's name in measurements made outside the cluster (an energy sweep): its torchvision source, or
     its own name for a model given as an .onnx file."""
@@ -465,21 +474,7 @@ def make_plan(
     if lm is not None:
         planned = predict(planned, lm, log, sharing, frozenset(turns), devices)
         if joules:
-            planned = [
-                m.model_copy(
-                    update={
-                        "placements": [
-                            p.model_copy(
-                                update={
-                                    "predicted": p.predicted.model_copy(update={"joules_per_request": joules[m.name]})
-                                }
-                            )
-                            for p in m.placements
-                        ]
-                    }
-                )
-                for m in planned
-            ]
+            planned = [_with_joules(m, joules[m.name]) for m in planned]
         misses = [(m, p) for m in planned for p in m.placements if not p.predicted.meets_slo]
         if strict and misses:
             fields = {m.name: f"models[{i}]" for i, m in enumerate(cluster.spec.models)}
