@@ -386,7 +386,7 @@ def test_bench_adds_joules_per_request_and_the_energy_objective_row(gpu_one, tmp
 
 def test_a_dry_run_rehearses_a_gpu_plan_on_a_host_without_gpus(gpu_one, capsys):
     _, _, _, loaded = gpu_one
-    assert main(["apply", str(loaded.path), "--dry-run"]) == 0
+    assert main(["apply", str(loaded.path), "--dry-run"]) == 1  # 1: something would change
     said = capsys.readouterr().out
     assert (
         f"CUDA_MPS_PIPE_DIRECTORY={loaded.state_dir / 'mps' / 'pipe'}" in said and "nvidia-cuda-mps-control -d" in said
