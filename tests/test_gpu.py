@@ -31,7 +31,7 @@ from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency import energy
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planning.energy import least_energy
+from tritonctl.planning.energy import at_clock, least_energy
 from tritonctl.planning.plan import load_plan, save_plan
 from tritonctl.planning.planner import demands_of, devices_of, make_plan, sources_of
 from tritonctl.planning.policies.bda import batch_checks
@@ -314,10 +314,8 @@ def test_the_energy_objective_takes_the_clock_of_least_power_that_keeps_every_sl
     # Slower at the lower clock, as the sweep says, and no cheaper clock on the grid serves every model
     assert decision.lm.t_inf("resnet50", 8, 25) > lm.t_inf("resnet50", 8, 25)
     assert decision.clock_mhz < em.clocks[-1]
-    from tritonctl.planning.energy import _at_clock
-
     others = [
-        _at_clock(f, {n: cs[0] for n, cs in choices.items()}, demands, devices, lm, em, sources) for f in em.clocks[::8]
+        at_clock(f, {n: cs[0] for n, cs in choices.items()}, demands, devices, lm, em, sources) for f in em.clocks[::8]
     ]
     assert all(o is None or o.power_w >= decision.power_w - 1e-9 for o in others)
     assert decision.power_w == pytest.approx(sum(d.rate * decision.joules_per_request[d.name] for d in demands))

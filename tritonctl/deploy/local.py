@@ -184,7 +184,11 @@ class LocalRuntime:
             loaded = LoadedPlan(loaded.plan.model_copy(update={"runtime": runtime}), loaded.path)
         if write:
             lock_clocks(self.state_dir, loaded.plan.devices)  # the energy objective's clocks, before any start
-            self.mps = mps.ensure(self.state_dir)
+            try:
+                self.mps = mps.ensure(self.state_dir)
+            except TritonctlError:
+                release_clocks(self.state_dir)  # nothing half-started
+                raise
         return loaded
 
     def __init__(self, binary: TritonBinary | None, state_dir: Path):

@@ -39,7 +39,7 @@ class EnergyDecision:
         )
 
 
-def _at_clock(
+def at_clock(
     clock: int,
     placement: dict[str, Choice],
     demands: list[Demand],
@@ -48,6 +48,7 @@ def _at_clock(
     energy: EnergyModel,
     sources: dict[str, str],
 ) -> EnergyDecision | None:
+    """The placement's batches of least energy at one SM clock, or None where no batches keep every SLO there."""
     lm_f = clocked(lm, energy, clock, sources)
     decision = bda(placement, demands, devices, lm_f)
     if not decision.ok:
@@ -93,7 +94,7 @@ def least_energy(
     served = [d for d in demands if d.name in placement]
     best = None
     for clock in energy.clocks:
-        decision = _at_clock(clock, placement, served, devices, lm, energy, sources)
+        decision = at_clock(clock, placement, served, devices, lm, energy, sources)
         if decision is not None and (best is None or decision.power_w < best.power_w):
             best = decision
     if best is None:
