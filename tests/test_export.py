@@ -38,3 +38,24 @@ def test_export_key_follows_the_input_shape(tmp_path):
     artifacts = materialize(cluster, log=lambda _: None)
     assert artifacts["m32"].path != artifacts["m48"].path
     assert artifacts["m32"].inputs[0].shape == (3, 32, 32)
+
+
+def test_an_onnx_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
+    import os
+
+    import onnx
+
+    from conftest import make_mlp
+    from tritonctl.export import inspect_onnx
+
+    make_mlp(tmp_path / "mlp.onnx")
+    loads = []
+    real = onnx.load
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    first = inspect_onnx(tmp_path / "mlp.onnx")
+    assert inspect_onnx(tmp_path / "mlp.onnx") is first and len(loads) == 1  # a controller's re-plans read nothing
+    make_mlp(tmp_path / "mlp.onnx", seed=1)  # rewritten: read again, with its new content
+    stat = (tmp_path / "mlp.onnx").stat()
+    os.utime(tmp_path / "mlp.onnx", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    second = inspect_onnx(tmp_path / "mlp.onnx")
+    assert len(loads) == 2 and second.sha256 != first.sha256

@@ -8,6 +8,7 @@ run finds the file and returns at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -74,7 +75,18 @@ def _check_sig(sig: TensorSig, path: Path) -> None:
 
 
 def inspect_onnx(path: Path) -> Artifact:
-    """Read an ONNX file's signature and weight size; refuse one without a dynamic batch."""
+    """Read an ONNX file's signature and weight size; refuse one without a dynamic batch. Cached while the file's
+    device, inode, size and modification time stay the same: a controller re-plans with the same files, and
+    parsing and hashing them (tens of MB each) would otherwise take most of a re-plan on a busy CPU."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TritonctlError(f"not a readable ONNX model ({type(exc).__name__}: {exc})", file=path) from None
+    return _inspected(path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _inspected(path: Path, *identity: int) -> Artifact:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError and more for bad files
