@@ -83,15 +83,23 @@ def serving(lines: list[str]) -> None:
         "client (40 requests; the others idle), against the stand-in profile's solo p50 at the same point "
         "(profiles/inss-gpu: CUDA graphs in an MPS client, pinned host copies, no Triton, no gRPC).",
         "",
-        "| model | batch | Triton p50 ms | Triton p99 ms | stand-in p50 ms | Triton / stand-in |",
-        "|---|---|---|---|---|---|",
     ]
-    for row in stages["profile through triton"]["result"]:
+    rows = stages["profile through triton"]["result"]
+    split = all("direct_p50_ms" in row for row in rows)  # straight to the instance, and Triton's own counters
+    lines += [
+        "| model | batch | Triton p50 ms | Triton p99 ms | stand-in p50 ms | Triton / stand-in |"
+        + (" straight to the instance p50 ms | Triton's compute / queueing per request ms |" if split else ""),
+        "|---" * (8 if split else 6) + "|",
+    ]
+    for row in rows:
         ratio = row["triton_p50_ms"] / row["standin_p50_ms"] if row["standin_p50_ms"] else None
-        lines.append(
+        line = (
             f"| {row['model']} | {row['batch']} | {row['triton_p50_ms']:.2f} | {row['triton_p99_ms']:.2f} | "
             f"{row['standin_p50_ms']:.2f} | {ratio:.1f}x |"
         )
+        if split:
+            line += f" {row['direct_p50_ms']:.2f} | {row['server_compute_ms']:.2f} / {row['server_queue_ms']:.2f} |"
+        lines.append(line)
 
 
 def energy(lines: list[str]) -> None:

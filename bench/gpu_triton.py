@@ -6,11 +6,13 @@ Stages, each timed and written to OUT as it ends (a stage that fails is recorded
 1. export + plan examples/gpu-one (search, with the H100 stand-in latency model profiles/inss-gpu);
 2. apply through the local runtime: an MPS control daemon under the state folder, one tritonserver per
    instance with its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the PyTorch CUDA-graph glue, HAProxy in front;
-3. perf_analyzer at the planned rates, then tritonctl's own client (same rates, same duration);
+3. perf_analyzer at the planned rates, then tritonctl's own client (same rates, same duration), each with what
+   Triton counted meanwhile (mean batch, queueing and compute per request);
 4. the stand-in replay of the same plan (bench/gpu_replay.py: CUDA graphs in MPS clients, no Triton);
 5. a shadow swap (one model's share) and a batch-only reload under load (own client), failed requests counted;
 6. a profile through real Triton: every model at share 25, batch 8, closed-loop single requests of batch 1, 4
-   and 8 sent one model at a time, against the stand-in profile's solo rows at the same points;
+   and 8 sent one model at a time, against the stand-in profile's solo rows at the same points; beside it the
+   same straight to the instance (no HAProxy), and Triton's own compute and queueing per request;
 7. down (the MPS daemon stops with it);
 8. energy per image over batch x locked SM clock (profiler/energy.py).
 """
@@ -100,6 +102,52 @@ def closed_loop(url: str, model: str, shape: list[int], batch: int, reps: int) -
     return times
 
 
+def server_stats(plan_path: Path) -> dict[str, dict[str, int]]:
+    """Per model, the cumulative counters of its Triton instances (summed over them): requests answered, batches
+    executed, inferences (images), and the nanoseconds requests spent queued and in compute (input, infer,
+    output; each request of a batch counts the batch's compute)."""
+    import tritonclient.grpc as grpcclient
+
+    from tritonctl.deploy.state import load_state
+    from tritonctl.planning.plan import load_plan
+
+    totals: dict[str, dict[str, int]] = {}
+    for record in load_state(load_plan(plan_path).state_dir).instances.values():
+        with grpcclient.InferenceServerClient(f"{record.host}:{record.backend_port}") as client:
+            stats = client.get_inference_statistics(record.model, as_json=True)["model_stats"][0]
+        inference = stats["inference_stats"]
+        counters = {
+            "requests": int(inference["success"].get("count", 0)),
+            "batches": int(stats.get("execution_count", 0)),
+            "images": int(stats.get("inference_count", 0)),
+            "queue_ns": int(inference["queue"].get("ns", 0)),
+            "compute_ns": sum(
+                int(inference[k].get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output")
+            ),
+        }
+        total = totals.setdefault(record.model, dict.fromkeys(counters, 0))
+        for key, value in counters.items():
+            total[key] += value
+    return totals
+
+
+def stats_between(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    """What Triton saw between two `server_stats`: per model the mean batch, and per request its queueing and its
+    batch's compute (ms)."""
+    out = {}
+    for model, b in after.items():
+        a = before.get(model, dict.fromkeys(b, 0))
+        d = {k: b[k] - a[k] for k in b}
+        requests = max(d["requests"], 1)
+        out[model] = {
+            "requests": d["requests"],
+            "mean_batch": round(d["images"] / max(d["batches"], 1), 2),
+            "queue_ms_per_request": round(d["queue_ns"] / requests / 1e6, 3),
+            "compute_ms_per_request": round(d["compute_ns"] / requests / 1e6, 3),
+        }
+    return out
+
+
 def standin_p50(model: str, share: int, batch: int) -> float | None:
     import csv
 
@@ -169,6 +217,7 @@ def main() -> None:
         return
 
     def load(tool: str, scale: float):
+        before = server_stats(plan_path)
         text = run.cli(
             "load",
             str(plan_path),
@@ -182,7 +231,7 @@ def main() -> None:
             "json",
             timeout_s=args.duration * 4 + 60,
         )
-        return json.loads(text)
+        return {**json.loads(text), "triton": stats_between(before, server_stats(plan_path))}
 
     run.stage("perf_analyzer", lambda: load("perf_analyzer", 1.0), min_left_s=args.duration + 30)
     run.stage("own client", lambda: load("tritonctl", 1.0), min_left_s=args.duration + 30)
@@ -244,12 +293,18 @@ def main() -> None:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         run.cli("apply", str(path), "--accept-misses", timeout_s=400)
         loaded = load_plan(path)
+        from tritonctl.deploy.state import load_state
+
+        direct = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(loaded.state_dir).instances.values()}
         sources = {m["name"]: m.get("source") for m in doc["models"]}
         standin_names = {"mobilenet_v2": "mobilenet", "efficientnet_b0": "efficientnet", "mnasnet1_0": "mnasnet"}
         rows = []
         for ep in endpoints(loaded.plan):
             for batch in (1, 4, 8):
+                before = server_stats(path)
                 times = closed_loop(ep.url, ep.model, list(ep.input_shape), batch, 40)
+                server = stats_between(before, server_stats(path))[ep.model]
+                straight = closed_loop(direct[ep.model], ep.model, list(ep.input_shape), batch, 20)
                 src = sources[ep.model]
                 ref = standin_p50(standin_names.get(src, src), 25, batch)
                 rows.append(
@@ -260,6 +315,9 @@ def main() -> None:
                         "triton_p50_ms": round(float(np.median(times)), 3),
                         "triton_p99_ms": round(float(np.percentile(times, 99)), 3),
                         "standin_p50_ms": ref,
+                        "direct_p50_ms": round(float(np.median(straight)), 3),  # straight to the instance
+                        "server_compute_ms": server["compute_ms_per_request"],
+                        "server_queue_ms": server["queue_ms_per_request"],
                     }
                 )
                 run.log(f"  {rows[-1]}")
