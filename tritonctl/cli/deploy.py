@@ -28,15 +28,16 @@ from tritonctl.planning.plan import LoadedPlan, load_plan
 from tritonctl.planning.planner import replan_policy
 from tritonctl.planning.policies import POLICIES
 from tritonctl.spec import load_cluster
-from tritonctl.triton.bundle import bundle
+from tritonctl.triton.bundle import bundle, members
 from tritonctl.triton.client import endpoints, format_results, run_load
 from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from tritonctl.triton.render import render
 
 
 def cmd_bundle(args) -> int:
+    files = members(args.python)  # a Python without a stub is refused before anything is said or written
     say(f"trimming nvidia-pytriton's Triton for Python {args.python} into {args.output} (xz: about a minute) ...")
-    made = bundle(Path(args.output), args.python)
+    made = bundle(Path(args.output), args.python, files=files)
     say(
         f"wrote {made.path}: {len(made.files)} files, {made.unpacked_bytes / 2**20:.0f} MiB unpacked, "
         f"{made.path.stat().st_size / 2**20:.0f} MiB packed; on the target: tar -xJf {made.path.name}, then put "

@@ -89,9 +89,10 @@ def members(python_version: str) -> dict[str, Path]:
     return out
 
 
-def bundle(output: Path, python_version: str, preset: int = 6) -> Bundle:
-    """Write the trimmed Triton for Python `python_version` (the GPU host's) to `output` (.tar.xz, xz `preset`)."""
-    files = members(python_version)
+def bundle(output: Path, python_version: str, preset: int = 6, files: dict[str, Path] | None = None) -> Bundle:
+    """Write the trimmed Triton for Python `python_version` (the GPU host's) to `output` (.tar.xz, xz `preset`);
+    `files`: its `members`, where already read."""
+    files = files or members(python_version)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + ".partial")
     sizes = {}
