@@ -209,21 +209,6 @@ def check_plan(loaded: LoadedPlan, gpus: int | None, target: str = "compose") ->
             )
 
 
-def check_shares(loaded: LoadedPlan, launches: dict[str, Launch]) -> None:
-    """Every instance's MPS active thread percentage must be 1-100."""
-    for i, model in enumerate(loaded.plan.models):
-        for j, placement in enumerate(model.placements):
-            launch = launches[placement.instance]
-            percent = int(launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
-            if not 1 <= percent <= 100:
-                raise TritonctlError(
-                    f"share {placement.share} of {launch.units} units is an MPS active thread percentage "
-                    f"of {percent}; MPS takes 1-100",
-                    file=loaded.path,
-                    field=f"models[{i}].placements[{j}].share",
-                )
-
-
 def read_previous(folder: Path) -> dict[str, Previous]:
     """The Triton services of the compose.yaml already in `folder` (none when there is none)."""
     path = folder / COMPOSE_FILE
@@ -611,7 +596,6 @@ def write_compose(
     runtime = plan.runtime.model_copy(update={"repository_dir": relative_to(folder / REPOSITORY, loaded.path.parent)})
     local = LoadedPlan(plan.model_copy(update={"runtime": runtime}), loaded.path)
     launches = {name: launch for name, (_, launch) in render(local, write=False).items()}
-    check_shares(loaded, launches)
     values = settings(loaded, folder, latency_model)
     own_ports = proxy_ports(values, folder)
     previous = read_previous(folder)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from tritonctl.deploy.compose_project import check_plan, check_shares, write_private
+from tritonctl.deploy.compose_project import check_plan, write_private
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
 from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
 from tritonctl.deploy.runtime import server_flags
@@ -434,9 +434,7 @@ def check_kubernetes(loaded: LoadedPlan, node: str | None) -> dict[str, Launch]:
             field="devices",
         )
     _names(plan, loaded)
-    launches = {name: launch for name, (_, launch) in render(loaded, write=False).items()}
-    check_shares(loaded, launches)
-    return launches
+    return {name: launch for name, (_, launch) in render(loaded, write=False).items()}
 
 
 def write_kubernetes(loaded: LoadedPlan, folder: Path, node: str | None, namespace: str = "tritonctl") -> list[str]:

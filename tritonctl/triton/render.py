@@ -133,10 +133,14 @@ def launch_for(
     env: dict[str, str] = {}
     quota = period = weight = None
     if device.kind == "gpu":
-        env = {
-            "CUDA_VISIBLE_DEVICES": str(device.index),
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(round(100 * placement.share / device.units)),
-        }
+        percent = round(100 * placement.share / device.units)
+        if not 1 <= percent <= 100:
+            raise TritonctlError(
+                f"share {placement.share} of {device.units} units is an MPS active thread percentage of {percent}; "
+                "MPS takes 1-100",
+                field=f"models.{model.name}.placements[{model.placements.index(placement)}].share",
+            )
+        env = {"CUDA_VISIBLE_DEVICES": str(device.index), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)}
     else:
         env = {"TRITONCTL_ORT_SPINNING": ort_spinning()}  # in the process hash: a change restarts the instance
         period = CFS_PERIOD_US
