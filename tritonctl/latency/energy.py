@@ -18,14 +18,17 @@ on the samples, and `clocked` carries a latency model to a clock by the ratio T(
 from __future__ import annotations
 
 import csv
+import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import read_json, write_json_atomic
+from tritonctl.files import read_json
 from tritonctl.latency.model import MAX_BATCH, LatencyModel, scaled
 
 FORMAT = "tritonctl-energy-model/1"
@@ -235,7 +238,16 @@ def fit(samples: list[Sample], meta: dict | None = None) -> EnergyModel:
 
 
 def save(model: EnergyModel, path: Path) -> None:
-    write_json_atomic(path, model.to_json())
+    """The model as JSON, each table row (32 batch sizes at one clock) on one line; written through a temporary
+    file, so a crash never leaves half a file."""
+    text = json.dumps(model.to_json(), indent=1)
+    text = re.sub(
+        r"\[\s+([-+\d.e,\s]+?)\s+\]", lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
 
 
 def load(path: str | Path) -> EnergyModel:
