@@ -348,6 +348,9 @@ def test_plan_objective_energy_writes_the_clock_and_joules_and_refuses_what_it_c
     assert plan.objective == "energy" and plan.devices[0].clock_mhz is not None
     assert all(p.predicted.joules_per_request > 0 and p.predicted.meets_slo for _, p in plan.instances())
     assert f"at {plan.devices[0].clock_mhz} MHz" in capsys.readouterr().out
+    clock = plan.devices[0].clock_mhz  # a container cannot lock it: rendering for Compose says what to run
+    assert main(["render", str(out), "--target", "compose", "--gpus", "1", "-o", str(tmp_path / "compose")]) == 0
+    assert f"nvidia-smi -i 0 -lgc {clock},{clock}" in capsys.readouterr().out
     assert (
         main(["plan", str(cluster.path), "--latency-model", str(GPU_LM), "--objective", "energy", "-o", str(out)]) == 2
     )

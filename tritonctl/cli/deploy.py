@@ -46,8 +46,16 @@ def cmd_bundle(args) -> int:
     return 0
 
 
+def _clock_note(loaded: LoadedPlan) -> None:
+    """A container cannot lock its GPU's clock: where the plan sets one, say what to run on the host."""
+    for line in lock_commands(loaded.plan.devices):
+        say(f"note: the plan's SM clock is not locked by the containers; on the GPU host, as root: {line}")
+
+
 def cmd_render(args) -> int:
     loaded = load_plan(args.plan)
+    if args.target in ("compose", "kubernetes"):
+        _clock_note(loaded)
     if args.target == "compose":
         gpus = args.gpus if args.gpus is not None else host_gpu_count()
         if gpus is None:
