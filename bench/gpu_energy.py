@@ -12,29 +12,18 @@ in-place reloads); `down` resets the clock. Writes OUT/summary.json and OUT/log.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, Run
+from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, start
 
 ENERGY_MODEL = REPO / "profiles" / "gpu-energy" / "energy-model.json"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("-o", "--output", required=True)
-    parser.add_argument("--budget", type=float, default=300, help="seconds for the whole run")
-    parser.add_argument("--duration", type=float, default=20, help="seconds of each load")
-    args = parser.parse_args()
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    run = Run(out, args.budget)
-    work = Path("/tmp/gpu-energy-work")
-    work.mkdir(parents=True, exist_ok=True)
+    args, out, run, work = start(300, "gpu-energy-work")
     plans = {"throughput": work / "plan-throughput.yaml", "energy": work / "plan-energy.yaml"}
 
     def plan():

@@ -70,7 +70,8 @@ def serving(lines: list[str]) -> None:
     swap = stages["swap under load"]["result"]
     lines += [
         "",
-        f"Apply: {stages['apply']['result']['apply'][-1].strip()}.",
+        f"Apply: {stages['apply']['result']['apply'][-1].strip()}. perf_analyzer: "
+        f"{sum(m['ok'] for m in pa.values()):,} of {sum(m['sent'] for m in pa.values()):,} requests answered.",
         "",
         f"**Shadow swap and batch-only reload under load** (own client at {swap['rate_scale']:g} x the rates): "
         f"{swap['sent']} requests, **{swap['failed']} failed**; resnet50's share changed (a new process, warmed, "

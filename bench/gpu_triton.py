@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -163,17 +164,23 @@ def standin_p50(model: str, share: int, batch: int) -> float | None:
     return None
 
 
-def main() -> None:
+def start(budget_s: float, work: str) -> tuple[argparse.Namespace, Path, Run, Path]:
+    """What a GPU bench script starts with: its arguments (-o, --budget, --duration), its output folder and Run,
+    and its work folder under /tmp (plans and their variants side by side: their paths are relative)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("-o", "--output", required=True)
-    parser.add_argument("--budget", type=float, default=480, help="seconds for the whole run")
+    parser.add_argument("--budget", type=float, default=budget_s, help="seconds for the whole run")
     parser.add_argument("--duration", type=float, default=20, help="seconds of each load")
     args = parser.parse_args()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    run = Run(out, args.budget)
-    work = Path("/tmp/gpu-triton-work")  # plans and their variants side by side (their paths are relative)
-    work.mkdir(parents=True, exist_ok=True)
+    folder = Path("/tmp") / work
+    folder.mkdir(parents=True, exist_ok=True)
+    return args, out, Run(out, args.budget), folder
+
+
+def main() -> None:
+    args, out, run, work = start(480, "gpu-triton-work")
     plan_path = work / "plan.yaml"
     query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"]
     try:
@@ -186,7 +193,7 @@ def main() -> None:
         "gpu": smi,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "cpus": __import__("os").cpu_count(),
+        "cpus": os.cpu_count(),
     }
     run.save()
 

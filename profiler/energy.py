@@ -6,17 +6,20 @@ Runs on the GPU host, as root where clocks are to be locked. Per clock (locked w
 the driver refuses, the row says `unlocked` and the clock NVML read instead), per model and batch size: the graph
 replayed back to back for `--seconds`, the energy counter (mJ) read before and after; one row with the batch
 time (ms, CUDA events) and joules per image. The clocks are reset (`nvidia-smi -rgc`) at the end, also on error.
-The model runs as the GPU glue runs it (templates/python_torch_gpu_model.py): seeded torchvision weights, fp32
-with TF32 math, one CUDA graph per batch size, on the whole GPU.
+The model is built as the GPU profiler builds it (`profiler/gpu.py`): seeded torchvision weights, fp32 with TF32
+math, one CUDA graph per batch size, on the whole GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import subprocess
 import time
 from pathlib import Path
+
+from tritonctl.deploy.gpu import lock, reset
+
+from .gpu import _build, _setup_torch
 
 FIELDS = [
     "model",
@@ -31,31 +34,18 @@ FIELDS = [
 ]
 
 
-def lock_clock(mhz: int) -> bool:
-    """Lock the SM clock at `mhz`; False where the driver refuses."""
-    done = subprocess.run(["nvidia-smi", "-lgc", f"{mhz},{mhz}"], capture_output=True, text=True)
-    return done.returncode == 0 and "set to" in done.stdout
-
-
-def reset_clock() -> None:
-    subprocess.run(["nvidia-smi", "-rgc"], capture_output=True, text=True)
-
-
 def measure(models: list[str], batches: list[int], clocks: list[int], seconds: float, out: Path, log=print) -> None:
     import pynvml
-    import torch
-    import torchvision
 
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    torch = _setup_torch()
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    # (model, batch) -> (graph, static input, static output, module): what a graph reads lives as long as it does
+    # (model, batch) -> (graph, static input, static output, module): what a graph reads lives as long as it does.
+    # Captured on an input of zeros, as the committed sweep was (profiler/gpu.py's capture draws a random one).
     graphs = {}
     with torch.inference_mode():
         for name in models:
-            torch.manual_seed(0)
-            module = torchvision.models.get_model(name, weights=None).eval().cuda()
+            module = _build(torch, name)
             for b in batches:
                 static_in = torch.zeros((b, 3, 224, 224), device="cuda")
                 side = torch.cuda.Stream()  # warm-up off the capture's stream, as CUDA graph capture requires
@@ -71,7 +61,7 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
     rows = []
     try:
         for clock in clocks:
-            locked = lock_clock(clock)
+            locked = lock(0, clock) is None
             for (name, b), (graph, *_) in graphs.items():
                 torch.cuda.synchronize()
                 for _ in range(5):
@@ -111,7 +101,7 @@ def measure(models: list[str], batches: list[int], clocks: list[int], seconds: f
                     f"{batch_ms:.2f} ms/batch, {rows[-1]['joules_per_image'] * 1000:.2f} mJ/image"
                 )
     finally:
-        reset_clock()
+        reset(0)
         pynvml.nvmlShutdown()
     with out.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)

@@ -35,6 +35,7 @@ from tritonctl.planning.energy import at_clock, least_energy
 from tritonctl.planning.plan import load_plan, save_plan
 from tritonctl.planning.planner import demands_of, devices_of, make_plan, sources_of
 from tritonctl.planning.policies.bda import batch_checks
+from tritonctl.profiler.energy import FIELDS
 from tritonctl.spec import load_cluster
 from tritonctl.triton.binary import TritonBinary, find_tritonserver
 from tritonctl.triton.bundle import bundle, members
@@ -234,19 +235,7 @@ def synthetic_sweep(path: Path, models=("resnet50", "mobilenet_v2", "efficientne
     (least near 1150 MHz) and falling with the batch as b^-0.7; one model slower than the next."""
     with path.open("w", newline="") as fh:
         out = csv.writer(fh)
-        out.writerow(
-            [
-                "model",
-                "batch",
-                "clock_mhz",
-                "locked",
-                "sm_clock_read_mhz",
-                "batch_ms",
-                "images_per_s",
-                "joules_per_image",
-                "avg_power_w",
-            ]
-        )
+        out.writerow(FIELDS)
         for k, model in enumerate(models):
             for b in (1, 2, 4, 8, 16, 32):
                 for f in (780, 1020, 1260, 1500, 1740, 1830):

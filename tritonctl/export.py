@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import check_output_dir, excerpt, sha256_file
+from tritonctl.files import check_output_dir, excerpt, file_identity, sha256_unchanged
 from tritonctl.spec import DTYPES, MAX_DIM, Cluster, ModelSpec, plain_text
 
 OPSET = 17
@@ -79,10 +79,10 @@ def inspect_onnx(path: Path) -> Artifact:
     device, inode, size and modification time stay the same: a controller re-plans with the same files, and
     parsing and hashing them (tens of MB each) would otherwise take most of a re-plan on a busy CPU."""
     try:
-        stat = path.stat()
+        identity = file_identity(path)
     except OSError as exc:
         raise TritonctlError(f"not a readable ONNX model ({type(exc).__name__}: {exc})", file=path) from None
-    return _inspected(path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return _inspected(path, *identity)
 
 
 @functools.lru_cache(maxsize=256)
@@ -108,7 +108,7 @@ def _inspected(path: Path, *identity: int) -> Artifact:
     if not inputs or not outputs:
         raise TritonctlError("the graph has no inputs or no outputs", file=path)
     weights = sum(len(init.raw_data) or 4 * len(init.float_data) for init in graph.initializer)
-    return Artifact(path, sha256_file(path), tuple(inputs), tuple(outputs), weights / 2**20)
+    return Artifact(path, sha256_unchanged(path), tuple(inputs), tuple(outputs), weights / 2**20)
 
 
 def export_key(model: ModelSpec, torch_version: str, torchvision_version: str) -> str:

@@ -7,6 +7,7 @@ cannot stand for a huge document. Errors quote at most a short excerpt of the in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -199,3 +200,21 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def file_identity(path: Path) -> tuple[int, int, int, int]:
+    """What changes when a file is replaced or rewritten: its device, inode, size and modification time (the key
+    that cached readings of a file go by)."""
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def sha256_unchanged(path: Path) -> str:
+    """`sha256_file`, read again only when the file's identity changed (model files of tens of MB are checked at
+    every plan, apply and re-plan)."""
+    return _sha256(path, *file_identity(path))
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: Path, *identity: int) -> str:
+    return sha256_file(path)

@@ -15,8 +15,8 @@ from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy import mps, share
 from tritonctl.deploy.apply import apply_plan, down, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
-from tritonctl.deploy.compose_project import host_gpu_count, write_compose
-from tritonctl.deploy.gpu import energy_mj, lock_commands
+from tritonctl.deploy.compose_project import write_compose
+from tritonctl.deploy.gpu import energy_mj, gpu_count, lock_commands
 from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
@@ -57,7 +57,7 @@ def cmd_render(args) -> int:
     if args.target in ("compose", "kubernetes"):
         _clock_note(loaded)
     if args.target == "compose":
-        gpus = args.gpus if args.gpus is not None else host_gpu_count()
+        gpus = args.gpus if args.gpus is not None else gpu_count()
         if gpus is None:
             say("note: no GPU found here (or no pynvml): the plan's GPUs are not checked; pass --gpus N to check")
         out = Path(args.output) if args.output else loaded.path.parent / "compose"

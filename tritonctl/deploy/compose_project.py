@@ -165,22 +165,6 @@ def project_name(cluster: str) -> str:
     return "tritonctl-" + re.sub(r"[^a-z0-9_-]", "-", cluster.lower())
 
 
-def host_gpu_count() -> int | None:
-    """GPUs NVML sees on this machine; None without pynvml, a driver or a GPU."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        return pynvml.nvmlDeviceGetCount() or None
-    finally:
-        pynvml.nvmlShutdown()
-
-
 def check_plan(loaded: LoadedPlan, gpus: int | None, target: str = "compose") -> None:
     """Refuse a plan the `target` (compose, kubernetes) cannot deploy on a host with `gpus` GPUs (None: not
     checked)."""

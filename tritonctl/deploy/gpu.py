@@ -1,5 +1,6 @@
-"""A local GPU deployment's SM clocks (locked with nvidia-smi, as the energy objective chose) and its energy
-counter (NVML's total energy, millijoules since the driver loaded).
+"""What the NVIDIA driver tells and sets for tritonctl: the GPUs NVML sees, their energy counter (NVML's total
+energy, millijoules since the driver loaded), and SM clocks locked with nvidia-smi (the energy objective's, and
+the energy sweep's).
 
 Clocks are locked before any instance starts and reset at `down`; the GPUs tritonctl locked are kept in the
 state folder, so a plan without clocks applied over one with them resets them. A clock the driver refuses stops
@@ -8,12 +9,17 @@ the apply before anything starts, with the GPUs it had locked reset.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonctl.errors import TritonctlError
-from tritonctl.planning.plan import Device
+
+if TYPE_CHECKING:  # the energy sweep imports this module on a GPU host that may lack the plan's dependencies
+    from tritonctl.planning.plan import Device
 
 RECORD = "clocks.json"  # in the state folder: GPU index -> the SM clock tritonctl locked (MHz)
 
@@ -27,7 +33,17 @@ def _smi(*args: str) -> subprocess.CompletedProcess:
         ) from None
 
 
-def _reset(index: int) -> None:
+def lock(index: int, mhz: int) -> str | None:
+    """Lock GPU `index`'s SM clock at `mhz`: None once locked, else what the driver said."""
+    answer = _smi("-i", str(index), "-lgc", f"{mhz},{mhz}")
+    if answer.returncode == 0 and "set to" in answer.stdout:
+        return None
+    said = (answer.stderr or answer.stdout).strip().splitlines()
+    return said[0] if said else f"exit {answer.returncode}"
+
+
+def reset(index: int) -> None:
+    """Give GPU `index`'s SM clock back to the driver."""
     _smi("-i", str(index), "-rgc")
 
 
@@ -57,17 +73,16 @@ def lock_clocks(state_dir: Path, devices: list[Device]) -> dict[int, int]:
     wanted = {d.index: d.clock_mhz for d in devices if d.kind == "gpu" and d.clock_mhz is not None}
     before = _read(state_dir)
     for index in sorted(set(before) - set(wanted)):
-        _reset(index)
+        reset(index)
     done: dict[int, int] = {}
     for index, mhz in sorted(wanted.items()):
-        answer = _smi("-i", str(index), "-lgc", f"{mhz},{mhz}")
-        if answer.returncode != 0 or "set to" not in answer.stdout:
+        refused = lock(index, mhz)
+        if refused is not None:
             for locked in done:
-                _reset(locked)
+                reset(locked)
             _write(state_dir, {})
-            said = (answer.stderr or answer.stdout).strip().splitlines()
             raise TritonctlError(
-                f"the driver refused to lock GPU {index} at {mhz} MHz ({said[0] if said else answer.returncode}); "
+                f"the driver refused to lock GPU {index} at {mhz} MHz ({refused}); "
                 "locking clocks needs root and a GPU that allows it (nvidia-smi -lgc); nothing was started",
                 field="devices.clock_mhz",
             )
@@ -79,25 +94,43 @@ def lock_clocks(state_dir: Path, devices: list[Device]) -> dict[int, int]:
 def release_clocks(state_dir: Path) -> None:
     """At `down`: reset every GPU clock tritonctl locked for the deployment."""
     for index in _read(state_dir):
-        _reset(index)
+        reset(index)
     _write(state_dir, {})
+
+
+@contextlib.contextmanager
+def _nvml() -> Iterator:
+    """pynvml, initialised for the block; None without pynvml, a driver or a GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        yield None
+        return
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        yield None
+        return
+    try:
+        yield pynvml
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def gpu_count() -> int | None:
+    """GPUs NVML sees on this machine; None without pynvml, a driver or a GPU."""
+    with _nvml() as nvml:
+        return None if nvml is None else nvml.nvmlDeviceGetCount() or None
 
 
 def energy_mj(indices: list[int]) -> float | None:
     """The GPUs' total-energy counters summed (mJ); None without NVML, a GPU or the counter."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        return float(
-            sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices)
-        )
-    except pynvml.NVMLError:
-        return None
-    finally:
-        pynvml.nvmlShutdown()
+    with _nvml() as nvml:
+        if nvml is None:
+            return None
+        try:
+            return float(
+                sum(nvml.nvmlDeviceGetTotalEnergyConsumption(nvml.nvmlDeviceGetHandleByIndex(i)) for i in indices)
+            )
+        except nvml.NVMLError:
+            return None

@@ -185,7 +185,7 @@ class LocalRuntime:
         if write:
             lock_clocks(self.state_dir, loaded.plan.devices)  # the energy objective's clocks, before any start
             try:
-                self.mps = mps.ensure(self.state_dir)
+                mps.ensure(self.state_dir)
             except TritonctlError:
                 release_clocks(self.state_dir)  # nothing half-started
                 raise

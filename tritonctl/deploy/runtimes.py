@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tritonctl.deploy import mps
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
-from tritonctl.deploy.compose_project import host_gpu_count
+from tritonctl.deploy.gpu import gpu_count
 from tritonctl.deploy.local import LocalRuntime
 from tritonctl.deploy.runtime import Runtime
 from tritonctl.planning.plan import LoadedPlan
@@ -33,9 +33,9 @@ def runtime_for(
         return KubernetesRuntime(connect(namespace, dry_run, log), loaded.state_dir)
     if name == "compose":
         folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
-        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), host_gpu_count() if starts else None)
+        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), gpu_count() if starts else None)
     if not starts:
         return LocalRuntime(None, loaded.state_dir)
     if loaded.plan.target == "gpu" and not dry_run:  # a dry run rehearses a GPU plan on any host
-        mps.check_host(host_gpu_count(), 1 + max(d.index for d in loaded.plan.devices))
+        mps.check_host(gpu_count(), 1 + max(d.index for d in loaded.plan.devices))
     return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)

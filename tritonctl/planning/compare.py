@@ -29,7 +29,7 @@ from tritonctl.latency.energy import EnergyModel, clocked
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import warm_tables, without_queueing
 from tritonctl.planning.energy import plan_joules
-from tritonctl.planning.plan import Plan, load_plan, save_plan
+from tritonctl.planning.plan import Plan, save_plan
 from tritonctl.planning.planner import devices_of, make_plan, sources_of
 from tritonctl.planning.simulate import SimResult, simulate
 from tritonctl.spec import Cluster
@@ -90,23 +90,17 @@ def run_policies(
     planning_lm = lm.with_margin(margin)
     warm_tables(MAX_BATCH)  # the planning times below leave out this one-time cost
     rows = [
-        _bench_row(policy, policy, cluster, artifacts, planning_lm, lm, out_dir, bound, duration_s, drop, policy_file)
+        _bench_row(
+            policy, policy, cluster, artifacts, planning_lm, lm, out_dir, bound, duration_s, drop, policy_file, energy
+        )
         for policy in policies
     ]
     if energy is not None:
-        sources = sources_of(cluster)
         label = "search, energy objective"
         planned = _plan(label, "search", cluster, artifacts, planning_lm, _plan_path(out_dir, label), energy=energy)
         plan = planned[1]
-        sim_lm = lm if isinstance(plan, str) else clocked(lm, energy, plan.devices[0].clock_mhz, sources)
-        rows.append(_simulated(planned, cluster, sim_lm, bound, duration_s, drop))
-        plans = {r.policy: _saved(out_dir, r.policy) for r in rows if not r.error}
-        rows = [
-            dataclasses.replace(r, joules_per_request=plan_joules(plans[r.policy], energy, sources))
-            if not r.error
-            else r
-            for r in rows
-        ]
+        sim_lm = lm if isinstance(plan, str) else clocked(lm, energy, plan.devices[0].clock_mhz, sources_of(cluster))
+        rows.append(_simulated(planned, cluster, sim_lm, bound, duration_s, drop, energy))
     optimum = next((r.predicted_goodput_rps for r in rows if r.policy == "optimal" and not r.error), 0.0)
     return [dataclasses.replace(r, of_optimum=r.predicted_goodput_rps / optimum) if optimum > 0 else r for r in rows]
 
@@ -148,19 +142,17 @@ def _bench_row(
     duration_s: float,
     drop: bool,
     policy_file: Path | None = None,
+    energy: EnergyModel | None = None,
 ) -> BenchRow:
-    """One plan made by `policy` with `planning_lm` (saved in `out_dir`), simulated on `lm`."""
+    """One plan made by `policy` with `planning_lm` (saved in `out_dir`), simulated on `lm`; with an `energy`
+    model, its joules per request too."""
     plan_path = _plan_path(out_dir, label)
     planned = _plan(label, policy, cluster, artifacts, planning_lm, plan_path, policy_file)
-    return _simulated(planned, cluster, lm, bound, duration_s, drop)
+    return _simulated(planned, cluster, lm, bound, duration_s, drop, energy)
 
 
 def _plan_path(out_dir: Path, label: str) -> Path:
     return out_dir / f"plan-{re.sub(r'[^A-Za-z0-9-]+', '-', label).strip('-')}.yaml"
-
-
-def _saved(out_dir: Path, label: str) -> Plan:
-    return load_plan(_plan_path(out_dir, label)).plan
 
 
 def _plan(
@@ -194,8 +186,10 @@ def _simulated(
     bound: float,
     duration_s: float,
     drop: bool,
+    energy: EnergyModel | None = None,
 ) -> BenchRow:
-    """The bench row of a plan simulated on `lm` (or of the error that left no plan)."""
+    """The bench row of a plan simulated on `lm` (or of the error that left no plan); with an `energy` model, the
+    plan's joules per request by it."""
     label, plan, plan_ms = planned
     if isinstance(plan, str):
         return BenchRow(label, 0, 0, 0, 0, 0, 1, 0, 0, error=plan)
@@ -215,6 +209,7 @@ def _simulated(
         unserved=len(plan.unserved),
         predicted_misses=sum(not p.predicted.meets_slo for _, p in plan.instances()),
         predicted_goodput_rps=sum(p.predicted.in_slo_rps for _, p in plan.instances()),
+        joules_per_request=None if energy is None else plan_joules(plan, energy, sources_of(cluster)),
     )
 
 

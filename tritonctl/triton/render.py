@@ -26,7 +26,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import check_output_dir, sha256_file
+from tritonctl.files import check_output_dir, sha256_unchanged
 from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel
 from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for, turn_threads
 from tritonctl.spec import DTYPES
@@ -235,8 +235,7 @@ def verified_onnx(loaded: LoadedPlan, model: PlannedModel) -> Path:
     field = f"models.{model.name}.onnx"
     if not path.is_file():
         raise TritonctlError(f"ONNX file not found: {path}", file=loaded.path, field=field)
-    stat = path.stat()
-    if _sha256(path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != model.onnx_sha256:
+    if sha256_unchanged(path) != model.onnx_sha256:
         raise TritonctlError(
             f"{path} is not the file the plan was made for: its SHA-256 differs from onnx_sha256 "
             "(plan again, or restore the file)",
@@ -244,12 +243,6 @@ def verified_onnx(loaded: LoadedPlan, model: PlannedModel) -> Path:
             field=field,
         )
     return path
-
-
-@functools.lru_cache(maxsize=256)
-def _sha256(path: Path, *identity: int) -> str:
-    """SHA-256 of a file, cached while its device, inode, size and modification time stay the same."""
-    return sha256_file(path)
 
 
 def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Launch]]:

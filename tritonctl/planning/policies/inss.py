@@ -40,6 +40,7 @@ The MDP, for N models and K devices:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -50,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from tritonctl.errors import TritonctlError
+from tritonctl.files import file_identity
 from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device
@@ -337,28 +339,25 @@ def default_policy_file(cluster: str) -> Path:
     return Path(str(resources.files("tritonctl.rl"))) / "policies" / f"{cluster}.pt"
 
 
-_LOADED: dict[tuple, Any] = {}  # the actor loaded last, by file (path, modification time, size)
+@functools.lru_cache(maxsize=1)  # a re-plan reuses the actor it loaded last, while its file is unchanged
+def _actor(path: Path, *identity: int):
+    from tritonctl.planning.policies.actor import TrainedActor  # torch loads only when a trained policy is used
+
+    try:
+        return TrainedActor.load(path)
+    except Exception as exc:  # a torch file of another kind, truncated, or not one at all
+        raise TritonctlError(f"cannot load a trained policy ({type(exc).__name__}: {exc})", file=path) from None
 
 
 def load_trained(path: Path, cluster: str, models: list[str], devices: list[Device]) -> Trained:
     """The policy in `path`, refused unless trained for these models and devices."""
-    from tritonctl.planning.policies.actor import TrainedActor  # torch loads only when a trained policy is used
-
     if not path.is_file():
         raise TritonctlError(
             f"no trained inss policy for cluster {cluster!r}: train one with `tritonctl train CLUSTER.yaml "
             f"--latency-model MODEL.json --policy-file {path}` (see rl/README.md), or pass --policy-file",
             file=path,
         )
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)  # a re-plan reuses the actor it loaded last
-    if key not in _LOADED:
-        try:
-            _LOADED.clear()
-            _LOADED[key] = TrainedActor.load(path)
-        except Exception as exc:  # a torch file of another kind, truncated, or not one at all
-            raise TritonctlError(f"cannot load a trained policy ({type(exc).__name__}: {exc})", file=path) from None
-    actor = _LOADED[key]
+    actor = _actor(path.resolve(), *file_identity(path))
     layout = Layout.from_metadata(actor.metadata, path)
     why = layout.mismatch(models, devices)
     if why:
