@@ -10,9 +10,10 @@ Deployments:
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
-  turns runtime.reject_late on, `-ni`, `-nowake`, `-linear` or `-noqueue` plans with the latency
-  model less its interference terms, its wake-up term, its LWR or the queueing model
-  (latency/ablation.py), `-direct` sends the
+  turns runtime.reject_late on, `-equal` lets instances taking turns with a CPU weigh alike
+  (devices[].turn_priority: equal; by default the tighter SLO weighs more), `-ni`, `-nowake`,
+  `-linear` or `-noqueue` plans with the latency model less its interference terms, its
+  wake-up term, its LWR or the queueing model (latency/ablation.py), `-direct` sends the
   requests straight to the instances' own ports instead of the model ports (HAProxy), `-replan`
   plans for each scale's rates and applies that plan before loading it (a shadow swap, as the
   controller does when rates move), where other deployments keep the plan for 1x.
@@ -56,7 +57,7 @@ from tritonctl.latency.queueing import without_queueing
 from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
 from tritonctl.planning.planner import make_plan
 from tritonctl.planning.simulate import with_simulation
-from tritonctl.spec import load_cluster
+from tritonctl.spec import Cluster, load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import Endpoint, LoadResult, endpoints, run_load
 from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
@@ -170,9 +171,12 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     ablations = {"ni": no_interference, "nowake": no_wake, "linear": linear_running_time}
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
-                        "late": {"reject_late": True}, "direct": {}, "replan": {}, "noqueue": {},
+                        "late": {"reject_late": True}, "direct": {}, "replan": {}, "noqueue": {}, "equal": {},
                         **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
+    if "equal" in options:
+        devices = [d.model_copy(update={"turn_priority": "equal"}) for d in cluster.spec.devices]
+        cluster = Cluster(cluster.spec.model_copy(update={"devices": devices}), cluster.path)
     lm = load_latency_model(lm_path) if lm_path else None
     for option in options:
         if option in ablations and lm is not None:

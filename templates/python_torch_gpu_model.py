@@ -9,8 +9,8 @@ the Python backend). Two engines, in this order:
 - else onnxruntime with its CUDA execution provider (onnxruntime-gpu) over the rendered model.onnx.
 
 Neither available: the model fails to load with a message saying what to install. Self-contained (it runs in
-Triton's backend stub, whose Python has no tritonctl), so the capture repeats `profiler/gpu.py`'s. The process runs on the GPU
-and MPS share its environment gives (CUDA_VISIBLE_DEVICES, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).
+Triton's backend stub, whose Python has no tritonctl), so the capture repeats `profiler/gpu.py`'s. The process
+runs on the GPU and MPS share its environment gives (CUDA_VISIBLE_DEVICES, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).
 """
 
 import json

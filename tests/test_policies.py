@@ -106,7 +106,8 @@ def capacity_and_p99(out: dict[str, list[Choice]], demands: list[Demand], device
     rate = {d.name: d.rate / len(out[d.name]) for d in demands}
     turns = [(n, c) for n, cs in out.items() for c in cs if c.turns]
     split = {n: cs[0] for n, cs in out.items() if not cs[0].turns}
-    held = turn_service_ms([(n, c.batch, rate[n]) for n, c in turns], device, lm) if turns else []
+    slo = {d.name: d.slo_ms for d in demands}
+    held = turn_service_ms([(n, c.batch, rate[n], slo[n]) for n, c in turns], device, lm) if turns else []
     p99 = {}
     for k, ((n, c), t) in enumerate(zip(turns, held, strict=True)):
         p99[(n, k)] = task_latency(rate[n], c.batch, t).p99_ms
@@ -200,3 +201,26 @@ def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_ot
     # 1.7 slots: one other busy half the time slows a batch by 2 / 1.7 that half (the mean number busy, 1.5, is
     # below the slots and would say nothing)
     assert _stretch([0.5], 1.7) == pytest.approx(0.5 + 0.5 * 2 / 1.7)
+
+
+def test_deadline_monotonic_weights_and_what_they_predict(lm):
+    """The tightest SLO weighs 10000, each looser one a tenth of the next, one at least; equal SLOs alike; alike
+    or on a GPU, no weights. Weighted, a batch is stretched only by instances weighing at least as much: the
+    tightest runs as if alone, the loosest is stretched by every other one (which are busy for less time)."""
+    from tritonctl.planning.policies.timesharing import turn_service_ms
+    from tritonctl.shares import turn_weights
+
+    (cpu,) = cpus(1)
+    assert turn_weights(cpu, [30, 10, 20, 10, 80, 90, 100]) == [100, 10000, 1000, 10000, 10, 1, 1]
+    assert turn_weights(cpu, [50, 50]) is None
+    assert turn_weights(cpu.model_copy(update={"turn_priority": "equal"}), [10, 20]) is None
+    gpu = Device(id="gpu0", kind="gpu", index=0, memory_mb=4096, units=100)
+    assert turn_weights(gpu, [10, 20]) is None
+    members = [("alpha", 1, 40.0, 20.0), ("beta", 1, 40.0, 50.0), ("alpha", 1, 40.0, 80.0)]
+    one_core = cpu.model_copy(update={"cores": 1.0})
+    weighted = turn_service_ms(members, one_core, lm)
+    alike = turn_service_ms(members, one_core.model_copy(update={"turn_priority": "equal"}), lm)
+    alone = [lm.t_inf(name, 1, 100) for name, *_ in members]
+    stretched = [w / t for w, t in zip(weighted, alone, strict=True)]
+    assert stretched[0] == pytest.approx(1) and stretched[0] < stretched[1] < stretched[2]
+    assert all(w < a for w, a in zip(weighted, alike, strict=True))

@@ -6,6 +6,7 @@ Where a test fits a latency model, it is the SYNTHETIC one of tests/synthetic.py
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from tritonctl.profiler.calibrate import Point, factors_of
 from tritonctl.spec import load_cluster
 from tritonctl.triton.client import Endpoint, endpoints
 from tritonctl.triton.perf_analyzer import arrivals, read_export
+from tritonctl.triton.render import render
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -312,7 +314,6 @@ def test_instances_taking_turns_with_a_cpu_never_have_more_threads_than_cores(tm
     """Two (or four) instances taking turns with 2 cores get one onnxruntime thread each (a share of 50 units
     runs like one of them alone, two run at once); one instance alone keeps both threads."""
     from tritonctl.shares import turn_share, turn_slots, turn_threads
-    from tritonctl.triton.render import render
 
     make_mlp(tmp_path / "mlp.onnx")
     two_cores = devices_of(load_cluster(write_cluster(tmp_path, [mlp_model("alpha")])))[0]
@@ -355,6 +356,37 @@ def test_a_weight_share_is_a_work_conserving_cgroup_weight_without_quota(tmp_pat
             "5000",
             str(round(5000 * 10.24)),
         }
+
+
+def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, synthetic_lm):
+    """Deadline-monotonic: the tighter SLO's instance gets the heavier cgroup weight, with its quota; weighing
+    alike (devices[].turn_priority: equal), the kernel's default weight."""
+    from tritonctl.deploy import share
+
+    make_mlp(tmp_path / "mlp.onnx")
+    for priority, expected in (("slo", (10000, 1000)), ("equal", (None, None))):
+        models = [mlp_model("alpha", slo_ms=20, rate=5), mlp_model("beta", slo_ms=200, rate=5)]
+        cluster = write_cluster(tmp_path, models)
+        spec = yaml.safe_load(cluster.read_text())
+        spec["devices"][0]["turn_priority"] = priority
+        cluster.write_text(yaml.safe_dump(spec))
+        args = ["plan", str(cluster), "--policy", "time-sharing", "--latency-model", str(synthetic_lm)]
+        assert main(args) == 0
+        launches = {launch.model: launch for _, launch in render(load_plan(tmp_path / "plan.yaml")).values()}
+        assert (launches["alpha"].cpu_weight, launches["beta"].cpu_weight) == expected
+        assert all(launch.cpu_quota_us for launch in launches.values())
+    if share.mechanism() == "none":
+        pytest.skip("no writable cgroup on this machine: shares are not enforced (apply says so)")
+    group = share.create(f"test-{os.getpid()}", 15_000, 10_000, weight=1000)
+    try:
+        assert share.quota(group) == (15_000, 10_000)
+        weight = group / "cpu.weight"
+        assert (weight.read_text() if weight.exists() else (group / "cpu.shares").read_text()).strip() in {
+            "1000",
+            str(round(1000 * 10.24)),
+        }
+    finally:
+        share.remove(group)
 
 
 def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within_every_slo(synthetic_lm, mlp_cluster):

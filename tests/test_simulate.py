@@ -122,6 +122,20 @@ def test_a_short_batch_beside_a_long_one_in_turns(lm, kind):
         assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((2 * t_alpha, t_beta + t_alpha))
 
 
+@pytest.mark.parametrize("priority", ["slo", "equal"])
+def test_the_tighter_slo_takes_the_core_first(lm, priority):
+    """As above on 1 core, alpha's SLO ten times tighter: deadline-monotonic weights (10000 against 1000) run
+    alpha at 10/11 of its speed and beta at 1/11 while both are busy, and no time is lost; weighing alike, at
+    half speed each."""
+    plan = plan_of(("alpha", 1, 1e5, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal", cores=1.0)
+    plan = plan.model_copy(update={"devices": [plan.devices[0].model_copy(update={"turn_priority": priority})]})
+    trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
+    alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
+    t_alpha, t_beta = lm.t_inf("alpha", 1, 100), lm.t_inf("beta", 8, 100)
+    expected = 1.1 * t_alpha if priority == "slo" else 2 * t_alpha
+    assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((expected, t_beta + t_alpha))
+
+
 def test_a_cpu_in_turns_shares_its_time_without_losing_or_making_any(lm):
     """Overloaded at 150%: each of two batches in flight runs at half speed, so the device does exactly one
     device-second of work per second, as the queued turns of a GPU do."""

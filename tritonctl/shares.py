@@ -14,6 +14,7 @@ class Device(Protocol):
     kind: str
     cores: float
     units: int
+    turn_priority: str
 
 
 # A short CFS period keeps a quota from turning into long stalls: with 100 ms a run that
@@ -66,6 +67,22 @@ def turn_slots(device: Device, sharing: int) -> float:
     return max(1.0, min(sharing, device.cores / turn_threads(device, sharing)))
 
 
+PRIORITY_STEP = 10  # a tighter SLO's instances weigh this many times the next looser SLO's
+MAX_WEIGHT = 10_000  # cgroup v2's largest cpu.weight
+
+
+def turn_weights(device: Device, slos: list[float]) -> list[int] | None:
+    """The cgroup CPU weights of instances taking turns with a CPU device, by their models' SLOs (None: all
+    alike, the kernel's default). Deadline-monotonic priority (`turn_priority: slo`): the tightest SLO weighs
+    10000, each looser one a tenth of the next tighter, one at least; equal SLOs weigh alike. When more
+    instances are busy than the cores hold, the kernel runs the heavier first, so a model whose SLO leaves a few
+    milliseconds over its batch is not queued behind a model with time to spare."""
+    if device.kind != "cpu" or device.turn_priority != "slo" or len(set(slos)) < 2:
+        return None
+    ranks = sorted(set(slos))
+    return [max(1, MAX_WEIGHT // PRIORITY_STEP ** ranks.index(slo)) for slo in slos]
+
+
 def cpu_weight(device: Device, share: int) -> int:
     """A CPU share as a cgroup weight: 10000 (the largest) for the whole device, in proportion below."""
-    return max(1, round(10_000 * share / device.units))
+    return max(1, round(MAX_WEIGHT * share / device.units))

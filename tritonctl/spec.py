@@ -77,6 +77,10 @@ class DeviceGroup(_Strict):
     `reserved_cores` (CPU only) are kept for everything that is not inference: the proxy, the
     Triton processes' own threads, load generators, the system. The planner hands out only the
     units of the remaining cores; the profiler never measures beyond them.
+
+    `turn_priority` (CPU only): how instances taking turns with a device share its cores when more are busy
+    than it holds: `slo`, the tighter a model's SLO the heavier its cgroup CPU weight (deadline-monotonic,
+    `shares.turn_weights`), or `equal`, alike (what a hand-written deployment gets).
     """
 
     kind: Literal["gpu", "cpu"]
@@ -88,6 +92,7 @@ class DeviceGroup(_Strict):
     units: Annotated[int, Field(ge=1, le=1000)] = 100
     cores: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     reserved_cores: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    turn_priority: Literal["slo", "equal"] = "slo"
 
     @model_validator(mode="after")
     def _cores_for_cpu(self) -> DeviceGroup:

@@ -243,11 +243,9 @@ class LocalRuntime:
             except OSError as exc:
                 raise StartError(f"{launch.instance}: cannot set its CPU quota ({exc})") from None
             if cgroup is not None:
-                mechanism = (
-                    f"{share.mechanism()} weight {launch.cpu_weight}"
-                    if launch.cpu_weight is not None
-                    else f"{share.mechanism()} quota {launch.cpu_quota_us}/{launch.cpu_period_us} us"
-                )
+                parts = [f"quota {launch.cpu_quota_us}/{launch.cpu_period_us} us"] if launch.cpu_quota_us else []
+                parts += [f"weight {launch.cpu_weight}"] if launch.cpu_weight is not None else []
+                mechanism = f"{share.mechanism()} {', '.join(parts)}"
         else:
             mechanism = f"MPS {launch.env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%"
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,8 @@ def mechanism() -> str:
 
 
 def create(group: str, quota_us: int | None, period_us: int | None, weight: int | None = None) -> Path | None:
-    """Create cgroup `tritonctl/<group>` with the quota (or, given `weight`, that CPU weight: 1-10000 on
-    cgroup v2's scale); None where cgroups are not writable.
+    """Create cgroup `tritonctl/<group>` with the quota (none where None) and, given `weight`, that CPU weight
+    (1-10000 on cgroup v2's scale); None where cgroups are not writable.
 
     Raises OSError when the kernel refuses the quota, after removing the cgroup it created for it.
     """
@@ -54,7 +54,7 @@ def create(group: str, quota_us: int | None, period_us: int | None, weight: int 
     try:
         if weight is not None:
             set_weight(path, weight)
-        else:
+        if quota_us is not None:
             set_quota(path, quota_us, period_us)
     except OSError:
         if created:

@@ -84,6 +84,7 @@ def device_groups(cluster: Cluster) -> list[tuple[DeviceGroup, list[Device]]]:
                     # Reserved cores are left out; a unit stays the same size, so shares mean the same cores.
                     units=group.usable_units,
                     cores=group.cores * group.usable_units / group.units if group.cores else None,
+                    turn_priority=group.turn_priority,
                 )
             )
         groups.append((group, members))
@@ -192,7 +193,7 @@ def predict(
     for device_id in {p.device for _, p in in_turns}:
         device = by_id.get(device_id) or Device(id=device_id, kind="gpu", index=0, memory_mb=1, units=lm.device.units)
         group = [(m, p) for m, p in in_turns if p.device == device_id]
-        held = turn_service_ms([(m.name, p.batch, m.rate_of(p)) for m, p in group], device, lm)
+        held = turn_service_ms([(m.name, p.batch, m.rate_of(p), m.slo_ms) for m, p in group], device, lm)
         share = turn_share(device, len(group))
         for (m, p), t in zip(group, held, strict=True):
             turn[p.instance] = (lm.t_inf(m.name, p.batch, share), t)

@@ -13,9 +13,10 @@ to whichever co-runners on the device are busy when the batch starts. Under temp
 whole device each. A GPU gives it to one batch at a time: the instances share one executor
 and take turns. A CPU runs every instance's batch at once and the kernel's scheduler shares
 the cores among them: processor sharing, each instance on the threads `shares.turn_threads`
-leaves it, `shares.turn_slots` of them at full speed and each of n > slots batches in flight
-at slots/n of its speed alone, so a short batch that starts beside a long one is slowed, not
-queued behind it.
+leaves it, `shares.turn_slots` of them at full speed; with n > slots batches in flight the
+slots go by the instances' cgroup weights (`shares.turn_weights`: the tighter SLO first), or
+slots/n each where they weigh alike. A short batch that starts beside a long one is slowed,
+not queued behind it.
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served (knowing the batch's drawn latency, or under processor sharing its time
@@ -38,9 +39,8 @@ The simulation advances batch by batch, not request by request: arrivals are num
 a queue is a pair of indices into them, and the latencies of a batch's requests are one
 vector operation. Starts are processed in time order across instances, so the busy
 co-runners a batch sees are exactly those whose batches cover its start. Devices never
-interact, so a CPU device in turns is simulated on its own, in virtual time: it advances at
-1/n of the wall clock while n batches run, so a batch ends when it has advanced by the
-batch's time alone, and the order in which batches end is known when they start.
+interact, so a CPU device in turns is simulated on its own, from one batch's start or end to
+the next, each batch in flight doing its speed's part of its time alone in between.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import numpy as np
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.plan import Plan, PlannedModel
-from tritonctl.shares import turn_share, turn_slots
+from tritonctl.shares import turn_share, turn_slots, turn_weights
 
 
 @dataclass
@@ -205,31 +205,52 @@ def _serve(inst: _Instance, take: int, start: float, exec_ms: float, drop: bool)
     return first
 
 
+def _speeds(weights: list[float], slots: float) -> list[float]:
+    """Each running batch's speed (a part of its speed alone) while the kernel shares `slots` full-speed places
+    among them by their cgroup weights: in proportion to the weights, none above 1, what a capped one leaves
+    going to the others (water-filling; alike weights: min(1, slots / n) each)."""
+    if len(weights) <= slots:
+        return [1.0] * len(weights)
+    speeds = [0.0] * len(weights)
+    left, rest = slots, sum(weights)
+    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):  # the heaviest first: capped ones come first
+        speeds[i] = min(1.0, left * weights[i] / rest)
+        left, rest = left - speeds[i], rest - weights[i]
+    return speeds
+
+
 def _share_cores(
     instances: list[_Instance],
     draw: Callable[[_Instance, int, tuple, float], float],
     horizon_ms: float,
     drop: bool,
-    slots: int = 1,
+    slots: float = 1,
+    weights: list[int] | None = None,
 ) -> None:
-    """One CPU device in turns: every instance's batch runs at once; while n run, each runs at min(1, slots / n)
-    of its speed alone (`slots` of them fit the cores at full speed: `shares.turn_slots`).
-
-    In virtual time, which advances at min(1, slots / n) of the wall clock while n batches run, a batch that
-    starts at virtual time v and takes w alone ends at v + w, whatever starts after it."""
-    now = virtual = 0.0
+    """One CPU device in turns: every instance's batch runs at once, at the speed `_speeds` gives it among the
+    batches in flight (`slots` of them fit the cores at full speed: `shares.turn_slots`; `weights`: the
+    instances' cgroup weights, `shares.turn_weights`, alike where None). A batch's work is its time alone; it
+    ends when the speeds it ran at have done it."""
+    weights = weights or [1] * len(instances)
+    now = 0.0
     ready = [(t, k) for k, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
     heapq.heapify(ready)
-    running: list[tuple[float, int, int, int]] = []  # (virtual end, instance, first served, count)
+    running: list[list] = []  # per batch in flight: [work left (ms alone), speed, instance, first served, count]
     while ready or running:
-        n = len(running)
-        speed = min(1.0, slots / n) if n else 1.0
-        end = now + (running[0][0] - virtual) / speed if n else math.inf
+        if len(running) > slots:
+            for batch, speed in zip(running, _speeds([weights[b[2]] for b in running], slots), strict=True):
+                batch[1] = speed
+        else:
+            for batch in running:
+                batch[1] = 1.0
+        first_done = min(running, key=lambda b: b[0] / b[1]) if running else None
+        end = now + first_done[0] / first_done[1] if running else math.inf
+        step = min(end, ready[0][0]) - now if ready else end - now
+        for batch in running:
+            batch[0] -= batch[1] * step
+        now += step
         if ready and ready[0][0] < end:
             start, k = heapq.heappop(ready)
-            if n:
-                virtual += (start - now) * speed
-            now = start
             inst = instances[k]
             if start >= horizon_ms + inst.slo_ms:  # what is still queued now could only be late: it stays unserved
                 continue
@@ -237,11 +258,11 @@ def _share_cores(
             exec_ms = draw(inst, take, (), start)
             first = _serve(inst, take, start, exec_ms, drop)
             if first < inst.head:
-                heapq.heappush(running, (virtual + exec_ms, k, first, inst.head - first))
+                running.append([exec_ms, 1.0, k, first, inst.head - first])
                 continue
         else:
-            virtual, k, first, count = heapq.heappop(running)
-            now = end
+            running.remove(first_done)
+            _, _, k, first, count = first_done
             inst = instances[k]
             inst.batches.append((first, count, now))
             inst.idle_since = inst.executor.free_at = now
@@ -312,7 +333,8 @@ def simulate(
     cores_in_turns = [d for d in by_device if plan.takes_turns(d) and kinds[d] == "cpu"]  # in the plan's order:
     for device in cores_in_turns:  # they draw from one stream, so the same seed gives the same run
         slots = turn_slots(plan.device(device), mates[device])
-        _share_cores(by_device[device], draw, horizon_ms, drop, slots)
+        weights = turn_weights(plan.device(device), [inst.slo_ms for inst in by_device[device]])
+        _share_cores(by_device[device], draw, horizon_ms, drop, slots, weights)
     heap = [
         (t, i)
         for i, inst in enumerate(instances)

@@ -28,7 +28,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, sha256_unchanged
 from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel
-from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for, turn_threads
+from tritonctl.shares import (
+    CFS_PERIOD_US,
+    MIN_QUOTA_US,
+    cpu_cores,
+    cpu_weight,
+    threads_for,
+    turn_threads,
+    turn_weights,
+)
 from tritonctl.spec import DTYPES
 
 # Batches Triton runs at load (model_warmup) before it reports the model ready: the first
@@ -53,7 +61,7 @@ class Launch:
     env: dict[str, str]
     cpu_quota_us: int | None
     cpu_period_us: int | None
-    cpu_weight: int | None  # a cgroup CPU weight (1-10000, cgroup v2's scale) instead of a quota
+    cpu_weight: int | None  # a cgroup CPU weight (1-10000, cgroup v2's scale): with a quota, or instead of one
     config_hash: str  # everything about the instance: any change needs at least a reload
     process_hash: str  # what the process is started with: a change needs a new process (a swap)
 
@@ -129,7 +137,10 @@ def launch_for(
     cpu_share: str = "quota",
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
+    priority: int | None = None,
 ) -> Launch:
+    """How the instance's process is started. `priority`: the cgroup weight of an instance taking turns with a
+    CPU (`shares.turn_weights`), beside its quota."""
     env: dict[str, str] = {}
     quota = period = weight = None
     if device.kind == "gpu":
@@ -155,6 +166,7 @@ def launch_for(
         if cpu_share == "weight":
             quota = period = None
             weight = cpu_weight(device, placement.share)
+        weight = priority or weight
     # What the process is started with. Batch size, queue delay and refusing late requests are left out (the
     # config rendered at batch 1, without delay or refusal): Triton reloads a model with them changed in place.
     batchless = render_config(
@@ -213,10 +225,11 @@ def render_instance(
     cpu_share: str = "quota",
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
+    priority: int | None = None,
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device, reject_late, threads, gpu_backend)
-    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend)
+    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend, priority)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / MODEL_VERSION
@@ -272,9 +285,17 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
             plan.runtime.cpu_share,
             threads,
             plan.runtime.gpu_backend,
+            priority.get(placement.instance),
         )
 
     reject_late = plan.runtime.reject_late
+    priority: dict[str, int] = {}  # instance -> its cgroup weight, where the instances taking turns weigh unlike
+    for device in plan.devices:
+        if plan.takes_turns(device.id):
+            mates = [(m, p) for m, p in plan.instances() if p.device == device.id]
+            weights = turn_weights(device, [m.slo_ms for m, _ in mates])
+            if weights:
+                priority.update((p.instance, w) for (_, p), w in zip(mates, weights, strict=True))
     rendered: dict[str, tuple[Path, Launch]] = {}
     for model, placement in plan.instances():
         try:

@@ -21,7 +21,7 @@ from tritonctl.latency.queueing import goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import memory_at
-from tritonctl.shares import turn_share, turn_slots
+from tritonctl.shares import turn_share, turn_slots, turn_weights
 
 STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances taking turns are and how long they take
 
@@ -62,22 +62,28 @@ def _keeps_up(d: Demand, share: int, lm: LatencyModel) -> int | None:
     return None
 
 
-def turn_service_ms(members: list[tuple[str, int, float]], device: Device, lm: LatencyModel) -> list[float]:
-    """How long one batch of each (model, batch, rate) member, taking turns with `device`, holds its instance.
+def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device, lm: LatencyModel) -> list[float]:
+    """How long one batch of each (model, batch, rate, SLO) member, taking turns with `device`, holds its instance.
 
     A GPU runs the turns one after another: a batch waits for the others' (the duty cycle), so
     the cycle is what each batch costs. A CPU runs them at once, `turn_slots` at full speed:
     a batch takes its time alone (`turn_share`), stretched while more instances are busy than
     there are slots (`_stretch`), each other instance busy for the part of the time its own
-    rate and stretched batches keep it so (a fixed point, a few rounds from the times alone)."""
+    rate and stretched batches keep it so (a fixed point, a few rounds from the times alone).
+    Under deadline-monotonic weights (`shares.turn_weights`) a batch is stretched only by the
+    instances that weigh at least as much as its own: the kernel runs the heavier first."""
     share, slots = turn_share(device, len(members)), turn_slots(device, len(members))
-    alone = [lm.t_inf(model, batch, share) for model, batch, _ in members]
+    alone = [lm.t_inf(model, batch, share) for model, batch, _, _ in members]
     if device.kind != "cpu":
         return [sum(alone)] * len(members)
+    weights = turn_weights(device, [slo for *_, slo in members]) or [1] * len(members)
     held = alone
     for _ in range(STRETCH_ROUNDS):
-        busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate), t in zip(members, held, strict=True)]
-        held = [t * _stretch(busy[:i] + busy[i + 1 :], slots) for i, t in enumerate(alone)]
+        busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate, _), t in zip(members, held, strict=True)]
+        held = [
+            t * _stretch([b for j, b in enumerate(busy) if j != i and weights[j] >= weights[i]], slots)
+            for i, t in enumerate(alone)
+        ]
     return held
 
 
@@ -104,7 +110,7 @@ def turn_outcome(members: list[tuple[Demand, int]], device: Device, lm: LatencyM
     if not fits:
         zero = {d.name: 0.0 for d, _ in members}
         return Turns(zero, dict(zero), batches, 0.0, 0.0)
-    service = turn_service_ms([(d.name, batches[d.name], d.rate) for d in group], device, lm)
+    service = turn_service_ms([(d.name, batches[d.name], d.rate, d.slo_ms) for d in group], device, lm)
     held = dict(zip((d.name for d in group), service, strict=True))  # a model's copies hold alike
     served, in_turn = {}, {}
     for d, copies in members:
