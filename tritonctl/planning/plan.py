@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, load_validated
+from tritonctl.shares import turn_weights
 from tritonctl.spec import (
     MAX_BATCH,
     MAX_DIM,
@@ -174,6 +175,18 @@ class Plan(_Strict):
     def takes_turns(self, device_id: str) -> bool:
         """Whether the instances on this device take turns with all of it (rather than splitting it)."""
         return self.sharing == "temporal" or device_id in self.turns
+
+    def turn_weights(self) -> dict[str, int]:
+        """The cgroup CPU weight of each instance taking turns with a CPU device whose instances weigh unlike
+        (`shares.turn_weights`: the tighter SLO, the heavier); the others are left out (the kernel's default)."""
+        out: dict[str, int] = {}
+        for device in self.devices:
+            if self.takes_turns(device.id):
+                mates = [(m, p) for m, p in self.instances() if p.device == device.id]
+                weights = turn_weights(device, [m.slo_ms for m, _ in mates])
+                if weights:
+                    out.update((p.instance, w) for (_, p), w in zip(mates, weights, strict=True))
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

@@ -235,19 +235,22 @@ def _share_cores(
     now = 0.0
     ready = [(t, k) for k, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
     heapq.heapify(ready)
-    running: list[list] = []  # per batch in flight: [work left (ms alone), speed, instance, first served, count]
+    running: list[list] = []  # per batch in flight: [work left (ms alone), instance, first served, count]
+    speeds_of: dict[tuple[int, ...], list[float]] = {}  # the instances in flight, in order -> their speeds
     while ready or running:
+        speeds = None  # all at full speed
         if len(running) > slots:
-            for batch, speed in zip(running, _speeds([weights[b[2]] for b in running], slots), strict=True):
-                batch[1] = speed
-        else:
-            for batch in running:
-                batch[1] = 1.0
-        first_done = min(running, key=lambda b: b[0] / b[1]) if running else None
-        end = now + first_done[0] / first_done[1] if running else math.inf
-        step = min(end, ready[0][0]) - now if ready else end - now
-        for batch in running:
-            batch[0] -= batch[1] * step
+            key = tuple(b[1] for b in running)
+            speeds = speeds_of.get(key) or speeds_of.setdefault(key, _speeds([weights[k] for k in key], slots))
+        first_done, left = None, math.inf  # the batch that ends first, and the wall time until it does
+        for i, batch in enumerate(running):
+            t = batch[0] if speeds is None else batch[0] / speeds[i]
+            if t < left:
+                first_done, left = batch, t
+        end = now + left
+        step = min(end, ready[0][0]) - now if ready else left
+        for i, batch in enumerate(running):
+            batch[0] -= step if speeds is None else speeds[i] * step
         now += step
         if ready and ready[0][0] < end:
             start, k = heapq.heappop(ready)
@@ -258,11 +261,11 @@ def _share_cores(
             exec_ms = draw(inst, take, (), start)
             first = _serve(inst, take, start, exec_ms, drop)
             if first < inst.head:
-                running.append([exec_ms, 1.0, k, first, inst.head - first])
+                running.append([exec_ms, k, first, inst.head - first])
                 continue
         else:
             running.remove(first_done)
-            _, _, k, first, count = first_done
+            _, k, first, count = first_done
             inst = instances[k]
             inst.batches.append((first, count, now))
             inst.idle_since = inst.executor.free_at = now

@@ -28,15 +28,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, sha256_unchanged
 from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel
-from tritonctl.shares import (
-    CFS_PERIOD_US,
-    MIN_QUOTA_US,
-    cpu_cores,
-    cpu_weight,
-    threads_for,
-    turn_threads,
-    turn_weights,
-)
+from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for, turn_threads
 from tritonctl.spec import DTYPES
 
 # Batches Triton runs at load (model_warmup) before it reports the model ready: the first
@@ -289,13 +281,7 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
         )
 
     reject_late = plan.runtime.reject_late
-    priority: dict[str, int] = {}  # instance -> its cgroup weight, where the instances taking turns weigh unlike
-    for device in plan.devices:
-        if plan.takes_turns(device.id):
-            mates = [(m, p) for m, p in plan.instances() if p.device == device.id]
-            weights = turn_weights(device, [m.slo_ms for m, _ in mates])
-            if weights:
-                priority.update((p.instance, w) for (_, p), w in zip(mates, weights, strict=True))
+    priority = plan.turn_weights()
     rendered: dict[str, tuple[Path, Launch]] = {}
     for model, placement in plan.instances():
         try:

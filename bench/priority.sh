@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Deadline-monotonic CPU weights against the hand-written deployment and the same plans weighing alike, on the
+# five clusters calibrated for the slow AMD EPYC VM (bench/results/overload/*), each under perf_analyzer (random-0-1
+# also under tritonctl's client and beside the naive plan). Quiet machine: about 45 minutes.
+#     bash bench/priority.sh [OUT]     # OUT defaults to bench/results/priority
+set -euo pipefail
+cd "$(dirname "$0")"
+out=${1:-results/priority}
+run() {  # cluster, then real_load.py's own options
+    local name=$1; shift
+    python real_load.py "results/overload/$name/cluster.yaml" \
+        --latency-model "results/overload/$name/latency-model-calibrated.json" \
+        --out "$out/$name" --scales 1 2 3 4 --duration 12 "$@"
+}
+run random-0-1 --deployments handwritten naive best-replan best-replan-equal --tools perf_analyzer tritonctl
+for name in random-0-0 random-0-2 torchvision-four cpu-demo; do
+    run "$name" --deployments handwritten best-replan best-replan-equal --tools perf_analyzer
+done
