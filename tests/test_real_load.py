@@ -6,7 +6,6 @@ Where a test fits a latency model, it is the SYNTHETIC one of tests/synthetic.py
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -358,35 +357,47 @@ def test_a_weight_share_is_a_work_conserving_cgroup_weight_without_quota(tmp_pat
         }
 
 
+def turn_plan(tmp_path: Path, synthetic_lm: Path, priority: str) -> Path:
+    """Two models of unlike SLOs taking turns with the CPU (time sharing), weighing as `priority` says."""
+    make_mlp(tmp_path / "mlp.onnx")
+    models = [mlp_model("alpha", slo_ms=20, rate=5), mlp_model("beta", slo_ms=200, rate=5)]
+    cluster = write_cluster(tmp_path, models)
+    spec = yaml.safe_load(cluster.read_text())
+    spec["devices"][0]["turn_priority"] = priority
+    cluster.write_text(yaml.safe_dump(spec))
+    args = ["plan", str(cluster), "--policy", "time-sharing", "--latency-model", str(synthetic_lm)]
+    assert main(args) == 0
+    return tmp_path / "plan.yaml"
+
+
 def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, synthetic_lm):
     """Deadline-monotonic: the tighter SLO's instance gets the heavier cgroup weight, with its quota; weighing
     alike (devices[].turn_priority: equal), the kernel's default weight."""
-    from tritonctl.deploy import share
-
-    make_mlp(tmp_path / "mlp.onnx")
     for priority, expected in (("slo", (10000, 1000)), ("equal", (None, None))):
-        models = [mlp_model("alpha", slo_ms=20, rate=5), mlp_model("beta", slo_ms=200, rate=5)]
-        cluster = write_cluster(tmp_path, models)
-        spec = yaml.safe_load(cluster.read_text())
-        spec["devices"][0]["turn_priority"] = priority
-        cluster.write_text(yaml.safe_dump(spec))
-        args = ["plan", str(cluster), "--policy", "time-sharing", "--latency-model", str(synthetic_lm)]
-        assert main(args) == 0
-        launches = {launch.model: launch for _, launch in render(load_plan(tmp_path / "plan.yaml")).values()}
+        plan = turn_plan(tmp_path, synthetic_lm, priority)
+        launches = {launch.model: launch for _, launch in render(load_plan(plan)).values()}
         assert (launches["alpha"].cpu_weight, launches["beta"].cpu_weight) == expected
         assert all(launch.cpu_quota_us for launch in launches.values())
+
+
+@pytest.mark.triton
+def test_applied_instances_taking_turns_run_in_cgroups_of_their_weight_and_quota(tmp_path, synthetic_lm):
+    from tritonctl.deploy import share
+
     if share.mechanism() == "none":
         pytest.skip("no writable cgroup on this machine: shares are not enforced (apply says so)")
-    group = share.create(f"test-{os.getpid()}", 15_000, 10_000, weight=1000)
+    plan = turn_plan(tmp_path, synthetic_lm, "slo")
+    assert main(["apply", str(plan)]) == 0
     try:
-        assert share.quota(group) == (15_000, 10_000)
-        weight = group / "cpu.weight"
-        assert (weight.read_text() if weight.exists() else (group / "cpu.shares").read_text()).strip() in {
-            "1000",
-            str(round(1000 * 10.24)),
-        }
+        for record in load_state(load_plan(plan).state_dir).instances.values():
+            group, weight = Path(record.cgroup), {"alpha": 10000, "beta": 1000}[record.model]
+            assert f"weight {weight}" in record.share_mechanism and share.quota(group)[0] > 0
+            v2 = group / "cpu.weight"
+            written = v2.read_text() if v2.exists() else (group / "cpu.shares").read_text()
+            assert written.strip() == str(weight if v2.exists() else round(weight * 10.24))
+            assert record.pid in share.members(group)
     finally:
-        share.remove(group)
+        assert main(["down", str(plan)]) == 0
 
 
 def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within_every_slo(synthetic_lm, mlp_cluster):
