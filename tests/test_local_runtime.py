@@ -351,13 +351,13 @@ def test_one_apply_at_a_time_and_a_corrupt_state_file(tmp_path, capsys):
     assert "state.json: corrupt state file" in err
 
 
-def burst(url: str, model: str, n: int, headers: dict[str, str] | None = None) -> list[str]:
+def burst(url: str, model: str, n: int, headers: dict[str, str] | None = None, features: int = 16) -> list[str]:
     """`n` requests sent at once; the error message of each (empty when answered)."""
     done, outcomes = threading.Semaphore(0), []
-    x = np.ones((1, 16), np.float32)
+    x = np.ones((1, features), np.float32)
     with grpcclient.InferenceServerClient(url) as client:
         for _ in range(n):
-            inp = grpcclient.InferInput("x", [1, 16], "FP32")
+            inp = grpcclient.InferInput("x", [1, features], "FP32")
             inp.set_data_from_numpy(x)
             client.async_infer(
                 model,
@@ -370,15 +370,20 @@ def burst(url: str, model: str, n: int, headers: dict[str, str] | None = None) -
     return outcomes
 
 
+FEATURES = 1024  # x (1, 1024) @ W (1024, 2048): about a millisecond on one core
+
+
 def test_reject_late_refuses_what_can_only_be_late(tmp_path):
     """HAProxy stamps every request with its arrival (over any stamp the client sent); with reject_late the
     model's glue refuses, before running it, a request that arrived too long ago to be answered within its
-    25 ms SLO. Without reject_late every request is answered, late or not."""
-    make_mlp(tmp_path / "mlp.onnx")
+    25 ms SLO. Without reject_late every request is answered, late or not. The model takes about a millisecond
+    a request, so that a burst queues at the instance (a lighter one is served as fast as the client sends)."""
+    make_mlp(tmp_path / "mlp.onnx", features=FEATURES, classes=2048)
     plan = tmp_path / "plan.yaml"
     stale, bursts = {}, {}
     for reject_late in (False, True):
-        cluster = write_cluster(tmp_path, [mlp_model("alpha", slo_ms=25)])
+        model = mlp_model("alpha", slo_ms=25, input={"shape": [FEATURES], "dtype": "float32"})
+        cluster = write_cluster(tmp_path, [model])
         spec = yaml.safe_load(cluster.read_text())
         spec["runtime"]["reject_late"] = reject_late
         cluster.write_text(yaml.safe_dump(spec))
@@ -387,11 +392,13 @@ def test_reject_late_refuses_what_can_only_be_late(tmp_path):
         (record,) = state_of(plan).instances.values()
         proxy, own = f"127.0.0.1:{record.grpc_port}", f"127.0.0.1:{record.backend_port}"
         a_second_ago = {ARRIVAL_HEADER: f"{1000 * time.time() - 1000:.0f}"}
-        assert burst(own, "alpha", 1, {ARRIVAL_HEADER: f"{1000 * time.time():.0f}"}) == [""]
-        stale[reject_late] = burst(own, "alpha", 1, a_second_ago)[0]  # just after a run: its time is fresh
-        assert burst(proxy, "alpha", 1, a_second_ago) == [""]  # the proxy's stamp replaces the client's
-        bursts[reject_late] = burst(proxy, "alpha", 400)
-        assert burst(proxy, "alpha", 1) == [""]  # what refused the burst's tail refuses no later request
+        now = {ARRIVAL_HEADER: f"{1000 * time.time():.0f}"}
+        assert burst(own, "alpha", 1, now, FEATURES) == [""]
+        stale[reject_late] = burst(own, "alpha", 1, a_second_ago, FEATURES)[0]  # just after a run: its time is fresh
+        assert burst(proxy, "alpha", 1, a_second_ago, FEATURES) == [""]  # the proxy's stamp replaces the client's
+        bursts[reject_late] = burst(proxy, "alpha", 400, features=FEATURES)
+        # what refused the burst's tail refuses no later request
+        assert burst(proxy, "alpha", 1, features=FEATURES) == [""]
         assert main(["down", str(plan)]) == 0
     assert stale[False] == "" and "UNAVAILABLE" in stale[True] and "past the SLO of 25 ms" in stale[True]
     assert bursts[False] == [""] * 400
