@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Deadline-monotonic CPU weights against the hand-written deployment and the same plans weighing alike, on the
 # five clusters calibrated for the slow AMD EPYC VM (bench/results/overload/*), each under perf_analyzer (random-0-1
-# also under tritonctl's client and beside the naive plan). Quiet machine: about 45 minutes.
+# also under tritonctl's client and beside the naive plan). Quiet machine: about an hour.
 #     bash bench/priority.sh [OUT]     # OUT defaults to bench/results/priority
 set -euo pipefail
 cd "$(dirname "$0")"
