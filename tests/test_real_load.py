@@ -378,6 +378,12 @@ def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, 
         launches = {launch.model: launch for _, launch in render(load_plan(plan)).values()}
         assert (launches["alpha"].cpu_weight, launches["beta"].cpu_weight) == expected
         assert all(launch.cpu_quota_us for launch in launches.values())
+    cluster = tmp_path / "cluster.yaml"
+    spec = yaml.safe_load(cluster.read_text())
+    spec["devices"] = [{"kind": "gpu", "memory_mb": 4096, "turn_priority": "equal"}]
+    cluster.write_text(yaml.safe_dump(spec))
+    with pytest.raises(TritonctlError, match="turn_priority` is for cpu devices only"):
+        load_cluster(cluster)
 
 
 @pytest.mark.triton

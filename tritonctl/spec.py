@@ -102,6 +102,8 @@ class DeviceGroup(_Strict):
             raise ValueError("`cores` is for cpu devices only")
         if self.kind == "gpu" and self.reserved_cores:
             raise ValueError("`reserved_cores` is for cpu devices only")
+        if self.kind == "gpu" and self.turn_priority != "slo":
+            raise ValueError("`turn_priority` is for cpu devices only (a GPU's turns run one after another)")
         if self.kind == "cpu" and self.usable_units < 1:
             raise ValueError(
                 f"reserved_cores {self.reserved_cores:g} of {self.cores:g} cores leaves nothing to plan with: "
