@@ -185,12 +185,17 @@ def read_json(path: Path):
         raise TritonctlError(f"not valid JSON: {exc}", file=path) from None
 
 
-def write_json_atomic(path: Path, data) -> None:
-    """Write `data` as JSON through a temporary file, so a crash never leaves half a file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` through a temporary file, so a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Write `data` as JSON through a temporary file (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def sha256_file(path: Path) -> str:

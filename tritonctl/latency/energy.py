@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import read_json
+from tritonctl.files import read_json, write_text_atomic
 from tritonctl.latency.model import MAX_BATCH, LatencyModel, scaled
 
 FORMAT = "tritonctl-energy-model/1"
@@ -244,10 +243,7 @@ def save(model: EnergyModel, path: Path) -> None:
     text = re.sub(
         r"\[\s+([-+\d.e,\s]+?)\s+\]", lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, text + "\n")
 
 
 def load(path: str | Path) -> EnergyModel:

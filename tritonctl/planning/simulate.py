@@ -209,8 +209,6 @@ def _speeds(weights: list[float], slots: float) -> list[float]:
     """Each running batch's speed (a part of its speed alone) while the kernel shares `slots` full-speed places
     among them by their cgroup weights: in proportion to the weights, none above 1, what a capped one leaves
     going to the others (water-filling; alike weights: min(1, slots / n) each)."""
-    if len(weights) <= slots:
-        return [1.0] * len(weights)
     speeds = [0.0] * len(weights)
     left, rest = slots, sum(weights)
     for i in sorted(range(len(weights)), key=lambda i: -weights[i]):  # the heaviest first: capped ones come first
