@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Deadline-monotonic CPU weights against the hand-written deployment and the same plans weighing alike, on the
 # five clusters calibrated for the slow AMD EPYC VM (bench/results/overload/*), each under perf_analyzer (random-0-1
-# also under tritonctl's client and beside the naive plan). Quiet machine: about an hour.
+# also under tritonctl's client and beside the naive plan; the naive plan is added to the other four in a
+# second pass, --add keeping the first pass's rows). Quiet machine: about 75 minutes.
 #     bash bench/priority.sh [OUT]     # OUT defaults to bench/results/priority
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,4 +16,7 @@ run() {  # cluster, then real_load.py's own options
 run random-0-1 --deployments handwritten naive best-replan best-replan-equal --tools perf_analyzer tritonctl
 for name in random-0-0 random-0-2 torchvision-four cpu-demo; do
     run "$name" --deployments handwritten best-replan best-replan-equal --tools perf_analyzer
+done
+for name in random-0-0 random-0-2 torchvision-four cpu-demo; do
+    run "$name" --deployments naive --tools perf_analyzer --add
 done

@@ -214,8 +214,9 @@ def capacity(rows: list[Row], deployment: str, tool: str) -> float:
     return best
 
 
-def summary(rows: list[Row], cpu: str) -> str:
-    lines = [f"CPU: {cpu}", "", "| deployment | tool | capacity (x rates) | " + " | ".join(
+def summary(rows: list[Row], cpu: str, added: list[str]) -> str:
+    later = [f"Loaded in a later run than the others, on the same CPU: {', '.join(added)}", ""] if added else []
+    lines = [f"CPU: {cpu}", "", *later, "| deployment | tool | capacity (x rates) | " + " | ".join(
         f"goodput x{s:g}" for s in sorted({r.scale for r in rows})) + " |"]  # fmt: skip
     lines.append("|" + "---|" * (3 + len({r.scale for r in rows})))
     for deployment in dict.fromkeys(r.deployment for r in rows):
@@ -288,6 +289,9 @@ def main() -> None:
     parser.add_argument("--scales", nargs="+", type=float, default=[0.5, 1.0, 1.5, 2.0, 3.0])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
     parser.add_argument("--tools", nargs="+", default=["perf_analyzer", "tritonctl"])
+    parser.add_argument(
+        "--add", action="store_true", help="keep DIR/results.json's rows of the deployments not run now (the summary says so)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     pa = find_perf_analyzer()
@@ -295,6 +299,9 @@ def main() -> None:
     cpu = cpu_fingerprint()["model"]
     print(f"CPU: {cpu}")
     rows: list[Row] = []
+    if args.add:
+        earlier = json.loads((args.out / "results.json").read_text())
+        rows = [Row(**r) for r in earlier if r["deployment"] not in args.deployments]
     for name in args.deployments:
         plan_path = plan_for("naive" if name == "handwritten" else name, args.cluster, args.latency_model, args.out)
         predicted = predicted_p99(plan_path) if name != "handwritten" else {}
@@ -309,7 +316,7 @@ def main() -> None:
                 for tool in args.tools:
                     rows += run_once(name, tool, scale, targets, predicted, args, pa, folder)
         (args.out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    text = summary(rows, cpu)
+    text = summary(rows, cpu, args.deployments if args.add else [])
     (args.out / "summary.md").write_text(text)
     print(text)
 

@@ -27,9 +27,10 @@ def table(runs: dict[str, list[Row]]) -> str:
         for deployment in dict.fromkeys(r.deployment for r in rows):
             lowest = min(r.scale for r in rows)
             caps = " / ".join(
-                f"{capacity(rows, deployment, tool):g}" if capacity(rows, deployment, tool) else f"<{lowest:g}"
+                "-" if not any((r.deployment, r.tool) == (deployment, tool) for r in rows)
+                else f"{capacity(rows, deployment, tool):g}" if capacity(rows, deployment, tool) else f"<{lowest:g}"
                 for tool in ("perf_analyzer", "tritonctl")
-            )
+            )  # fmt: skip
             goods = []
             for tool in ("perf_analyzer", "tritonctl"):
                 cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, 1.0)]
