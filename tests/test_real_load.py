@@ -151,6 +151,19 @@ def test_requests_missing_from_the_export_count_as_unanswered(tmp_path):
     assert result.within_slo == pytest.approx(0.25)  # one of the four sent answered within 100 ms
 
 
+def test_the_last_exported_request_is_matched_to_its_arrival_even_when_sent_a_little_early(tmp_path):
+    """perf_analyzer sends within about a millisecond of its schedule, either side: a request sent 1 ms before its
+    scheduled arrival is that arrival, not one more request left unanswered."""
+    ns = 10**9
+    export = {"experiments": [{"window_boundaries": [0, ns, 5 * ns], "requests": [
+        {"timestamp": int(t * ns), "response_timestamps": [int((t + 0.002) * ns)]} for t in (0.85, 2.123, 4.876)
+    ]}]}  # fmt: skip
+    (tmp_path / "x.json").write_text(json.dumps(export))
+    schedule = np.array([0.85, 2.124, 4.877, 4.9, 5.7])  # 4.9 was due and never answered; 5.7 after the end
+    result = read_export(tmp_path / "x.json", Endpoint("m", "h:1", "x", "float32", (1,), "y", 50.0, 1.0), schedule)
+    assert result.ok == 3 and result.unanswered == 1
+
+
 def test_arrivals_are_poisson_at_the_rate_and_seeded():
     times = arrivals(50.0, 200.0, seed=3)
     assert len(times) == pytest.approx(10_000, rel=0.05) and times[-1] < 200

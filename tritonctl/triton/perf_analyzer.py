@@ -165,8 +165,8 @@ def read_export(path: Path, target: Endpoint, schedule: np.ndarray) -> LoadResul
     """A LoadResult from perf_analyzer's profile export and the arrival schedule it was given.
 
     The export holds the requests answered within the measurement windows only: requests still
-    queued when perf_analyzer stops are missing from it. The schedule's arrivals after the last
-    exported one, up to one SLO before the end (an answer due later could still be on time),
+    queued when perf_analyzer stops are missing from it. The schedule's arrivals after the one
+    nearest the last exported request, up to one SLO before the end (an answer due later could still be on time),
     count as unanswered, so an overloaded model is not reported better than it was. (A few
     requests in flight at a window boundary are missing from the export too; they are not
     counted either way.)
@@ -191,9 +191,11 @@ def read_export(path: Path, target: Endpoint, schedule: np.ndarray) -> LoadResul
         else:
             result.errors.append("no response")
             result.failed_at_s.append((sent - start_ns) / 1e9)
-    last = result.sent_at_s[-1] if result.sent_at_s else 0.0
     cutoff = result.duration_s - target.slo_ms / 1000
-    result.unanswered = int(np.sum((schedule > last + 1e-6) & (schedule < cutoff)))
+    # The last exported request is the scheduled arrival nearest to it: perf_analyzer sends about a millisecond
+    # off its schedule, on either side of the windows' origin.
+    after = int(np.argmin(np.abs(schedule - result.sent_at_s[-1]))) + 1 if result.sent_at_s else 0
+    result.unanswered = int(np.sum(schedule[after:] < cutoff))
     return result
 
 
