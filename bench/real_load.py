@@ -290,7 +290,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
     parser.add_argument("--tools", nargs="+", default=["perf_analyzer", "tritonctl"])
     parser.add_argument(
-        "--add", action="store_true", help="keep DIR/results.json's rows of the deployments not run now (the summary says so)"
+        "--add", action="store_true", help="keep DIR/results.json's rows of the other deployments (the summary says so)"
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -171,11 +171,12 @@ def test_search_leaves_no_plateau_where_a_heavy_model_is_served_partly():
 
 
 def test_search_adds_a_replica_where_one_instance_queues_past_the_slo_and_only_there():
-    """Measured CPU demo model on its 2 cores: at 0.7x the demo's rates one 1-thread ResNet18 instance (the
-    hand-written structure) queues past its 120 ms SLO at p99; two replicas taking turns, each with half the
-    requests, keep it. At 0.1x every model keeps one instance: a replica costs what the model does not see."""
+    """Measured CPU demo model on its 2 cores, instances weighing alike (each on one thread): at 0.7x the demo's
+    rates one ResNet18 instance (the hand-written structure) queues past its 120 ms SLO at p99; two replicas
+    taking turns, each with half the requests, keep it. At 0.1x every model keeps one instance: a replica costs
+    what the model does not see."""
     lm = load_latency_model(Path(__file__).resolve().parent.parent / "profiles" / "cpu-demo" / "latency-model.json")
-    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0)
+    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0, turn_priority="equal")
 
     def demo(scale: float) -> list[Demand]:
         return [Demand("mobilenet_v2", 60, 10 * scale, 150), Demand("mnasnet", 60, 10 * scale, 150),
@@ -194,13 +195,34 @@ def test_search_adds_a_replica_where_one_instance_queues_past_the_slo_and_only_t
 def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_others_are_busy():
     from tritonctl.planning.policies.timesharing import _stretch
 
-    assert _stretch([], 2) == 1.0
-    # three others busy half the time on 2 slots: 0-3 busy beside it with 1/8, 3/8, 3/8, 1/8;
-    # 1 or 2 busy in all run at full speed, 3 at 2/3 of it, 4 at half
-    assert _stretch([0.5, 0.5, 0.5], 2) == pytest.approx((1 + 3 + 3 * 1.5 + 2) / 8)
-    # 1.7 slots: one other busy half the time slows a batch by 2 / 1.7 that half (the mean number busy, 1.5, is
-    # below the slots and would say nothing)
-    assert _stretch([0.5], 1.7) == pytest.approx(0.5 + 0.5 * 2 / 1.7)
+    assert _stretch([], 1, 2) == 1.0
+    # three others on a thread each, busy half the time, on 2 cores: 0-3 busy beside it with 1/8, 3/8, 3/8, 1/8;
+    # 1 or 2 threads busy in all run at full speed, 3 at 2/3 of it, 4 at half
+    assert _stretch([(0.5, 1)] * 3, 1, 2) == pytest.approx((1 + 3 + 3 * 1.5 + 2) / 8)
+    # 1.7 cores: one other busy half the time slows a batch by 2 / 1.7 that half (the mean number busy, 1.5, is
+    # below the cores and would say nothing)
+    assert _stretch([(0.5, 1)], 1, 1.7) == pytest.approx(0.5 + 0.5 * 2 / 1.7)
+    # a batch on 2 threads of 2 cores beside a 1-thread instance busy half the time: 3 threads on 2 cores then
+    assert _stretch([(0.5, 1)], 2, 2) == pytest.approx(0.5 + 0.5 * 3 / 2)
+    # more threads than cores alone: the time alone on them already says how slow it runs
+    assert _stretch([], 2, 1.7) == 1.0
+
+
+def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
+    """Weighted by SLO, the one instance that weighs least runs on a thread per core (it takes only what the
+    heavier leave); where two weigh least, or all alike, or on a GPU, every instance keeps `turn_threads`."""
+    from tritonctl.shares import Turn, turn_layout
+
+    two = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0)
+    assert turn_layout(two, [30, 120, 60]) == [Turn(1, 50, 10000), Turn(2, 100, 100), Turn(1, 50, 1000)]
+    assert turn_layout(two, [30, 120, 120]) == [Turn(1, 50, 10000), Turn(1, 50, 1000), Turn(1, 50, 1000)]
+    assert turn_layout(two, [60, 60]) == [Turn(1, 50, None)] * 2
+    equal = two.model_copy(update={"turn_priority": "equal"})
+    assert turn_layout(equal, [30, 120]) == [Turn(1, 50, None)] * 2
+    reserved = two.model_copy(update={"cores": 1.7, "units": 85})
+    assert turn_layout(reserved, [30, 120, 60]) == [Turn(1, 50, 10000), Turn(2, 85, 100), Turn(1, 50, 1000)]
+    gpu = Device(id="gpu0", kind="gpu", index=0, memory_mb=8192, units=100)
+    assert turn_layout(gpu, [30, 120]) == [Turn(1, 100, None)] * 2
 
 
 def test_deadline_monotonic_weights_and_what_they_predict(lm):

@@ -384,13 +384,18 @@ def turn_plan(tmp_path: Path, synthetic_lm: Path, priority: str) -> Path:
 
 
 def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, synthetic_lm):
-    """Deadline-monotonic: the tighter SLO's instance gets the heavier cgroup weight, with its quota; weighing
-    alike (devices[].turn_priority: equal), the kernel's default weight."""
-    for priority, expected in (("slo", (10000, 1000)), ("equal", (None, None))):
+    """Deadline-monotonic: the tighter SLO's instance gets the heavier cgroup weight, with its quota, and the
+    lighter one runs onnxruntime on a thread per core; weighing alike (devices[].turn_priority: equal), the
+    kernel's default weight and a thread each."""
+    import re
+
+    for priority, expected, threads in (("slo", (10000, 1000), ["1", "2"]), ("equal", (None, None), ["1", "1"])):
         plan = turn_plan(tmp_path, synthetic_lm, priority)
-        launches = {launch.model: launch for _, launch in render(load_plan(plan)).values()}
-        assert (launches["alpha"].cpu_weight, launches["beta"].cpu_weight) == expected
-        assert all(launch.cpu_quota_us for launch in launches.values())
+        rendered = {launch.model: (folder, launch) for folder, launch in render(load_plan(plan)).values()}
+        assert (rendered["alpha"][1].cpu_weight, rendered["beta"][1].cpu_weight) == expected
+        assert all(launch.cpu_quota_us for _, launch in rendered.values())
+        configs = [(rendered[m][0] / "models" / m / "config.pbtxt").read_text() for m in ("alpha", "beta")]
+        assert [re.search(r'"intra_op_threads"\s*value\s*\{\s*string_value: "(\d+)"', c)[1] for c in configs] == threads
     cluster = tmp_path / "cluster.yaml"
     spec = yaml.safe_load(cluster.read_text())
     spec["devices"] = [{"kind": "gpu", "memory_mb": 4096, "turn_priority": "equal"}]

@@ -136,6 +136,22 @@ def test_the_tighter_slo_takes_the_core_first(lm, priority):
     assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((expected, t_beta + t_alpha))
 
 
+@pytest.mark.parametrize("priority", ["slo", "equal"])
+def test_the_loosest_slo_runs_on_every_core_and_yields_them(lm, priority):
+    """On 2 cores, beta's SLO ten times looser: weighted by SLO, beta (the one lightest instance) runs its batch on
+    2 threads, alone at full speed, and while alpha's one thread takes a core (weight 10000 against 1000, capped
+    at its thread) beta runs at half speed; weighing alike, each runs on one thread at full speed."""
+    plan = plan_of(("alpha", 1, 1e5, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal")
+    plan = plan.model_copy(update={"devices": [plan.devices[0].model_copy(update={"turn_priority": priority})]})
+    trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
+    alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
+    t_alpha = lm.t_inf("alpha", 1, 50)
+    if priority == "slo":
+        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_alpha, lm.t_inf("beta", 8, 100) + 0.5 * t_alpha))
+    else:
+        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_alpha, lm.t_inf("beta", 8, 50)))
+
+
 def test_a_cpu_in_turns_shares_its_time_without_losing_or_making_any(lm):
     """Overloaded at 150%: each of two batches in flight runs at half speed, so the device does exactly one
     device-second of work per second, as the queued turns of a GPU do."""

@@ -5,6 +5,7 @@ policies and the runtimes all follow it."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -54,7 +55,11 @@ def turn_share(device: Device, sharing: int) -> int:
     cores its threads can use, on a GPU all of it."""
     if device.kind != "cpu":
         return device.units
-    return min(device.units, round(device.units * turn_threads(device, sharing) / device.cores))
+    return _threads_share(device, turn_threads(device, sharing))
+
+
+def _threads_share(device: Device, threads: int) -> int:
+    return min(device.units, round(device.units * threads / device.cores))
 
 
 def turn_slots(device: Device, sharing: int) -> float:
@@ -81,6 +86,32 @@ def turn_weights(device: Device, slos: list[float]) -> list[int] | None:
         return None
     ranks = sorted(set(slos))
     return [max(1, MAX_WEIGHT // PRIORITY_STEP ** ranks.index(slo)) for slo in slos]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """How one instance taking turns with a device runs: its onnxruntime threads (a CPU's; 1 on a GPU), the share
+    it runs like while it runs (`turn_share`'s, or its own threads' cores), and its cgroup CPU weight (None: the
+    kernel's)."""
+
+    threads: int
+    share: int
+    weight: int | None
+
+
+def turn_layout(device: Device, slos: list[float]) -> list[Turn]:
+    """How each instance (its model's SLO) taking turns with `device` runs. Every instance on `turn_threads`,
+    weighing `turn_weights`, except on a CPU under those weights the one instance that weighs least, where only
+    one does: it runs on a thread per core. It only takes the cores the heavier instances leave it (the kernel
+    runs them first), so its threads do not stall theirs, and while they are idle a long batch of a loose SLO
+    runs on every core instead of one."""
+    if device.kind != "cpu":
+        return [Turn(1, device.units, None)] * len(slos)
+    weights = turn_weights(device, slos)
+    threads = [turn_threads(device, len(slos))] * len(slos)
+    if weights is not None and weights.count(min(weights)) == 1:
+        threads[weights.index(min(weights))] = threads_for_cores(device.cores)
+    return [Turn(k, _threads_share(device, k), None if weights is None else weights[i]) for i, k in enumerate(threads)]
 
 
 def cpu_weight(device: Device, share: int) -> int:

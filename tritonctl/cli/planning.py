@@ -88,11 +88,14 @@ def _plan(
             if pred.joules_per_request is not None:
                 line += f", {1000 * pred.joules_per_request:.1f} mJ/request at {device.clock_mhz} MHz"
         say(line)
-    weights = plan.turn_weights()
-    if weights:
+    weighted = {name: turn for name, turn in plan.turn_layout().items() if turn.weight is not None}
+    if weighted:
         say(
             "instances taking turns with a CPU weigh by their SLO (the tighter first when the cores are busy): "
-            + ", ".join(f"{name} {weight}" for name, weight in weights.items())
+            + ", ".join(
+                f"{name} {turn.weight}" + (f" on {turn.threads} threads" if turn.threads > 1 else "")
+                for name, turn in weighted.items()
+            )
         )
     for model in simulated_misses(plan):
         if all(p.predicted.meets_slo for p in model.placements):

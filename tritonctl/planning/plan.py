@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, load_validated
-from tritonctl.shares import turn_weights
+from tritonctl.shares import Turn, turn_layout
 from tritonctl.spec import (
     MAX_BATCH,
     MAX_DIM,
@@ -176,17 +176,21 @@ class Plan(_Strict):
         """Whether the instances on this device take turns with all of it (rather than splitting it)."""
         return self.sharing == "temporal" or device_id in self.turns
 
-    def turn_weights(self) -> dict[str, int]:
-        """The cgroup CPU weight of each instance taking turns with a CPU device whose instances weigh unlike
-        (`shares.turn_weights`: the tighter SLO, the heavier); the others are left out (the kernel's default)."""
-        out: dict[str, int] = {}
+    def turn_layout(self) -> dict[str, Turn]:
+        """How each instance taking turns with a device runs (`shares.turn_layout`): its threads, the share it runs
+        like and its cgroup CPU weight."""
+        out: dict[str, Turn] = {}
         for device in self.devices:
             if self.takes_turns(device.id):
                 mates = [(m, p) for m, p in self.instances() if p.device == device.id]
-                weights = turn_weights(device, [m.slo_ms for m, _ in mates])
-                if weights:
-                    out.update((p.instance, w) for (_, p), w in zip(mates, weights, strict=True))
+                layout = turn_layout(device, [m.slo_ms for m, _ in mates])
+                out.update((p.instance, turn) for (_, p), turn in zip(mates, layout, strict=True))
         return out
+
+    def turn_weights(self) -> dict[str, int]:
+        """The cgroup CPU weight of each instance taking turns with a CPU device whose instances weigh unlike
+        (`shares.turn_weights`: the tighter SLO, the heavier); the others are left out (the kernel's default)."""
+        return {name: turn.weight for name, turn in self.turn_layout().items() if turn.weight is not None}
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

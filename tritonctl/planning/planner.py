@@ -32,7 +32,7 @@ from tritonctl.planning.policies import POLICIES, Choice, Demand, PlacementError
 from tritonctl.planning.policies.inss import default_policy_file, load_trained
 from tritonctl.planning.policies.timesharing import turn_service_ms
 from tritonctl.planning.simulate import simulated_misses, with_simulation
-from tritonctl.shares import turn_share
+from tritonctl.shares import turn_layout
 from tritonctl.spec import Cluster, DeviceGroup, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
@@ -182,8 +182,8 @@ def predict(
     Temporal sharing (the plan's, or a device's in `turns`): instances on a device take turns
     with the whole device. On a GPU a batch runs alone but waits for one round of the others
     (the duty cycle d): latency is bounded by d + t_inf and throughput is b / d (Nexus's
-    squishy bin packing). On a CPU (a device among `devices`) they run at once, each with the
-    threads `shares.turn_threads` leaves it, slowed while more are busy than the cores hold
+    squishy bin packing). On a CPU (a device among `devices`) they run at once, each on its
+    threads of `shares.turn_layout`, slowed while more are busy than the cores hold
     (`timesharing.turn_service_ms`), queueing by eq. 2.
     """
     placed = [(m, p) for m in plan_models for p in m.placements]
@@ -194,9 +194,9 @@ def predict(
         device = by_id.get(device_id) or Device(id=device_id, kind="gpu", index=0, memory_mb=1, units=lm.device.units)
         group = [(m, p) for m, p in in_turns if p.device == device_id]
         held = turn_service_ms([(m.name, p.batch, m.rate_of(p), m.slo_ms) for m, p in group], device, lm)
-        share = turn_share(device, len(group))
-        for (m, p), t in zip(group, held, strict=True):
-            turn[p.instance] = (lm.t_inf(m.name, p.batch, share), t)
+        layout = turn_layout(device, [m.slo_ms for m, _ in group])
+        for (m, p), t, how in zip(group, held, layout, strict=True):
+            turn[p.instance] = (lm.t_inf(m.name, p.batch, how.share), t)
     out = []
     for model in plan_models:
         placements = []
@@ -556,13 +556,13 @@ def predicted_load(plan: Plan) -> dict[str, float]:
     """Per device, the part of it the plan predicts busy: each placement's rate over its predicted capacity,
     weighted by the part of the device it holds (in turns every placement holds all of it)."""
     load: dict[str, float] = {}
+    in_turns = plan.turn_layout()
     for model in plan.models:
         for p in model.placements:
             if p.predicted is None or not p.predicted.throughput_rps:
                 continue
             device = plan.device(p.device)
-            mates = sum(q.device == p.device for _, q in plan.instances())
-            held = (turn_share(device, mates) if plan.takes_turns(p.device) else p.share) / device.units
+            held = (in_turns[p.instance].share if p.instance in in_turns else p.share) / device.units
             load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) / p.predicted.throughput_rps * held
     return load
 

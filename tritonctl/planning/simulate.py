@@ -12,10 +12,10 @@ to whichever co-runners on the device are busy when the batch starts. Under temp
 (the whole plan, or the devices it lists under `turns`) the instances of a device have the
 whole device each. A GPU gives it to one batch at a time: the instances share one executor
 and take turns. A CPU runs every instance's batch at once and the kernel's scheduler shares
-the cores among them: processor sharing, each instance on the threads `shares.turn_threads`
-leaves it, `shares.turn_slots` of them at full speed; with n > slots batches in flight the
-slots go by the instances' cgroup weights (`shares.turn_weights`: the tighter SLO first), or
-slots/n each where they weigh alike. A short batch that starts beside a long one is slowed,
+the cores among them: processor sharing, each instance on its threads of `shares.turn_layout`,
+all at full speed while their threads fit the cores; beyond, the cores go by the instances'
+cgroup weights (`shares.turn_weights`: the tighter SLO first), or in proportion to the
+threads where they weigh alike. A short batch that starts beside a long one is slowed,
 not queued behind it.
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
@@ -60,7 +60,7 @@ import numpy as np
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.plan import Plan, PlannedModel
-from tritonctl.shares import turn_share, turn_slots, turn_weights
+from tritonctl.shares import Turn
 
 
 @dataclass
@@ -205,15 +205,17 @@ def _serve(inst: _Instance, take: int, start: float, exec_ms: float, drop: bool)
     return first
 
 
-def _speeds(weights: list[float], slots: float) -> list[float]:
-    """Each running batch's speed (a part of its speed alone) while the kernel shares `slots` full-speed places
-    among them by their cgroup weights: in proportion to the weights, none above 1, what a capped one leaves
-    going to the others (water-filling; alike weights: min(1, slots / n) each)."""
+def _speeds(weights: list[float], threads: list[int], cores: float) -> list[float]:
+    """Each running batch's speed (a part of its speed alone, on its threads) while the kernel shares `cores`
+    among the batches by their cgroup weights: in proportion to the weights, none more cores than its threads,
+    what a capped one leaves going to the others (water-filling; alike weights and k threads each:
+    min(1, cores / (k n)) each)."""
     speeds = [0.0] * len(weights)
-    left, rest = slots, sum(weights)
-    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):  # the heaviest first: capped ones come first
-        speeds[i] = min(1.0, left * weights[i] / rest)
-        left, rest = left - speeds[i], rest - weights[i]
+    left, rest = cores, sum(weights)
+    for i in sorted(range(len(weights)), key=lambda i: threads[i] / weights[i]):  # the first capped come first
+        used = min(threads[i], left * weights[i] / rest)
+        speeds[i] = used / threads[i]
+        left, rest = left - used, rest - weights[i]
     return speeds
 
 
@@ -222,14 +224,14 @@ def _share_cores(
     draw: Callable[[_Instance, int, tuple, float], float],
     horizon_ms: float,
     drop: bool,
-    slots: float = 1,
-    weights: list[int] | None = None,
+    cores: float,
+    threads: list[int],
+    weights: list[int],
 ) -> None:
-    """One CPU device in turns: every instance's batch runs at once, at the speed `_speeds` gives it among the
-    batches in flight (`slots` of them fit the cores at full speed: `shares.turn_slots`; `weights`: the
-    instances' cgroup weights, `shares.turn_weights`, alike where None). A batch's work is its time alone; it
-    ends when the speeds it ran at have done it."""
-    weights = weights or [1] * len(instances)
+    """One CPU device of `cores` in turns: every instance's batch runs at once on its `threads`, at the speed
+    `_speeds` gives it by the instances' cgroup `weights` among the batches in flight (all at full speed while
+    their threads fit the cores). A batch's work is its time alone; it ends when the speeds it ran at have
+    done it."""
     now = 0.0
     ready = [(t, k) for k, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
     heapq.heapify(ready)
@@ -237,9 +239,11 @@ def _share_cores(
     speeds_of: dict[tuple[int, ...], list[float]] = {}  # the instances in flight, in order -> their speeds
     while ready or running:
         speeds = None  # all at full speed
-        if len(running) > slots:
+        if sum(threads[b[1]] for b in running) > cores:
             key = tuple(b[1] for b in running)
-            speeds = speeds_of.get(key) or speeds_of.setdefault(key, _speeds([weights[k] for k in key], slots))
+            speeds = speeds_of.get(key) or speeds_of.setdefault(
+                key, _speeds([weights[k] for k in key], [threads[k] for k in key], cores)
+            )
         first_done, left = None, math.inf  # the batch that ends first, and the wall time until it does
         for i, batch in enumerate(running):
             t = batch[0] if speeds is None else batch[0] / speeds[i]
@@ -309,17 +313,19 @@ def simulate(
 
     kinds = {d.id: d.kind for d in plan.devices}
     shared = {d.id: _Executor() for d in plan.devices}
-    mates = {d.id: sum(p.device == d.id for _, p in plan.instances()) for d in plan.devices}
+    layout = plan.turn_layout()
     instances: list[_Instance] = []
+    turn_of: dict[int, Turn] = {}  # instance (its index) taking turns with a CPU -> how it runs
     for model in plan.models:
         for k, p in enumerate(model.placements):
             gpu_turns = plan.takes_turns(p.device) and kinds[p.device] == "gpu"
-            cpu_turns = plan.takes_turns(p.device) and kinds[p.device] == "cpu"
+            if plan.takes_turns(p.device) and kinds[p.device] == "cpu":
+                turn_of[len(instances)] = layout[p.instance]
             instances.append(
                 _Instance(
                     model.name,
                     p.device,
-                    turn_share(plan.device(p.device), mates[p.device]) if cpu_turns else p.share,
+                    turn_of[len(instances)].share if len(instances) in turn_of else p.share,
                     p.batch,
                     p.queue_delay_us / 1000,
                     model.slo_ms,
@@ -333,9 +339,10 @@ def simulate(
     horizon_ms = 1000.0 * duration_s
     cores_in_turns = [d for d in by_device if plan.takes_turns(d) and kinds[d] == "cpu"]  # in the plan's order:
     for device in cores_in_turns:  # they draw from one stream, so the same seed gives the same run
-        slots = turn_slots(plan.device(device), mates[device])
-        weights = turn_weights(plan.device(device), [inst.slo_ms for inst in by_device[device]])
-        _share_cores(by_device[device], draw, horizon_ms, drop, slots, weights)
+        held = [turn_of[i] for i, inst in enumerate(instances) if inst.device == device]
+        threads = [turn.threads for turn in held]
+        cores = max(plan.device(device).cores, *threads)  # fewer cores than threads already slow each batch alone
+        _share_cores(by_device[device], draw, horizon_ms, drop, cores, threads, [turn.weight or 1 for turn in held])
     heap = [
         (t, i)
         for i, inst in enumerate(instances)

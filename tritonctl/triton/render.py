@@ -28,7 +28,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, sha256_unchanged
 from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel
-from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for, turn_threads
+from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for
 from tritonctl.spec import DTYPES
 
 # Batches Triton runs at load (model_warmup) before it reports the model ready: the first
@@ -262,9 +262,7 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
     def instance(model: PlannedModel, placement: Placement, write: bool) -> Launch:
         device = plan.device(placement.device)
         folder = out_root / placement.instance
-        threads = None
-        if device.kind == "cpu" and plan.takes_turns(device.id):
-            threads = turn_threads(device, sum(p.device == device.id for _, p in plan.instances()))
+        turn = in_turns.get(placement.instance)
         return render_instance(
             folder,
             plan.cluster,
@@ -275,13 +273,13 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
             write,
             reject_late,
             plan.runtime.cpu_share,
-            threads,
+            turn.threads if turn and device.kind == "cpu" else None,
             plan.runtime.gpu_backend,
-            priority.get(placement.instance),
+            turn.weight if turn else None,
         )
 
     reject_late = plan.runtime.reject_late
-    priority = plan.turn_weights()
+    in_turns = plan.turn_layout()
     rendered: dict[str, tuple[Path, Launch]] = {}
     for model, placement in plan.instances():
         try:

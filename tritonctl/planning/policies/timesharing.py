@@ -21,7 +21,7 @@ from tritonctl.latency.queueing import goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import memory_at
-from tritonctl.shares import turn_share, turn_slots, turn_weights
+from tritonctl.shares import turn_layout, turn_share, turn_slots
 
 STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances taking turns are and how long they take
 
@@ -29,15 +29,16 @@ STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances takin
 def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
     """The duty cycle and batches that keep every model of `group` at its rate and SLO on `device`, or None.
 
-    On a CPU each instance has the threads `turn_threads` leaves it and `turn_slots` of them run at once, so a
+    On a CPU each instance runs on its threads of `turn_layout` and `turn_slots` of them run at once, so a
     cycle is their batches' time over the slots, and batches do not wait for each other's turns: the SLO is left
     to the queueing of `turn_service_ms` (a GPU's batch waits up to a cycle, so the cycle bounds it)."""
     share, slots = turn_share(device, len(group)), turn_slots(device, len(group))
     if device.kind == "cpu":  # each instance keeps up on its own: the smallest batch that does
-        batches = {d.name: _keeps_up(d, share, lm) for d in group}
+        shares = _shares(group, device)
+        batches = {d.name: _keeps_up(d, s, lm) for d, s in zip(group, shares, strict=True)}
         if any(b is None for b in batches.values()):
             return None
-        return sum(lm.t_inf(d.name, batches[d.name], share) for d in group) / slots, batches
+        return sum(lm.t_inf(d.name, batches[d.name], s) for d, s in zip(group, shares, strict=True)) / slots, batches
     batches = {d.name: 1 for d in group}
     for _ in range(100):
         cycle = sum(lm.t_inf(d.name, batches[d.name], share) for d in group) / slots
@@ -66,22 +67,28 @@ def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device
     """How long one batch of each (model, batch, rate, SLO) member, taking turns with `device`, holds its instance.
 
     A GPU runs the turns one after another: a batch waits for the others' (the duty cycle), so
-    the cycle is what each batch costs. A CPU runs them at once, `turn_slots` at full speed:
-    a batch takes its time alone (`turn_share`), stretched while more instances are busy than
-    there are slots (`_stretch`), each other instance busy for the part of the time its own
-    rate and stretched batches keep it so (a fixed point, a few rounds from the times alone).
-    Under deadline-monotonic weights (`shares.turn_weights`) a batch is stretched only by the
-    instances that weigh at least as much as its own: the kernel runs the heavier first."""
-    share, slots = turn_share(device, len(members)), turn_slots(device, len(members))
-    alone = [lm.t_inf(model, batch, share) for model, batch, _, _ in members]
+    the cycle is what each batch costs. A CPU runs them at once, each on its threads of
+    `shares.turn_layout`: a batch takes its time alone on them, stretched while the busy
+    instances' threads are more than the cores (`_stretch`), each other instance busy for the
+    part of the time its own rate and stretched batches keep it so (a fixed point, a few rounds
+    from the times alone). Under deadline-monotonic weights (`shares.turn_weights`) a batch is
+    stretched only by the instances that weigh at least as much as its own: the kernel runs the
+    heavier first."""
+    layout = turn_layout(device, [slo for *_, slo in members])
+    alone = [lm.t_inf(model, batch, turn.share) for (model, batch, _, _), turn in zip(members, layout, strict=True)]
     if device.kind != "cpu":
         return [sum(alone)] * len(members)
-    weights = turn_weights(device, [slo for *_, slo in members]) or [1] * len(members)
+    weights = [turn.weight or 1 for turn in layout]
     held = alone
     for _ in range(STRETCH_ROUNDS):
         busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate, _), t in zip(members, held, strict=True)]
         held = [
-            t * _stretch([b for j, b in enumerate(busy) if j != i and weights[j] >= weights[i]], slots)
+            t
+            * _stretch(
+                [(b, layout[j].threads) for j, b in enumerate(busy) if j != i and weights[j] >= weights[i]],
+                layout[i].threads,
+                device.cores,
+            )
             for i, t in enumerate(alone)
         ]
     return held
@@ -125,31 +132,39 @@ def turn_choices(
 ) -> dict[str, list[Choice]]:
     """The placements of members taking turns with `device`: each copy with all of it, batched as planned, its
     batcher waiting at most what one cycle leaves of the SLO (as time-sharing's)."""
-    share = turn_share(device, sum(copies for _, copies in members))
+    instances = [d for d, copies in members for _ in range(copies)]
+    share = dict(zip((d.name for d in instances), _shares(instances, device), strict=True))  # copies run alike
     out = {}
     for d, copies in members:
         batch = outcome.batches[d.name]
-        exec_ms = lm.t_inf(d.name, batch, share)
+        exec_ms = lm.t_inf(d.name, batch, share[d.name])
         delay = int(1000 * max(0.0, d.slo_ms - outcome.cycle - exec_ms)) if batch > 1 else 0
         out[d.name] = [Choice(device.id, device.units, batch, delay, turns=True)] * copies
     return out
 
 
-def _stretch(others: list[float], slots: float) -> float:
-    """How many times as long as alone a batch takes while each other instance is busy with its probability:
-    n busy at once (the batch's own included) each run at min(1, slots / n) of full speed, averaged over the
-    number of others busy (Poisson binomial). The mean of the slowdown, not the slowdown of the mean number
-    busy: with 1.8 slots, one other busy in two turns costs a batch 5%, not nothing."""
-    count = np.array([1.0])
-    for p in others:
-        count = np.convolve(count, [1 - p, p])
-    return float(count @ np.maximum(1.0, np.arange(1, len(count) + 1) / slots))
+def _shares(group: list[Demand], device: Device) -> list[int]:
+    """The share each instance of `group` taking turns with `device` runs like (`shares.turn_layout`)."""
+    return [turn.share for turn in turn_layout(device, [d.slo_ms for d in group])]
+
+
+def _stretch(others: list[tuple[float, int]], threads: int, cores: float) -> float:
+    """How many times as long as alone a batch on `threads` takes while each other instance is busy with its
+    probability, on its threads: the cores (at least the batch's own threads) shared in proportion to the
+    threads busy at once, averaged over which others are busy (the Poisson binomial of their threads). The mean
+    of the slowdown, not the slowdown of the mean number busy: with 1.8 cores and a thread each, one other busy
+    in two turns costs a batch 5%, not nothing."""
+    count = np.array([1.0])  # probability of each number of the others' threads busy
+    for p, k in others:
+        count = np.concatenate([count * (1 - p), np.zeros(k)]) + np.concatenate([np.zeros(k), count * p])
+    busy = threads + np.arange(len(count))
+    return float(count @ np.maximum(1.0, busy / max(cores, threads)))
 
 
 def _slack(group: list[Demand], planned: tuple[float, dict[str, int]], device: Device, lm: LatencyModel) -> float:
     cycle, batches = planned
-    share = turn_share(device, len(group))
-    return min(d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], share) for d in group)
+    shares = _shares(group, device)
+    return min(d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], s) for d, s in zip(group, shares, strict=True))
 
 
 def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
@@ -187,8 +202,7 @@ def time_sharing(demands: list[Demand], devices: list[Device], lm: LatencyModel 
         if not group:
             continue
         cycle, batches = schedule(group, by_id[device_id], lm)
-        share = turn_share(by_id[device_id], len(group))
-        for d in group:
+        for d, share in zip(group, _shares(group, by_id[device_id]), strict=True):
             # Triton's batcher waits at most what one cycle leaves of the SLO for a batch to fill.
             delay = int(1000 * max(0.0, d.slo_ms - cycle - lm.t_inf(d.name, batches[d.name], share)))
             batch = batches[d.name]
