@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Deadline-monotonic CPU weights against the hand-written deployment and the same plans weighing alike, on the
 # five clusters calibrated for the slow AMD EPYC VM (bench/results/overload/*), each under perf_analyzer (random-0-1
-# also under tritonctl's client and beside the naive plan; the naive plan is added to the other four in a
-# second pass, --add keeping the first pass's rows). Quiet machine: about 75 minutes.
+# also under tritonctl's client and beside the naive plan). Two more passes add, keeping the earlier rows
+# (--add): the naive plan on the other four, and the best plan with the lightest instance on a thread per
+# core (devices[].turn_threads: lightest) on all five. Quiet machine: about 75 minutes.
 #     bash bench/priority.sh [OUT]     # OUT defaults to bench/results/priority
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,4 +20,8 @@ for name in random-0-0 random-0-2 torchvision-four cpu-demo; do
 done
 for name in random-0-0 random-0-2 torchvision-four cpu-demo; do
     run "$name" --deployments naive --tools perf_analyzer --add
+done
+run random-0-1 --deployments best-replan-lightest --tools perf_analyzer tritonctl --add
+for name in random-0-0 random-0-2 torchvision-four cpu-demo; do
+    run "$name" --deployments best-replan-lightest --tools perf_analyzer --add
 done

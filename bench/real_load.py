@@ -11,7 +11,8 @@ Deployments:
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
   turns runtime.reject_late on, `-equal` lets instances taking turns with a CPU weigh alike
-  (devices[].turn_priority: equal; by default the tighter SLO weighs more), `-ni`, `-nowake`,
+  (devices[].turn_priority: equal; by default the tighter SLO weighs more), `-lightest` runs the
+  one instance that weighs least on a thread per core (devices[].turn_threads: lightest), `-ni`, `-nowake`,
   `-linear` or `-noqueue` plans with the latency model less its interference terms, its
   wake-up term, its LWR or the queueing model (latency/ablation.py), `-direct` sends the
   requests straight to the instances' own ports instead of the model ports (HAProxy), `-replan`
@@ -172,10 +173,11 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
                         "late": {"reject_late": True}, "direct": {}, "replan": {}, "noqueue": {}, "equal": {},
-                        **dict.fromkeys(ablations, {})}[option])  # fmt: skip
+                        "lightest": {}, **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
-    if "equal" in options:
-        devices = [d.model_copy(update={"turn_priority": "equal"}) for d in cluster.spec.devices]
+    device_changes = {"equal": {"turn_priority": "equal"}, "lightest": {"turn_threads": "lightest"}}
+    for option in set(options) & set(device_changes):
+        devices = [d.model_copy(update=device_changes[option]) for d in cluster.spec.devices]
         cluster = Cluster(cluster.spec.model_copy(update={"devices": devices}), cluster.path)
     lm = load_latency_model(lm_path) if lm_path else None
     for option in options:
@@ -214,8 +216,18 @@ def capacity(rows: list[Row], deployment: str, tool: str) -> float:
     return best
 
 
+LATER = "Loaded in later runs than the others, on the same CPU: "
+
+
+def later_runs(out: Path) -> list[str]:
+    """The deployments DIR/summary.md says were loaded in later runs (added with --add)."""
+    summary_md = out / "summary.md"
+    lines = summary_md.read_text().splitlines() if summary_md.is_file() else []
+    return next((line.removeprefix(LATER).split(", ") for line in lines if line.startswith(LATER)), [])
+
+
 def summary(rows: list[Row], cpu: str, added: list[str]) -> str:
-    later = [f"Loaded in a later run than the others, on the same CPU: {', '.join(added)}", ""] if added else []
+    later = [LATER + ", ".join(added), ""] if added else []
     lines = [f"CPU: {cpu}", "", *later, "| deployment | tool | capacity (x rates) | " + " | ".join(
         f"goodput x{s:g}" for s in sorted({r.scale for r in rows})) + " |"]  # fmt: skip
     lines.append("|" + "---|" * (3 + len({r.scale for r in rows})))
@@ -316,7 +328,7 @@ def main() -> None:
                 for tool in args.tools:
                     rows += run_once(name, tool, scale, targets, predicted, args, pa, folder)
         (args.out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    text = summary(rows, cpu, args.deployments if args.add else [])
+    text = summary(rows, cpu, list(dict.fromkeys([*later_runs(args.out), *args.deployments])) if args.add else [])
     (args.out / "summary.md").write_text(text)
     print(text)
 

@@ -204,9 +204,7 @@ def test_strict_refuses_a_plan_predicted_to_miss_an_slo(capsys, mlp_cluster, tmp
 
     synthetic_dataset(tmp_path / "profile")
     assert main(["fit", str(tmp_path / "profile")]) == 0
-    # alike weights: alpha, the looser SLO, would otherwise run on both cores while beta is idle, and meet it
     edit(mlp_cluster, lambda d: d["models"][0].update(rate=600, slo_ms=150))
-    edit(mlp_cluster, lambda d: d["devices"][0].update(turn_priority="equal"))
     lm = str(tmp_path / "profile" / "latency-model.json")
     rc, err = run_cli(capsys, "plan", "--strict", "--policy", "search", "--latency-model", lm, str(mlp_cluster))
     assert rc == 2 and "cannot serve every model within its SLO" in err and "requests/s within 150 ms" in err

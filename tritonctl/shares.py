@@ -16,6 +16,7 @@ class Device(Protocol):
     cores: float
     units: int
     turn_priority: str
+    turn_threads: str
 
 
 # A short CFS period keeps a quota from turning into long stalls: with 100 ms a run that
@@ -101,15 +102,15 @@ class Turn:
 
 def turn_layout(device: Device, slos: list[float]) -> list[Turn]:
     """How each instance (its model's SLO) taking turns with `device` runs. Every instance on `turn_threads`,
-    weighing `turn_weights`, except on a CPU under those weights the one instance that weighs least, where only
-    one does: it runs on a thread per core. It only takes the cores the heavier instances leave it (the kernel
-    runs them first), so its threads do not stall theirs, and while they are idle a long batch of a loose SLO
-    runs on every core instead of one."""
+    weighing `turn_weights`, except with `device.turn_threads: lightest` the one instance that weighs least,
+    where only one does: it runs on a thread per core. It only takes the cores the heavier instances leave it
+    (the kernel runs them first), so its threads do not stall theirs, and while they are idle a long batch of a
+    loose SLO runs on every core instead of one."""
     if device.kind != "cpu":
         return [Turn(1, device.units, None)] * len(slos)
     weights = turn_weights(device, slos)
     threads = [turn_threads(device, len(slos))] * len(slos)
-    if weights is not None and weights.count(min(weights)) == 1:
+    if device.turn_threads == "lightest" and weights is not None and weights.count(min(weights)) == 1:
         threads[weights.index(min(weights))] = threads_for_cores(device.cores)
     return [Turn(k, _threads_share(device, k), None if weights is None else weights[i]) for i, k in enumerate(threads)]
 

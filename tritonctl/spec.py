@@ -81,6 +81,12 @@ class DeviceGroup(_Strict):
     `turn_priority` (CPU only): how instances taking turns with a device share its cores when more are busy
     than it holds: `slo`, the tighter a model's SLO the heavier its cgroup CPU weight (deadline-monotonic,
     `shares.turn_weights`), or `equal`, alike (what a hand-written deployment gets).
+
+    `turn_threads` (CPU only): the onnxruntime threads of instances taking turns with a device: `even`, cores /
+    instances each (one at least), or `lightest`, the same but the one instance that weighs least under
+    `turn_priority: slo` on a thread per core (`shares.turn_layout`): it takes only the cores the heavier ones
+    leave, so a long batch of a loose SLO runs on every core while they are idle; they may start a little later
+    when they wake beside it (the kernel's preemption).
     """
 
     kind: Literal["gpu", "cpu"]
@@ -93,6 +99,7 @@ class DeviceGroup(_Strict):
     cores: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     reserved_cores: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     turn_priority: Literal["slo", "equal"] = "slo"
+    turn_threads: Literal["even", "lightest"] = "even"
 
     @model_validator(mode="after")
     def _cores_for_cpu(self) -> DeviceGroup:
@@ -104,6 +111,10 @@ class DeviceGroup(_Strict):
             raise ValueError("`reserved_cores` is for cpu devices only")
         if self.kind == "gpu" and self.turn_priority != "slo":
             raise ValueError("`turn_priority` is for cpu devices only (a GPU's turns run one after another)")
+        if self.kind == "gpu" and self.turn_threads != "even":
+            raise ValueError("`turn_threads` is for cpu devices only")
+        if self.turn_threads == "lightest" and self.turn_priority != "slo":
+            raise ValueError("`turn_threads: lightest` needs `turn_priority: slo` (the lightest weighs by its SLO)")
         if self.kind == "cpu" and self.usable_units < 1:
             raise ValueError(
                 f"reserved_cores {self.reserved_cores:g} of {self.cores:g} cores leaves nothing to plan with: "

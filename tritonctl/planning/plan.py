@@ -62,8 +62,10 @@ class Device(_Strict):
     node: Name | None = None  # the machine it is on, where the cluster spans several (`index` counts per node)
     # A GPU's SM clock locked for the deployment (the energy objective's choice; None: the driver's own)
     clock_mhz: Annotated[int, Field(ge=100, le=5000)] | None = None
-    # How instances taking turns with a CPU device share its cores (the cluster file's devices[].turn_priority)
+    # How instances taking turns with a CPU device share its cores and run on them (the cluster file's
+    # devices[].turn_priority and turn_threads)
     turn_priority: Literal["slo", "equal"] = "slo"
+    turn_threads: Literal["even", "lightest"] = "even"
 
 
 class Tensor(_Strict):

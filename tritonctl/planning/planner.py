@@ -85,6 +85,7 @@ def device_groups(cluster: Cluster) -> list[tuple[DeviceGroup, list[Device]]]:
                     units=group.usable_units,
                     cores=group.cores * group.usable_units / group.units if group.cores else None,
                     turn_priority=group.turn_priority,
+                    turn_threads=group.turn_threads,
                 )
             )
         groups.append((group, members))
