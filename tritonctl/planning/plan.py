@@ -189,11 +189,6 @@ class Plan(_Strict):
                 out.update((p.instance, turn) for (_, p), turn in zip(mates, layout, strict=True))
         return out
 
-    def turn_weights(self) -> dict[str, int]:
-        """The cgroup CPU weight of each instance taking turns with a CPU device whose instances weigh unlike
-        (`shares.turn_weights`: the tighter SLO, the heavier); the others are left out (the kernel's default)."""
-        return {name: turn.weight for name, turn in self.turn_layout().items() if turn.weight is not None}
-
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
         devices = {d.id: d for d in self.devices}

@@ -319,13 +319,14 @@ def simulate(
     for model in plan.models:
         for k, p in enumerate(model.placements):
             gpu_turns = plan.takes_turns(p.device) and kinds[p.device] == "gpu"
-            if plan.takes_turns(p.device) and kinds[p.device] == "cpu":
-                turn_of[len(instances)] = layout[p.instance]
+            turn = layout[p.instance] if plan.takes_turns(p.device) and kinds[p.device] == "cpu" else None
+            if turn is not None:
+                turn_of[len(instances)] = turn
             instances.append(
                 _Instance(
                     model.name,
                     p.device,
-                    turn_of[len(instances)].share if len(instances) in turn_of else p.share,
+                    turn.share if turn is not None else p.share,
                     p.batch,
                     p.queue_delay_us / 1000,
                     model.slo_ms,

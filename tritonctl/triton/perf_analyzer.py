@@ -166,10 +166,10 @@ def read_export(path: Path, target: Endpoint, schedule: np.ndarray) -> LoadResul
 
     The export holds the requests answered within the measurement windows only: requests still
     queued when perf_analyzer stops are missing from it. The schedule's arrivals after the one
-    nearest the last exported request, up to one SLO before the end (an answer due later could still be on time),
-    count as unanswered, so an overloaded model is not reported better than it was. (A few
-    requests in flight at a window boundary are missing from the export too; they are not
-    counted either way.)
+    nearest the last exported request, up to one SLO before the end (an answer due later could
+    still be on time), count as unanswered, so an overloaded model is not reported better than
+    it was. (A few requests in flight at a window boundary are missing from the export too;
+    they are not counted either way.)
     """
     try:
         data = json.loads(path.read_text())
