@@ -236,10 +236,11 @@ def _share_cores(
     ready = [(t, k) for k, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
     heapq.heapify(ready)
     running: list[list] = []  # per batch in flight: [work left (ms alone), instance, first served, count]
+    busy = 0  # the threads of the batches in flight
     speeds_of: dict[tuple[int, ...], list[float]] = {}  # the instances in flight, in order -> their speeds
     while ready or running:
         speeds = None  # all at full speed
-        if sum(threads[b[1]] for b in running) > cores:
+        if busy > cores:
             key = tuple(b[1] for b in running)
             speeds = speeds_of.get(key) or speeds_of.setdefault(
                 key, _speeds([weights[k] for k in key], [threads[k] for k in key], cores)
@@ -264,10 +265,12 @@ def _share_cores(
             first = _serve(inst, take, start, exec_ms, drop)
             if first < inst.head:
                 running.append([exec_ms, k, first, inst.head - first])
+                busy += threads[k]
                 continue
         else:
             running.remove(first_done)
             _, k, first, count = first_done
+            busy -= threads[k]
             inst = instances[k]
             inst.batches.append((first, count, now))
             inst.idle_since = inst.executor.free_at = now
