@@ -20,7 +20,8 @@ def true_latency(model: str, batch: int, share: int, corunners) -> float:
     eff = min(cores, threads_for_cores(cores))
     run = (1.0 + PER_SAMPLE_MS[model] * batch**0.9) / eff
     pressure = sum(min(2 * s / 100, threads_for_cores(2 * s / 100)) for _, s, _ in corunners)
-    return 0.5 + 0.001 * batch + run * (1 + ALPHA_CACHE[model] * pressure)
+    duty = eff / threads_for_cores(cores)  # the co-runners are felt while the instance's threads may run
+    return 0.5 + 0.001 * batch + run * (1 + ALPHA_CACHE[model] * pressure * duty)
 
 
 def _rows(group: str, kind: str, split: str, members: list[tuple[str, int, int]]) -> list[Measurement]:

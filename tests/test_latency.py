@@ -31,6 +31,22 @@ def test_lwr_is_a_scikit_learn_estimator():
     check_estimator(LocallyWeightedRegression(log_target=False))
 
 
+def test_a_local_quadratic_follows_a_surface_that_bends_where_a_local_plane_cannot():
+    """Latency bends across log batch (flat while a batch fills the cores, linear after): at a kernel as wide
+    as the data, degree 2 reproduces a quadratic surface, degree 1 misses it."""
+    grid = np.array([(b, s) for b in np.linspace(0, 5, 6) for s in np.linspace(-1, 0, 4)])
+    y = np.exp(1 + 0.2 * grid[:, 0] ** 2 - 0.5 * grid[:, 0] * grid[:, 1] - grid[:, 1])  # synthetic
+    query = np.array([(2.5, -0.4), (4.5, -0.9)])
+    truth = np.exp(1 + 0.2 * query[:, 0] ** 2 - 0.5 * query[:, 0] * query[:, 1] - query[:, 1])
+    errors = {
+        d: np.abs(LocallyWeightedRegression(bandwidth=1.0, degree=d).fit(grid, y).predict(query) / truth - 1)
+        for d in (1, 2)
+    }
+    assert errors[2].max() < 1e-4 and errors[1].max() > 0.05
+    with pytest.raises(ValueError, match="degree must be 1 or 2"):
+        LocallyWeightedRegression(degree=3).fit(grid, y)
+
+
 def test_lwr_interpolates_a_smooth_latency_surface():
     rng = np.random.default_rng(0)
     batch, share = rng.integers(1, 33, 300), rng.uniform(0.2, 1.0, 300)
@@ -98,8 +114,16 @@ def test_fit_recovers_a_known_synthetic_model(tmp_path):
         if row.split == "heldout":
             got = model.t_inf(row.model, row.batch, row.share, tuple(row.corunner_list()))
             assert got == pytest.approx(row.p50_ms, rel=0.08), row
-    assert model.models["alpha"].alpha_cache == pytest.approx(ALPHA_CACHE["alpha"], rel=0.3)
     assert model.footprint_mb("beta", 8) == pytest.approx(140, rel=0.01)
+    # The truth weighs the co-runners by the instance's duty: a quarter share (half a core on its one thread)
+    # feels half of them. Fitted so, the interference coefficients are the truth's; unweighed, far off.
+    for name, alpha in ALPHA_CACHE.items():
+        assert model.models[name].alpha_cache == pytest.approx(alpha, rel=0.05)
+    unweighed = fit_latency_model(dataset, log=lambda _: None, pressure_by_duty=False)
+    assert unweighed.models["alpha"].alpha_cache < 0.5 * ALPHA_CACHE["alpha"]
+    model.save(tmp_path / "lm.json")
+    loaded = load_latency_model(tmp_path / "lm.json")
+    assert loaded.device.pressure_by_duty and loaded.duty(25) == 0.5 and loaded.duty(50) == 1.0
 
 
 def test_wake_up_is_fitted_over_back_to_back_and_survives_a_round_trip(tmp_path):

@@ -4,7 +4,8 @@
 - no interference (InSS-ni): no cache-pressure, scheduling or CPU-contention terms, each model as if alone;
 - no wake-up: an idle instance's first batch costs nothing extra;
 - linear instead of LWR: the running time alone a single linear fit in (log2 batch, log share) per model
-  (locally weighted regression with a kernel far wider than the data, which weighs every point alike);
+  (locally weighted regression of degree 1 with a kernel far wider than the data, which weighs every point
+  alike);
 - no queueing model: a task takes its batch's time alone (`queueing.without_queueing`, around the planning;
   the queueing model is the planner's, so this one is a context rather than a model).
 """
@@ -34,7 +35,7 @@ def no_wake(lm: LatencyModel) -> LatencyModel:
 
 
 def linear_running_time(lm: LatencyModel) -> LatencyModel:
-    return _rebuilt(lm, lwr_bandwidth=WIDE)
+    return _rebuilt(lm, lwr_bandwidth=WIDE, lwr_degree=1)
 
 
 ABLATIONS: dict[str, Callable[[LatencyModel], LatencyModel]] = {

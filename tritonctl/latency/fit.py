@@ -19,6 +19,7 @@ from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import DeviceParams, LatencyModel, ModelParams, effective_share, gpulet_factor
 
 BANDWIDTHS = (0.1, 0.15, 0.2, 0.3, 0.5)
+DEGREES = (1, 2)  # the local fit's, chosen with the bandwidth by cross-validation
 MIN_SOLO_POINTS = 6
 
 
@@ -32,7 +33,14 @@ def _lstsq(A: np.ndarray, y: np.ndarray, ridge: float = 1e-9) -> np.ndarray:
     return np.linalg.solve(gram, A.T @ y)
 
 
-def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> LatencyModel:
+def fit_latency_model(
+    dataset: Dataset,
+    log: Callable[[str], None] = print,
+    degrees: tuple[int, ...] = DEGREES,
+    pressure_by_duty: bool = True,
+) -> LatencyModel:
+    """The latency model of `dataset`'s training rows. `degrees`: the local fits' degrees to choose among;
+    `pressure_by_duty`: on a CPU, weigh the co-runners' pressure by each instance's duty (model.py)."""
     kind = dataset.metadata["device"].get("kind", "cpu")
     train = [r for r in dataset.rows if r.split == "train"]
     solo = [r for r in train if r.kind == "solo"]
@@ -64,6 +72,7 @@ def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> L
             kind,
             c0,
             per_byte,
+            degrees,
             log,
         )
         for name, feat in features.items()
@@ -87,6 +96,7 @@ def fit_latency_model(dataset: Dataset, log: Callable[[str], None] = print) -> L
         sched_b=0.0,
         contention=0.0,
         gpulet=[0.0, 0.0, 0.0, 0.0, 1.0],
+        pressure_by_duty=pressure_by_duty and kind == "cpu",
     )
     model = LatencyModel(device, params, {"profile": str(dataset.folder), "cluster": dataset.metadata.get("cluster")})
     if not coloc:
@@ -105,6 +115,7 @@ def _fit_model(
     kind: str,
     c0: float,
     per_byte: float,
+    degrees: tuple[int, ...],
     log: Callable[[str], None],
 ) -> ModelParams:
     """One model's solo parameters: LWR running time, pressure on co-runners, memory by batch, wake-up."""
@@ -116,11 +127,12 @@ def _fit_model(
     y = np.maximum(p50 - io, 0.05 * p50)
     search = GridSearchCV(
         LocallyWeightedRegression(),
-        {"bandwidth": list(BANDWIDTHS)},
+        {"bandwidth": list(BANDWIDTHS), "degree": list(degrees)},
         cv=KFold(5, shuffle=True, random_state=0),
         scoring="neg_mean_absolute_percentage_error",
     )
-    bandwidth = search.fit(X, y).best_params_["bandwidth"]
+    best = search.fit(X, y).best_params_
+    bandwidth, degree = best["bandwidth"], best["degree"]
     # Pressure on co-runners, linear in the share (InSS fits L2 utilisation so); on CPU the
     # measured CPU utilisation of the instance stands in (see model.py).
     eff = np.array([_eff(r, kind) for r in rows])
@@ -138,7 +150,7 @@ def _fit_model(
     if wake and busy is None:
         log(f"  {feat.model}: wake.csv has no back-to-back point (gap 0): no wake-up fitted")
     log(
-        f"  {feat.model}: LWR bandwidth {bandwidth}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
+        f"  {feat.model}: LWR bandwidth {bandwidth} degree {degree}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
         f"memory {mem0:.0f} + {mem1:.1f} x batch MB, spread sigma {spread0:.3f} {spread1:+.3f} x log2 batch"
         + (f", wake-up +{woken[-1][1]:.1f} ms after {woken[-1][0]:g} ms idle" if woken else "")
     )
@@ -148,6 +160,7 @@ def _fit_model(
         n_ops=feat.n_ops,
         io_bytes=feat.input_bytes + feat.output_bytes,
         lwr_bandwidth=bandwidth,
+        lwr_degree=degree,
         lwr_X=X.round(6).tolist(),
         lwr_y=y.round(4).tolist(),
         cache_a=float(cache_a),
@@ -169,7 +182,7 @@ def _fit_interference(model: LatencyModel, rows: list[Measurement], log) -> None
     for r in rows:
         corunners = r.corunner_list()
         run = model.run_ms(r.model, r.batch, r.share)
-        pressure = sum(model.cache_pressure(m, s) for m, s, _ in corunners)
+        pressure = model.felt_pressure(r.share, tuple(corunners))
         n_ops = model.models[r.model].n_ops
         row = [run * pressure if name == r.model else 0.0 for name in names]
         A.append(row + [run * model.contention(r.share, tuple(corunners)), n_ops * r.n_colocated, n_ops])

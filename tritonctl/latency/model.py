@@ -16,6 +16,12 @@ Execution latency of a batch of model i at share rho next to co-runners J (InSS 
   instance sustains (cores busy, from /proc), the demand it puts on the shared cores and
   caches. `tritonctl report` checks that it explains the slowdown it should (correlation of
   sum_j l_j with the measured slowdown).
+  On a CPU the term is weighed by the instance's own duty u = eff / threads (the part of the
+  time its quota lets each thread run; see `contention`) where the model says so
+  (`DeviceParams.pressure_by_duty`, what `fit` does now): a thread a quota holds back for
+  part of each period loses that part to waiting anyway, and what the co-runners take falls
+  into it. Measured on the torchvision profiles: a 1-thread instance at half a core slowed
+  2-6% beside a 1.5-core co-runner, where the unweighed term predicted 18-25%.
 - scheduling: n_ops_i operators (kernels on GPU) each delayed by a_s * N + b_s when N
   models share the device.
 - c_i, CPU only, has no InSS counterpart: contention for cores when the instances' threads
@@ -77,6 +83,7 @@ class ModelParams:
     # CPU ms a batch-1 request costs outside the model's own process: Triton's front end and HAProxy (profile's
     # requests.csv; 0 where not measured). The planner reserves rate x this of a CPU device's cores.
     request_cpu_ms: float = 0.0
+    lwr_degree: int = 1  # the local fit's degree (LocallyWeightedRegression: 1 a plane, 2 a quadratic)
 
 
 @dataclass
@@ -91,6 +98,7 @@ class DeviceParams:
     sched_b: float
     contention: float  # CPU only: weight of `LatencyModel.contention`
     gpulet: list[float]  # c1..c5 of Gpulet's pairwise interference factor
+    pressure_by_duty: bool = False  # CPU: the co-runners' pressure weighed by the instance's own duty (see above)
 
 
 def effective_share(kind: str, frac: float, cores: float | None, threads: int | None = None) -> float:
@@ -99,6 +107,12 @@ def effective_share(kind: str, frac: float, cores: float | None, threads: int | 
         return frac
     share_cores = frac * cores
     return min(share_cores, threads if threads is not None else threads_for_cores(share_cores))
+
+
+def _threads_and_duty(cores: float) -> tuple[int, float]:
+    """The threads an instance of `cores` runs on, and the part of the time each may run."""
+    threads = threads_for_cores(cores)
+    return threads, min(cores, threads) / threads
 
 
 def gpulet_factor(c: list[float], x: list[float]) -> float:
@@ -140,7 +154,9 @@ class LatencyModel:
     def _make_lwr(p: ModelParams) -> LocallyWeightedRegression:
         from tritonctl.latency.lwr import LocallyWeightedRegression  # scikit-learn loads with the first model
 
-        return LocallyWeightedRegression(bandwidth=p.lwr_bandwidth).fit(np.array(p.lwr_X), np.array(p.lwr_y))
+        return LocallyWeightedRegression(bandwidth=p.lwr_bandwidth, degree=p.lwr_degree).fit(
+            np.array(p.lwr_X), np.array(p.lwr_y)
+        )
 
     def eff(self, share: int, threads: int | None = None) -> float:
         """The share in cores (CPU, capped by the thread count) or as a fraction (GPU)."""
@@ -181,6 +197,18 @@ class LatencyModel:
         p = self.models[model]
         return max(0.0, p.cache_a * self.eff(share) + p.cache_b)
 
+    def felt_pressure(self, share: int, corunners: tuple[tuple[str, int, int], ...]) -> float:
+        """sum_j l_j of the co-runners, as an instance at `share` feels it (weighed by its duty where the model
+        says so)."""
+        pressure = sum(self.cache_pressure(m, s) for m, s, _ in corunners)
+        return pressure * self.duty(share) if self.device.pressure_by_duty else pressure
+
+    def duty(self, share: int) -> float:
+        """CPU: the part of the time each of the instance's threads may run, eff / threads; 1 on a GPU."""
+        if self.device.kind != "cpu":
+            return 1.0
+        return _threads_and_duty(share / self.device.units * self.device.cores)[1]
+
     def t_inf(self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> float:
         """Execution latency (ms) of one batch; `corunners` are (model, share, batch) on the same device."""
         if self.mlp is not None:
@@ -188,7 +216,7 @@ class LatencyModel:
         p, d = self.models[model], self.device
         run = self.run_ms(model, batch, share)
         if corunners:
-            pressure = sum(self.cache_pressure(m, s) for m, s, _ in corunners)
+            pressure = self.felt_pressure(share, corunners)
             run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
         return (self.io_ms(model, batch) + run) * (1 + self.margin)
@@ -201,7 +229,7 @@ class LatencyModel:
         p, d = self.models[model], self.device
         run = np.array([row[share] for row in self._table[model][1:]])
         if corunners:
-            pressure = sum(self.cache_pressure(m, s) for m, s, _ in corunners)
+            pressure = self.felt_pressure(share, corunners)
             run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
         return (d.io_c0_ms + d.io_ms_per_byte * p.io_bytes * batches + run) * (1 + self.margin)
@@ -238,9 +266,7 @@ class LatencyModel:
 
     def _contention_of(self, share: int, shares: tuple[int, ...]) -> float:
         def threads_and_duty(s: int) -> tuple[int, float]:
-            cores = s / self.device.units * self.device.cores
-            threads = threads_for_cores(cores)
-            return threads, min(cores, threads) / threads
+            return _threads_and_duty(s / self.device.units * self.device.cores)
 
         threads, duty = threads_and_duty(share)
         runnable = np.array([1.0])  # distribution of the number of co-runner threads wanting a core

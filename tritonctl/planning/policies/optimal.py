@@ -7,8 +7,9 @@ plan. A model served on a split device counts its whole rate (its p99 by eq. 2 w
 at its rate, BDA's constraint); a model taking turns counts what `turn_outcome` says it serves.
 
 Split devices. A binary per option (model, device, share, batch). The InSS latency model is
-linear in what the co-runners bring (`LatencyModel.t_inf`): t = io + run (1 + alpha_i sum_j
-l_j) + n_ops (a N + b) once N >= 2 models share the device, where a co-runner's cache
+linear in what the co-runners bring (`LatencyModel.t_inf`): t = io + run (1 + alpha_i u_i sum_j
+l_j) + n_ops (a N + b) once N >= 2 models share the device (u_i the instance's duty on a CPU
+where the model weighs by it, else 1), where a co-runner's cache
 pressure l_j depends on its share alone and N counts the options chosen on the device. Each
 option carries the longest batch time at which its batch still meets the SLO at the model's
 rate (the p99 of eq. 2 grows with it), so the option holds iff the sum of its co-runners'
@@ -64,7 +65,7 @@ class Option:
     batch: int
     memory_mb: float
     pressure: float  # the cache pressure it puts on its co-runners (l_j)
-    per_pressure: float  # ms its batch takes longer per unit of its co-runners' pressure (run x alpha_i)
+    per_pressure: float  # ms its batch takes longer per unit of its co-runners' pressure (run x alpha_i x u_i)
     per_corunner: float  # ms it takes longer per model on the device, once shared (n_ops x a)
     shared_ms: float  # ms it takes longer once shared at all (n_ops x b)
     slack_ms: float  # ms of co-runners' terms its SLO allows (longest batch time less the time alone)
@@ -137,7 +138,7 @@ def split_options(demand: Demand, device: Device, lm: LatencyModel, pressure: fl
                     batch,
                     memory,
                     lm.cache_pressure(demand.name, share),
-                    run * p.alpha_cache,
+                    run * p.alpha_cache * (lm.duty(share) if d.pressure_by_duty else 1.0),
                     p.n_ops * d.sched_a,
                     p.n_ops * d.sched_b,
                     slack,
