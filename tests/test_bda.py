@@ -116,3 +116,18 @@ def test_a_scan_over_every_batch_size_says_what_each_single_check_says(lm):
             assert scan == one_by_one
             seen |= {why for _, why, _ in scan}
     assert seen == {None, "memory", "slo", "rate"}
+
+
+def test_kept_scans_give_the_same_batches_and_serve_a_layout_seen_again(lm, monkeypatch):
+    """BDA reads one scan over every batch size per model; kept in `scans` (as search's Judge keeps them) a
+    layout seen again costs no prediction, and the batches are the ones BDA finds without them."""
+    demands = [Demand("alpha", 150, 120, 100), Demand("beta", 400, 40, 100)]
+    placement = {"alpha": Choice("cpu0", 40, 2), "beta": Choice("cpu0", 60, 8)}
+    scans: dict = {}
+    assert bda(placement, demands, cpu(), lm, scans) == bda(placement, demands, cpu(), lm)
+    assert len(scans) == 2
+    calls = []
+    monkeypatch.setattr(lm, "t_infs", lambda *a: calls.append(a))
+    other_batches = {"alpha": Choice("cpu0", 40, 1), "beta": Choice("cpu0", 60, 1)}  # the InSS form reads shares
+    assert bda(other_batches, demands, cpu(), lm, scans) == bda(placement, demands, cpu(), lm, scans)
+    assert calls == []

@@ -136,30 +136,35 @@ def task_latency(rate: float, batch: int, t_inf_ms: float) -> TaskLatency:
 
 
 @functools.lru_cache(maxsize=4)
-def _p99_rows(max_batch: int) -> np.ndarray:
-    """The p99 column of `_table` for batches 1..max_batch, one row each."""
-    return np.stack([_table(b)[1] for b in range(1, max_batch + 1)])
+def _p99_rows(max_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """The p99 column of `_table` for batches 1..max_batch, one row each, and each row's slopes between loads."""
+    rows = np.stack([_table(b)[1] for b in range(1, max_batch + 1)])
+    return rows, (rows[:, 1:] - rows[:, :-1]) / (_LOADS[1:] - _LOADS[:-1])
 
 
 def p99s(rate: float, t_inf_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`task_latency`'s p99 and stability for batches 1, 2 ... len(t_inf_ms) at once, batch b taking
     t_inf_ms[b - 1]: the same values (the table read as `np.interp` reads it), for a scan over batch sizes."""
-    batches = np.arange(1, len(t_inf_ms) + 1)
-    rho = rate * t_inf_ms / (1000.0 * batches)
+    n = len(t_inf_ms)
+    if rate <= 0:
+        return t_inf_ms.astype(float), np.ones(n, dtype=bool)
+    batches = np.arange(n)  # batch - 1
+    rho = rate * t_inf_ms / (1000.0 * (batches + 1))
     stable = rho < 1
     if not _QUEUEING.get():
         return np.where(stable, t_inf_ms, np.inf), stable
-    rows, loads = _p99_rows(len(t_inf_ms)), _LOADS
-    j = np.clip(np.searchsorted(loads, rho, side="right") - 1, 0, len(loads) - 2)
-    here, after = rows[batches - 1, j], rows[batches - 1, j + 1]
-    slope = (after - here) / (loads[j + 1] - loads[j])
-    read = np.where(rho == loads[j], here, slope * (rho - loads[j]) + here)
-    read = np.where(rho == loads[-1], rows[batches - 1, -1], read)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p99 = read * (t_inf_ms / rho)
-    p99 = np.where(stable, p99, np.inf)
-    for k in np.flatnonzero(stable & ((rho < loads[0]) | (rho > loads[-1]))):  # nearly idle or nearly saturated
-        p99[k] = sample_task_latency(rate, int(batches[k]), float(t_inf_ms[k])).p99_ms
+    (rows, slopes), loads = _p99_rows(n), _LOADS
+    j = np.searchsorted(loads, rho, side="right") - 1
+    np.clip(j, 0, len(loads) - 2, out=j)
+    p99 = (slopes[batches, j] * (rho - loads[j]) + rows[batches, j]) * (t_inf_ms / rho)
+    p99[~stable] = np.inf
+    if rho.min() >= loads[0] and rho.max() < loads[-1]:
+        return p99, stable
+    for k in np.flatnonzero(stable & ((rho < loads[0]) | (rho >= loads[-1]))):  # at or beyond the table's ends
+        if rho[k] == loads[-1]:
+            p99[k] = rows[k, -1] * (t_inf_ms[k] / rho[k])
+        else:  # nearly idle or nearly saturated
+            p99[k] = sample_task_latency(rate, int(k + 1), float(t_inf_ms[k])).p99_ms
     return p99, stable
 
 

@@ -52,6 +52,54 @@ def broken_constraint(
     return next(batch_checks(name, placement, demands, batches, devices, lm, (batch,)))[1]
 
 
+# Every batch size's time, p99 and stability of a model at a share beside its co-runners, at a rate: what a
+# scan reads, kept by whoever scans the same layouts again (search's Judge). Keyed by `_scan_key`.
+Scans = dict[tuple, tuple[list[float], list[float], list[bool]]]
+_EVERY = np.arange(1, MAX_BATCH + 1)
+
+
+def _scan_key(name: str, share: int, others: tuple[tuple[str, int, int], ...], rate: float, lm: LatencyModel):
+    """What a scan depends on: the co-runners' batches only where the MLP predicts (the InSS formula reads their
+    shares alone)."""
+    return name, share, others if lm.mlp is not None else tuple((m, s) for m, s, _ in others), rate
+
+
+def _beside(name, placement, demands, batches, devices, lm) -> tuple[tuple[tuple[str, int, int], ...], float]:
+    """Model `name`'s co-runners (model, share, batch) at `batches`, and the memory its device leaves it."""
+    others = corunners(name, placement, batches)
+    return others, devices[placement[name].device].memory_mb - sum(memory_at(demands[m], b, lm) for m, _, b in others)
+
+
+def _scan(
+    name: str,
+    placement: dict[str, Choice],
+    demands: dict[str, Demand],
+    batches: dict[str, int],
+    devices: dict[str, Device],
+    lm: LatencyModel,
+    scans: Scans | None,
+) -> tuple[tuple[list[float], list[float], list[bool]], float]:
+    """Model `name`'s batch times, p99s and stability for every batch size beside its co-runners (kept in `scans`
+    where given), and the memory its device leaves it beside them at `batches`."""
+    choice, demand = placement[name], demands[name]
+    others, left = _beside(name, placement, demands, batches, devices, lm)
+    key = _scan_key(name, choice.share, others, demand.rate, lm)
+    scan = scans.get(key) if scans is not None else None
+    if scan is None:
+        times = lm.t_infs(name, choice.share, others)
+        p99, stable = p99s(demand.rate, times)
+        scan = times.tolist(), p99.tolist(), stable.tolist()
+        if scans is not None:
+            scans[key] = scan
+    return scan, left
+
+
+def _why(over: bool, stable: bool, p99_ms: float, slo_ms: float) -> str | None:
+    """The first constraint a batch size breaks: 'memory', 'rate' (unstable: its batches serve fewer requests per
+    second than arrive), 'slo'; or None."""
+    return "memory" if over else "rate" if not stable else "slo" if p99_ms > slo_ms else None
+
+
 def batch_checks(
     name: str,
     placement: dict[str, Choice],
@@ -60,26 +108,22 @@ def batch_checks(
     devices: dict[str, Device],
     lm: LatencyModel,
     sizes: Iterable[int] | None = None,
+    scans: Scans | None = None,
 ) -> Iterator[tuple[int, str | None, float]]:
     """For each batch size of `sizes` (default 1 ... MAX_BATCH), model `name` beside its co-runners at `batches`:
     the size, the first constraint it breaks ('memory', 'slo', 'rate') or None, and its batch time (ms; inf where
-    memory breaks). Every size at once where `sizes` is the default (`LatencyModel.t_infs`, `queueing.p99s`)."""
-    choice, demand = placement[name], demands[name]
-    others = corunners(name, placement, batches)
-    left = devices[choice.device].memory_mb - sum(memory_at(demands[m], b, lm) for m, _, b in others)
+    memory breaks). Every size at once where `sizes` is the default (`LatencyModel.t_infs`, `queueing.p99s`),
+    kept in `scans` where given."""
+    demand = demands[name]
     if sizes is None:
-        every = np.arange(1, MAX_BATCH + 1)
-        times = lm.t_infs(name, choice.share, others)
-        p99, stable = p99s(demand.rate, times)
-        over = memory_at(demand, every, lm) > left
-        rows = zip(every.tolist(), over.tolist(), times.tolist(), p99.tolist(), stable.tolist(), strict=True)
+        scan, left = _scan(name, placement, demands, batches, devices, lm, scans)
+        over = (memory_at(demand, _EVERY, lm) > left).tolist()
+        rows = zip(range(1, MAX_BATCH + 1), over, *scan, strict=True)
     else:
-        rows = (_one(name, b, choice.share, others, demand, left, lm) for b in sizes)
+        others, left = _beside(name, placement, demands, batches, devices, lm)
+        rows = (_one(name, b, placement[name].share, others, demand, left, lm) for b in sizes)
     for batch, over, exec_ms, p99_ms, stable in rows:
-        if over:
-            yield batch, "memory", math.inf
-        else:  # unstable: batches of this size serve fewer requests per second than arrive
-            yield batch, ("rate" if not stable else "slo" if p99_ms > demand.slo_ms else None), exec_ms
+        yield batch, _why(over, stable, p99_ms, demand.slo_ms), math.inf if over else exec_ms
 
 
 def _one(name, batch, share, others, demand, left, lm) -> tuple[int, bool, float, float, bool]:
@@ -91,17 +135,25 @@ def _one(name, batch, share, others, demand, left, lm) -> tuple[int, bool, float
     return batch, False, exec_ms, task.p99_ms, task.stable
 
 
-def bda(placement: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel) -> BatchDecision:
-    """Algorithm 1: the largest feasible batch per model, in model order, others at their current batch."""
+def bda(
+    placement: dict[str, Choice],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    scans: Scans | None = None,
+) -> BatchDecision:
+    """Algorithm 1: the largest feasible batch per model, in model order, others at their current batch. The
+    binary search reads one scan over every batch size per model (kept in `scans` where given)."""
     by_name = {d.name: d for d in demands}
     by_id = {d.id: d for d in devices}
     batches = {d.name: placement[d.name].batch for d in demands}
     infeasible: dict[str, str] = {}
     for demand in demands:
+        (_, p99, stable), left = _scan(demand.name, placement, by_name, batches, by_id, lm, scans)
         low, high, found, reason = 1, MAX_BATCH, None, ""
         while low <= high:
             mid = (low + high) // 2
-            broken = broken_constraint(demand.name, mid, placement, by_name, batches, by_id, lm)
+            broken = _why(memory_at(demand, mid, lm) > left, stable[mid - 1], p99[mid - 1], demand.slo_ms)
             if broken in ("memory", "slo"):
                 high, reason = mid - 1, broken
             elif broken == "rate":

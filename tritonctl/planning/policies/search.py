@@ -44,7 +44,7 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import goodput, goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
-from tritonctl.planning.policies.bda import batch_checks, bda, corunners, throughput, with_batches
+from tritonctl.planning.policies.bda import Scans, batch_checks, bda, corunners, throughput, with_batches
 from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.policies.timesharing import time_sharing, turn_choices, turn_outcome
 
@@ -223,6 +223,7 @@ def _partial(
     devices: list[Device],
     lm: LatencyModel,
     memo: dict,
+    scans: Scans | None = None,
 ) -> dict[str, int]:
     """Batches for a placement after BDA. A model with feasible batches takes the one serving most requests per
     second: BDA's largest feasible batch assumes throughput grows with the batch, which on a CPU stops being true
@@ -240,7 +241,7 @@ def _partial(
             key = ("feasible", name, placement[name].share, corunners(name, placement, out))
             if key not in memo:
                 best_b, best_rate = out[name], 0.0
-                for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm):
+                for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
                     if broken is None and b / exec_ms > best_rate * (1 + 1e-9):
                         best_b, best_rate = b, b / exec_ms
                 memo[key] = best_b
@@ -250,7 +251,7 @@ def _partial(
         others = corunners(name, placement, out)
         key = (name, placement[name].share, others)  # the same device layout recurs across placements
         if key not in memo:
-            for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm):
+            for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
                 if broken == "memory":
                     break  # memory grows with the batch
                 g = goodput(demand.rate, b, exec_ms, demand.slo_ms)
@@ -283,6 +284,7 @@ class Judge:
         self.evaluations = 0
         self._judged: dict[tuple, Judged] = {}
         self._memo: dict[tuple, int] = {}
+        self._scans: Scans = {}  # every batch size of a model in a device layout: BDA's and the batches' scans
         self._devices: dict[tuple, object] = {}  # BDA or the duty cycle of one device's models: devices do not interact
 
     def __call__(self, placement: Placement) -> Judged:
@@ -304,11 +306,13 @@ class Judge:
                 continue
             key = ("bda", device.id, tuple((d.name, choices[d.name].share) for d in here))
             if key not in self._devices:
-                self._devices[key] = bda({d.name: choices[d.name] for d in here}, here, devices, lm)
+                self._devices[key] = bda({d.name: choices[d.name] for d in here}, here, devices, lm, self._scans)
             found.update(self._devices[key].batches)
             failed.update(self._devices[key].infeasible)
         infeasible = {d.name: failed[d.name] for d in split if d.name in failed}  # in model order, as BDA gives it
-        batches = _partial(choices, {d.name: found[d.name] for d in split}, infeasible, split, devices, lm, self._memo)
+        batches = _partial(
+            choices, {d.name: found[d.name] for d in split}, infeasible, split, devices, lm, self._memo, self._scans
+        )
         # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
         served = {d.name: d.rate for d in split if d.name not in infeasible}
         in_turn = dict(served)  # the same, with every request served in its turn (nothing rejected)
