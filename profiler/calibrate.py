@@ -37,7 +37,7 @@ from tritonctl.triton.binary import find_tritonserver
 
 from .grid import HELDOUT_BATCHES, TRAIN_BATCHES, Member
 from .harness import Harness
-from .run import COST_GAP_MS, planned_for_profile
+from .run import COST_GAP_MS, COST_REQUESTS, planned_for_profile
 
 # (batch, share as a fraction of the usable units): both thread regimes of a 2-core CPU.
 FIT_POINTS = ((1, 1.0), (8, 1.0), (2, 0.5))
@@ -45,9 +45,6 @@ CHECK_POINTS = ((4, 0.75), (3, 0.35))
 # Rounds over every point; a point's latency is the median of its rounds. One round was not enough on a 2-vCPU
 # VM with neighbours: the same point differed by 20-30% between runs.
 ROUNDS = 3
-# The CPU a request costs outside its model is measured here too (a CPU's own, not carried over), on fewer
-# requests than a profile's.
-CALIBRATE_COST_REQUESTS = 200
 
 
 @dataclass(frozen=True)
@@ -133,8 +130,8 @@ def calibrate(
                 for measured, (name, batch, units, _) in zip(rounds, plan, strict=True):
                     (stats,) = harness.measure((Member(name, units, batch),))
                     measured.append(stats.p50_ms)
-            log(f"  CPU a request costs outside each model: {CALIBRATE_COST_REQUESTS} batch-1 requests through HAProxy")
-            costs = {name: harness.request_cost(name, CALIBRATE_COST_REQUESTS, COST_GAP_MS) for name in artifacts}
+            log(f"  CPU a request costs outside each model: {COST_REQUESTS} batch-1 requests through HAProxy")
+            costs = {name: harness.request_cost(name, COST_REQUESTS, COST_GAP_MS) for name in artifacts}
         except StartError as exc:
             raise TritonctlError(f"calibration stopped: {exc}") from None
         finally:

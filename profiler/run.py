@@ -35,9 +35,10 @@ from .harness import Harness
 
 # Wake-up: per model, single requests after each idle gap (ms), WAKE_REQUESTS of them per gap.
 WAKE_GAPS_MS = (0, 5, 10, 20, 30, 50, 100, 200)
-WAKE_REQUESTS = 30
-# Request cost: per model, batch-1 requests through HAProxy, after exponential idle gaps of this mean.
-COST_REQUESTS, COST_GAP_MS = 400, 5.0
+WAKE_REQUESTS = 20
+# Request cost: per model, batch-1 requests through HAProxy, after exponential idle gaps of this mean (a profile's
+# and a calibration's alike: it is a CPU's own, not carried over).
+COST_REQUESTS, COST_GAP_MS = 200, 5.0
 
 
 def _tensors(sigs) -> list[Tensor]:

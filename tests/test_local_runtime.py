@@ -81,6 +81,16 @@ def test_instances_run_under_their_cgroup_quota(deployment):
         assert "quota 10000/10000 us" in rec.share_mechanism
 
 
+def test_a_process_joins_its_cgroup_before_it_runs_and_keeps_its_pid(tmp_path):
+    """The start command writes its own pid to the cgroup, then becomes the program: no preexec function, so
+    Popen need not fork() (gRPC core's fork handlers can block a fork for good once clients have been used)."""
+    proc = subprocess.run(share.joining(tmp_path, ["/bin/sh", "-c", "echo $$"]), capture_output=True, text=True)
+    assert proc.returncode == 0 and (tmp_path / "cgroup.procs").read_text().strip() == proc.stdout.strip()
+    assert share.joining(None, ["x"]) == ["x"]
+    failed = subprocess.run(share.joining(tmp_path / "gone", ["/bin/true"]), capture_output=True, text=True)
+    assert failed.returncode != 0 and "cgroup.procs" in failed.stderr  # not started outside its cgroup
+
+
 def test_status_and_endpoints(deployment, capsys):
     assert main(["status", str(deployment)]) == 0
     out = capsys.readouterr().out

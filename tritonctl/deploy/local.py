@@ -256,13 +256,12 @@ class LocalRuntime:
         try:
             with log.open("wb") as log_fh:
                 proc = subprocess.Popen(
-                    self.command(launch, folder, host, grpc_port, http_port, metrics_port),
+                    share.joining(cgroup, self.command(launch, folder, host, grpc_port, http_port, metrics_port)),
                     stdout=log_fh,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=share.joiner(cgroup),
                 )
         except OSError as exc:
             share.remove(cgroup)

@@ -86,17 +86,14 @@ def set_quota(path: Path, quota_us: int, period_us: int) -> None:
     (path / "cpu.cfs_quota_us").write_text(str(quota_us))
 
 
-def joiner(path: Path | None):
-    """A preexec function that moves the starting process into the cgroup."""
+def joining(path: Path | None, command: list[str]) -> list[str]:
+    """`command`, started inside the cgroup at `path`: a shell writes its own pid to the cgroup, then execs the
+    command in its place (the same pid: nothing of it runs outside). Not a preexec function: with one, Popen must
+    fork(), and fork() runs gRPC core's fork handlers, which can block for good in a process that has used gRPC
+    clients; without one it spawns by vfork, which runs none."""
     if path is None:
-        return None
-    procs = str(path / "cgroup.procs")
-
-    def join() -> None:
-        with open(procs, "w") as fh:
-            fh.write(str(os.getpid()))
-
-    return join
+        return command
+    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(path / "cgroup.procs"), *command]
 
 
 def quota(path: Path) -> tuple[int, int]:

@@ -18,10 +18,10 @@ Execution latency of a batch of model i at share rho next to co-runners J (InSS 
   sum_j l_j with the measured slowdown).
   On a CPU the term is weighed by the instance's own duty u = eff / threads (the part of the
   time its quota lets each thread run; see `contention`) where the model says so
-  (`DeviceParams.pressure_by_duty`, what `fit` does now): a thread a quota holds back for
-  part of each period loses that part to waiting anyway, and what the co-runners take falls
-  into it. Measured on the torchvision profiles: a 1-thread instance at half a core slowed
-  2-6% beside a 1.5-core co-runner, where the unweighed term predicted 18-25%.
+  (`DeviceParams.pressure_by_duty`, set by `fit`): a thread a quota holds back for part of
+  each period loses that part to waiting anyway, and what the co-runners take falls into it.
+  In profiles/torchvision-four a 1-thread instance at half a core slowed 2-6% beside a
+  1.5-core co-runner, where the unweighed term predicted 18-25%.
 - scheduling: n_ops_i operators (kernels on GPU) each delayed by a_s * N + b_s when N
   models share the device.
 - c_i, CPU only, has no InSS counterpart: contention for cores when the instances' threads
