@@ -20,8 +20,7 @@ Execution latency of a batch of model i at share rho next to co-runners J (InSS 
   time its quota lets each thread run; see `contention`) where the model says so
   (`DeviceParams.pressure_by_duty`, set by `fit`): a thread a quota holds back for part of
   each period loses that part to waiting anyway, and what the co-runners take falls into it.
-  In profiles/torchvision-four a 1-thread instance at half a core slowed 2-6% beside a
-  1.5-core co-runner, where the unweighed term predicted 18-25%.
+  What the weighing is worth on the committed profiles: bench/fit_forms.py.
 - scheduling: n_ops_i operators (kernels on GPU) each delayed by a_s * N + b_s when N
   models share the device.
 - c_i, CPU only, has no InSS counterpart: contention for cores when the instances' threads

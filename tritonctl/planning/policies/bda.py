@@ -72,26 +72,23 @@ def _beside(name, placement, demands, batches, devices, lm) -> tuple[tuple[tuple
 
 def _scan(
     name: str,
-    placement: dict[str, Choice],
-    demands: dict[str, Demand],
-    batches: dict[str, int],
-    devices: dict[str, Device],
+    share: int,
+    others: tuple[tuple[str, int, int], ...],
+    demand: Demand,
     lm: LatencyModel,
     scans: Scans | None,
-) -> tuple[tuple[list[float], list[float], list[bool]], float]:
-    """Model `name`'s batch times, p99s and stability for every batch size beside its co-runners (kept in `scans`
-    where given), and the memory its device leaves it beside them at `batches`."""
-    choice, demand = placement[name], demands[name]
-    others, left = _beside(name, placement, demands, batches, devices, lm)
-    key = _scan_key(name, choice.share, others, demand.rate, lm)
+) -> tuple[list[float], list[float], list[bool]]:
+    """Model `name`'s batch times, p99s and stability for every batch size at `share` beside `others`, kept in
+    `scans` where given."""
+    key = _scan_key(name, share, others, demand.rate, lm)
     scan = scans.get(key) if scans is not None else None
     if scan is None:
-        times = lm.t_infs(name, choice.share, others)
+        times = lm.t_infs(name, share, others)
         p99, stable = p99s(demand.rate, times)
         scan = times.tolist(), p99.tolist(), stable.tolist()
         if scans is not None:
             scans[key] = scan
-    return scan, left
+    return scan
 
 
 def _why(over: bool, stable: bool, p99_ms: float, slo_ms: float) -> str | None:
@@ -114,14 +111,13 @@ def batch_checks(
     the size, the first constraint it breaks ('memory', 'slo', 'rate') or None, and its batch time (ms; inf where
     memory breaks). Every size at once where `sizes` is the default (`LatencyModel.t_infs`, `queueing.p99s`),
     kept in `scans` where given."""
-    demand = demands[name]
+    demand, share = demands[name], placement[name].share
+    others, left = _beside(name, placement, demands, batches, devices, lm)
     if sizes is None:
-        scan, left = _scan(name, placement, demands, batches, devices, lm, scans)
         over = (memory_at(demand, _EVERY, lm) > left).tolist()
-        rows = zip(range(1, MAX_BATCH + 1), over, *scan, strict=True)
+        rows = zip(range(1, MAX_BATCH + 1), over, *_scan(name, share, others, demand, lm, scans), strict=True)
     else:
-        others, left = _beside(name, placement, demands, batches, devices, lm)
-        rows = (_one(name, b, placement[name].share, others, demand, left, lm) for b in sizes)
+        rows = (_one(name, b, share, others, demand, left, lm) for b in sizes)
     for batch, over, exec_ms, p99_ms, stable in rows:
         yield batch, _why(over, stable, p99_ms, demand.slo_ms), math.inf if over else exec_ms
 
@@ -149,7 +145,8 @@ def bda(
     batches = {d.name: placement[d.name].batch for d in demands}
     infeasible: dict[str, str] = {}
     for demand in demands:
-        (_, p99, stable), left = _scan(demand.name, placement, by_name, batches, by_id, lm, scans)
+        others, left = _beside(demand.name, placement, by_name, batches, by_id, lm)
+        _, p99, stable = _scan(demand.name, placement[demand.name].share, others, demand, lm, scans)
         low, high, found, reason = 1, MAX_BATCH, None, ""
         while low <= high:
             mid = (low + high) // 2
