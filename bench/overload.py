@@ -1,16 +1,17 @@
 """Goodput against offered load, beyond what the plan serves, with and without refusing late requests.
 
     python bench/overload.py CLUSTER --latency-model LM --out DIR [--rate-scale S] [--scales 0.5 1 2 3]
-        [--duration 15] [--deployments naive naive-late best best-late] [--offline]
+        [--duration 15] [--deployments naive-serveall naive best-serveall best] [--offline]
 
 1x is the cluster's rates times S: by default the largest multiple of 0.05 at which `search` plans every
 model within its SLO on this CPU by LM (profiled or calibrated here), in eq. 2 and in simulation
 (`planner.servable_scale`); written as DIR/cluster.yaml.
 bench/real_load.py then loads each deployment at every scale of that, with tritonctl's client only:
-perf_analyzer stops at the first refused request, and the `-late` deployments (runtime.reject_late) refuse
-what can only be late. Writes DIR/overload.md (per deployment the capacity, goodput at every scale, and
-the slowest model's p99) and DIR/goodput.png, beside real_load's results.json and summary.md; with
-`--offline`, only those two, from DIR/results.json. Run it on a quiet machine.
+perf_analyzer stops at the first refused request, and overloaded instances refuse what can only be late
+(runtime.reject_late, on by default; the `-serveall` deployments serve every request, however late).
+Writes DIR/overload.md (per deployment the capacity, goodput at every scale, and the slowest model's p99)
+and DIR/goodput.png, beside real_load's results.json and summary.md; with `--offline`, only those two, from
+DIR/results.json. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def main() -> None:
     )
     parser.add_argument("--scales", nargs="+", type=float, default=[0.5, 1.0, 2.0, 3.0])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of traffic per run")
-    parser.add_argument("--deployments", nargs="+", default=["naive", "naive-late", "best", "best-late"])
+    parser.add_argument("--deployments", nargs="+", default=["naive-serveall", "naive", "best-serveall", "best"])
     parser.add_argument("--offline", action="store_true", help="only rewrite the report from DIR/results.json")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

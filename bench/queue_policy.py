@@ -7,7 +7,7 @@ profile of `profiles/torchvision-four`), planned by `search` and applied three w
 queue policy), `bounded` (Triton's `default_queue_policy.max_queue_size` set to the requests that still fit
 the SLO, `queue_limit`) and `unreached` (a bound of 1000, which no request reaches at these rates). It
 shows why `runtime.reject_late` refuses late requests in the model's glue, not by Triton's queue policy:
-here the `-late` plans render the queue policy instead of the glue's refusal. Each is loaded with
+here the plans that reject late requests render the queue policy instead of the glue's refusal. Each is loaded with
 tritonctl's client (perf_analyzer stops at the first refused request) at every scale; per model: the
 client's p50/p99 and refusals, and from Triton's statistics (`/v2/models/<m>/stats` of the instance,
 before and after) the requests it answered and their mean queue and compute times. Writes
@@ -113,7 +113,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     plans = Path(tempfile.mkdtemp(prefix="queue-policy-"))
-    for variant, deployment in (("none", "best"), ("bounded", "best-late"), ("unreached", "best-late")):
+    for variant, deployment in (("none", "best-serveall"), ("bounded", "best"), ("unreached", "best")):
         path = plan_for(deployment, CLUSTER, LATENCY_MODEL, plans)
         with queue_bound(variant):
             assert tritonctl(["apply", str(path), "--accept-misses"]) == 0

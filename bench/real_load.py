@@ -9,10 +9,11 @@ Deployments:
   model running onnxruntime on 1 thread, no batching, no quotas (rendered from the same exports);
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: tritonctl's default plan with the latency model (`search`);
-- a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-late`
-  turns runtime.reject_late on, `-equal` lets instances taking turns with a CPU weigh alike
-  (devices[].turn_priority: equal; by default the tighter SLO weighs more), `-lightest` runs the
-  one instance that weighs least on a thread per core (devices[].turn_threads: lightest), `-ni`, `-nowake`,
+- a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-serveall`
+  turns runtime.reject_late off (every request served, however late), `-equal` lets instances
+  taking turns with a CPU weigh alike (devices[].turn_priority: equal; by default the tighter SLO
+  weighs more), `-lightest` runs the one instance that weighs least on a thread per core
+  (devices[].turn_threads: lightest), `-ni`, `-nowake`,
   `-linear` or `-noqueue` plans with the latency model less its interference terms, its
   wake-up term, its LWR or the queueing model (latency/ablation.py), `-direct` sends the
   requests straight to the instances' own ports instead of the model ports (HAProxy), `-replan`
@@ -172,7 +173,7 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     ablations = {"ni": no_interference, "nowake": no_wake, "linear": linear_running_time}
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
-                        "late": {"reject_late": True}, "direct": {}, "replan": {}, "noqueue": {}, "equal": {},
+                        "serveall": {"reject_late": False}, "direct": {}, "replan": {}, "noqueue": {}, "equal": {},
                         "lightest": {}, **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
     device_changes = {"equal": {"turn_priority": "equal"}, "lightest": {"turn_threads": "lightest"}}

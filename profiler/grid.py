@@ -18,6 +18,13 @@ Co-located, for fitting (InSS used five sets): every pair at 50/50 with batch 4 
 25/25/50 with batch 4. Co-located, held out: every pair at 75/25 with batches 8 and 2, and
 the first group of three at 50/25/25 with batches 2, 8 and 4. Pairs and triples are capped
 (seeded sample) so large clusters stay within budget.
+
+Solo configurations are measured in waves of rising batch size (`in_waves`), and one with no
+more share and a larger batch than a configuration of its model already measured slower than
+`SLOWER_THAN_SLO` times the model's SLO is not measured at all (`beyond`): it can only be
+slower, no plan can use it, and the large batches at small shares are most of a profile's
+time. The fit keeps the slow configurations that stopped the wave as floors under every
+configuration they rule out (model.py).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ HELDOUT_SHARES = (0.35, 0.6, 0.85)
 HELDOUT_BATCHES = (3, 6, 12, 24)
 MAX_PAIRS = 6
 MAX_TRIPLES = 3
+SLOWER_THAN_SLO = 2.0  # a solo configuration this many SLOs slow ends its model's larger batches at no more share
 
 
 @dataclass(frozen=True)
@@ -91,3 +99,22 @@ def coloc_runs(
     for a, b, c in triples[:1]:
         runs.append(Run("coloc", "heldout", (Member(a, h, 2), Member(b, q, 8), Member(c, q, 4))))
     return runs
+
+
+def in_waves(runs: list[Run], seed: int = 0) -> list[Run]:
+    """`runs` in a seeded random order, solo ones in waves of rising batch size (co-located ones dealt into the
+    waves at random): a transient slowdown of the machine spreads over unrelated configurations, and each
+    configuration's smaller batches are measured before it."""
+    rng = random.Random(seed)
+    shuffled = list(runs)
+    rng.shuffle(shuffled)
+    batches = sorted({r.members[0].batch for r in runs if r.kind == "solo"})
+    rank = {b: i for i, b in enumerate(batches)}
+    keys = [rank[r.members[0].batch] if r.kind == "solo" else rng.randrange(len(batches) or 1) for r in shuffled]
+    return [run for _, run in sorted(zip(keys, shuffled, strict=True), key=lambda pair: pair[0])]
+
+
+def beyond(member: Member, slow: list[Member]) -> bool:
+    """Whether a solo configuration has no more share and a larger batch than one of `slow` (its model's
+    configurations measured slower than `SLOWER_THAN_SLO` SLOs)."""
+    return any(s.model == member.model and s.share >= member.share and s.batch < member.batch for s in slow)

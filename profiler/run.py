@@ -1,5 +1,6 @@
 """`tritonctl profile`: measure every model of a cluster, solo and co-located, into a dataset.
 
+Solo configurations slower than the model's SLO allows any plan to use are not measured (grid.py).
 Resumable (rows already in the dataset are skipped), bounded by an optional time budget,
 with a progress bar. Nothing else should run on the machine meanwhile: co-runners that
 tritonctl does not know about show up as noise.
@@ -8,7 +9,6 @@ tritonctl does not know about show up as noise.
 from __future__ import annotations
 
 import datetime as dt
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +30,7 @@ from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.render import ort_spinning
 
 from .graphinfo import graph_info
-from .grid import HELDOUT_BATCHES, TRAIN_BATCHES, Run, coloc_runs, solo_runs
+from .grid import HELDOUT_BATCHES, SLOWER_THAN_SLO, TRAIN_BATCHES, Member, Run, beyond, coloc_runs, in_waves, solo_runs
 from .harness import Harness
 
 # Wake-up: per model, single requests after each idle gap (ms), WAKE_REQUESTS of them per gap.
@@ -138,14 +138,19 @@ def profile(
             field="devices[0]",
         )
     names = list(artifacts)
-    # Measured in a seeded random order: a transient slowdown of the machine then spreads over
-    # unrelated configurations instead of biasing one model's block of neighbours.
-    runs = solo_runs(names, device.units) + coloc_runs(names, device.units)
-    random.Random(0).shuffle(runs)
+    runs = in_waves(solo_runs(names, device.units) + coloc_runs(names, device.units))
+    limits = {m.name: SLOWER_THAN_SLO * m.slo_ms for m in cluster.spec.models}
+    dataset.metadata["slower_than_ms"] = limits  # the fit takes the configurations beyond it as floors
+    slow = [
+        Member(r.model, r.share, r.batch)
+        for r in dataset.rows
+        if r.kind == "solo" and r.split == "train" and r.p50_ms > limits[r.model]
+    ]
     pending = [run for run in runs if (run.group, run.members[0].model) not in dataset.done]
     log(
-        f"profiling {len(names)} models on {device.id} ({device.cores:g} cores): {len(runs)} runs, "
-        f"{len(runs) - len(pending)} already measured"
+        f"profiling {len(names)} models on {device.id} ({device.cores:g} cores): {len(runs)} runs at most, "
+        f"{len(runs) - len(pending)} already measured; a model's larger batches at no more share are skipped once "
+        f"a batch takes over {SLOWER_THAN_SLO:g}x its SLO"
     )
     harness = Harness(
         LocalRuntime(find_tritonserver(cluster.spec.runtime.tritonserver), folder / "work"),
@@ -161,16 +166,18 @@ def profile(
                 if budget_s is not None and time.monotonic() - started > budget_s:
                     log(f"budget of {budget_s:g} s reached; run the same command again to resume")
                     break
+                if run.kind == "solo" and beyond(run.members[0], slow):
+                    continue
                 bar.set_description(_describe(run))
                 try:
                     stats = harness.measure(run.members)
                 except StartError as exc:
                     raise TritonctlError(f"profiling stopped: {exc}") from None
-                dataset.append(
-                    [_row(run, member, st, device) for member, st in zip(run.members, stats, strict=True)],
-                    harness.memory,
-                )
+                rows = [_row(run, member, st, device) for member, st in zip(run.members, stats, strict=True)]
+                dataset.append(rows, harness.memory)
                 harness.memory = []
+                if run.kind == "solo" and run.split == "train" and rows[0].p50_ms > limits[rows[0].model]:
+                    slow.append(run.members[0])
         woken, costed = {w.model for w in dataset.wake}, {c.model for c in dataset.requests}
         for name in names:
             if budget_s is not None and time.monotonic() - started > budget_s:
@@ -189,12 +196,13 @@ def profile(
     finally:
         harness.close()
         dataset.metadata["duration_s"] = round(dataset.metadata["duration_s"] + time.monotonic() - started, 1)
-        grid_done = {(r.group, r.members[0].model) for r in runs} <= dataset.done
+        unused = {(r.group, r.members[0].model) for r in runs if r.kind == "solo" and beyond(r.members[0], slow)}
+        grid_done = {(r.group, r.members[0].model) for r in runs} - unused <= dataset.done
         extras = {w.model for w in dataset.wake} & {c.model for c in dataset.requests}
         dataset.metadata["complete"] = grid_done and set(names) <= extras
         if harness.server_version:
             dataset.metadata["software"] = software_versions(harness.server_version)
-        dataset.metadata["grid"] = {"runs": len(runs)}
+        dataset.metadata["grid"] = {"runs": len(runs), "beyond_slo": len(unused)}
         dataset.write_metadata()
     return dataset
 

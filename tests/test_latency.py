@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +23,11 @@ from tritonctl.latency import mlp, queueing
 from tritonctl.latency.dataset import WakePoint, load_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
-from tritonctl.latency.model import MAX_BATCH, load_latency_model
+from tritonctl.latency.model import MAX_BATCH, LatencyModel, load_latency_model
 from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency, warm_tables
 from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import predict
+from tritonctl.profiler.grid import Member, beyond, coloc_runs, in_waves, solo_runs
 
 
 def test_lwr_is_a_scikit_learn_estimator():
@@ -124,6 +127,52 @@ def test_fit_recovers_a_known_synthetic_model(tmp_path):
     model.save(tmp_path / "lm.json")
     loaded = load_latency_model(tmp_path / "lm.json")
     assert loaded.device.pressure_by_duty and loaded.duty(25) == 0.5 and loaded.duty(50) == 1.0
+
+
+def test_a_profile_measures_each_solo_configuration_after_its_smaller_batches_and_rules_out_what_a_slow_one_bounds():
+    runs = solo_runs(["alpha", "beta"], 100) + coloc_runs(["alpha", "beta"], 100)
+    ordered = in_waves(runs)
+    assert sorted(r.group for r in ordered) == sorted(r.group for r in runs) and ordered == in_waves(runs)
+    solo_batches = [r.members[0].batch for r in ordered if r.kind == "solo"]
+    assert solo_batches == sorted(solo_batches)
+    kinds = [r.kind for r in ordered]
+    assert kinds.index("coloc") < kinds.index("solo", len(kinds) // 2)  # co-located runs dealt among the waves
+    slow = [Member("beta", 50, 4)]
+    assert beyond(Member("beta", 50, 8), slow) and beyond(Member("beta", 25, 6), slow)
+    assert not beyond(Member("beta", 75, 8), slow)  # more share: may be fast enough
+    assert not beyond(Member("beta", 25, 4), slow)  # the same batch is measured
+    assert not beyond(Member("alpha", 25, 8), slow)
+
+
+def test_configurations_left_out_of_a_profile_are_predicted_no_faster_than_the_slow_one_that_ruled_them_out(tmp_path):
+    dataset = synthetic_dataset(tmp_path / "profile")
+    limit = 40.0
+    slow = [
+        Member(r.model, r.share, r.batch)
+        for r in dataset.rows
+        if r.kind == "solo" and r.split == "train" and r.p50_ms > limit
+    ]
+    left_out = [r for r in dataset.rows if r.kind == "solo" and beyond(Member(r.model, r.share, r.batch), slow)]
+    assert len(left_out) > 20
+    dataset.rows = [r for r in dataset.rows if r not in left_out]
+    dataset.metadata["slower_than_ms"] = {"alpha": limit, "beta": limit}
+    fit_latency_model(dataset, log=lambda _: None).save(tmp_path / "lm.json")
+    model = load_latency_model(tmp_path / "lm.json")
+    assert model.models["beta"].lwr_floors
+    for row in left_out:
+        assert model.t_inf(row.model, row.batch, row.share) > limit, row
+    for row in dataset.rows:  # below the floors, the fit is as good as ever
+        if row.split == "heldout" and row.kind == "solo":
+            assert model.t_inf(row.model, row.batch, row.share) == pytest.approx(row.p50_ms, rel=0.08), row
+    # A floor holds where the local fit would predict less: every point 10 ms but one 100 ms, at batch 4 on both
+    # cores; as a floor it bounds every larger batch on fewer cores, and nothing else.
+    beta = model.models["beta"]
+    k = beta.lwr_X.index([2.0, round(math.log(2.0), 6)])
+    y = [100.0 if j == k else 10.0 for j in range(len(beta.lwr_y))]
+    lm = {f: LatencyModel(model.device, {"beta": replace(beta, lwr_y=y, lwr_floors=f)}, {}) for f in ((), (k,))}
+    assert lm[()].run_ms("beta", 8, 50) < 100 <= lm[(k,)].run_ms("beta", 8, 50)
+    assert lm[(k,)].run_ms("beta", 4, 50) == lm[()].run_ms("beta", 4, 50)
+    assert lm[(k,)].run_ms("beta", 1, 25) == lm[()].run_ms("beta", 1, 25)
 
 
 def test_wake_up_is_fitted_over_back_to_back_and_survives_a_round_trip(tmp_path):

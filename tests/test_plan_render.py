@@ -119,19 +119,19 @@ def test_reject_late_renders_the_slo_for_the_glue_and_is_a_reload(mlp_cluster):
     from tritonctl.cli import main
 
     data = yaml.safe_load(mlp_cluster.read_text())
-    assert "reject_late" not in data["runtime"]  # off by default
-    assert main(["plan", str(mlp_cluster)]) == 0
-    folder, plain = render(load_plan(mlp_cluster.parent / "plan.yaml"))["alpha-0"]
-    config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
-    assert "reject_late_slo_ms" not in config.parameters  # turned off: every request is served, late or not
-    assert not config.dynamic_batching.HasField("default_queue_policy")  # never Triton's queue policy
-
-    data["runtime"]["reject_late"] = True
-    mlp_cluster.write_text(yaml.safe_dump(data))
+    assert "reject_late" not in data["runtime"]  # on by default
     assert main(["plan", str(mlp_cluster)]) == 0
     folder, late = render(load_plan(mlp_cluster.parent / "plan.yaml"))["alpha-0"]
     config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
     assert config.parameters["reject_late_slo_ms"].string_value == "50"  # alpha's SLO, for the glue to keep
+    assert not config.dynamic_batching.HasField("default_queue_policy")  # never Triton's queue policy
+
+    data["runtime"]["reject_late"] = False
+    mlp_cluster.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(mlp_cluster)]) == 0
+    folder, plain = render(load_plan(mlp_cluster.parent / "plan.yaml"))["alpha-0"]
+    config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
+    assert "reject_late_slo_ms" not in config.parameters  # turned off: every request is served, late or not
     assert not config.dynamic_batching.HasField("default_queue_policy")
     assert late.process_hash == plain.process_hash and late.config_hash != plain.config_hash  # a reload
 

@@ -66,7 +66,11 @@ def cmd_profile(args) -> int:
     out = Path(args.output) if args.output else cluster.path.parent / "profile"
     dataset = profile(cluster, out, args.budget, log=say)
     state = "complete" if dataset.metadata["complete"] else "incomplete (run again to resume)"
-    say(f"profile {state}: {len(dataset.rows)} measurements in {out} ({dataset.metadata['duration_s']:.0f} s)")
+    unused = dataset.metadata["grid"].get("beyond_slo", 0)
+    say(
+        f"profile {state}: {len(dataset.rows)} measurements in {out} ({dataset.metadata['duration_s']:.0f} s); "
+        f"{unused} solo configurations not measured: slower than any plan can use"
+    )
     return 0
 
 

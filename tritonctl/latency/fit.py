@@ -63,10 +63,12 @@ def fit_latency_model(
     (c0, per_byte), _ = nnls(np.c_[np.ones_like(io_x), io_x], io_y)
     log(f"  upload+feedback: {c0:.2f} ms + bytes / {1 / per_byte / 1e3 if per_byte else math.inf:.0f} MB/s")
 
+    limits = dataset.metadata.get("slower_than_ms", {})  # profiler/grid.py: nothing ran beyond these
     params = {
         name: _fit_model(
             feat,
             [r for r in solo if r.model == name],
+            limits.get(name, math.inf),
             [m for m in dataset.memory if m.model == name],
             [w for w in dataset.wake if w.model == name],
             kind,
@@ -110,6 +112,7 @@ def fit_latency_model(
 def _fit_model(
     feat: ModelFeatures,
     rows: list[Measurement],
+    slower_than_ms: float,
     memory: list[MemoryPoint],
     wake: list[WakePoint],
     kind: str,
@@ -118,7 +121,8 @@ def _fit_model(
     degrees: tuple[int, ...],
     log: Callable[[str], None],
 ) -> ModelParams:
-    """One model's solo parameters: LWR running time, pressure on co-runners, memory by batch, wake-up."""
+    """One model's solo parameters: LWR running time (with the points slower than `slower_than_ms` as floors),
+    pressure on co-runners, memory by batch, wake-up."""
     X = np.array([(math.log2(r.batch), math.log(_eff(r, kind))) for r in rows])
     # Running time: the measured latency less the fitted upload and feedback, so t_io + t_run
     # reproduces the measurement and errors of the two parts do not add up.
@@ -163,6 +167,7 @@ def _fit_model(
         lwr_degree=degree,
         lwr_X=X.round(6).tolist(),
         lwr_y=y.round(4).tolist(),
+        lwr_floors=tuple(i for i, r in enumerate(rows) if r.p50_ms > slower_than_ms),
         cache_a=float(cache_a),
         cache_b=float(cache_b),
         alpha_cache=0.0,

@@ -8,8 +8,11 @@ Execution latency of a batch of model i at share rho next to co-runners J (InSS 
   device (on a CPU: Triton's gRPC and shared-memory path, the client latency beyond
   Triton's compute time).
 - t_run, running time alone: locally weighted regression over (log2 batch, log eff), fitted
-  to the measured latency less t_io. `eff` is the share in cores, capped by the instance's
-  thread count on a CPU (one thread cannot use more than one core); on a GPU the MPS fraction.
+  to the measured latency less t_io, never below a floor: a training point the profile found
+  slower than any plan can use bounds the running time of every configuration with no more
+  share and a larger batch, which the profile did not measure (profiler/grid.py). `eff` is
+  the share in cores, capped by the instance's thread count on a CPU (one thread cannot use
+  more than one core); on a GPU the MPS fraction.
 - l_j, a co-runner's cache pressure: linear in its share, l = a_u * eff + b_u (InSS fits L2
   utilisation so). No hardware counters are readable on the development machines (no PMU
   in the VM), so on CPU l is a documented proxy: the CPU utilisation the co-runner's
@@ -83,6 +86,7 @@ class ModelParams:
     # requests.csv; 0 where not measured). The planner reserves rate x this of a CPU device's cores.
     request_cpu_ms: float = 0.0
     lwr_degree: int = 1  # the local fit's degree (LocallyWeightedRegression: 1 a plane, 2 a quadratic)
+    lwr_floors: tuple[int, ...] = ()  # training points (indices) under whose batch and over whose share nothing ran
 
 
 @dataclass
@@ -162,7 +166,8 @@ class LatencyModel:
         return effective_share(self.device.kind, share / self.device.units, self.device.cores, threads)
 
     def _run_lwr(self, name: str, batches: np.ndarray, shares: np.ndarray) -> np.ndarray:
-        """LWR inside the profiled range; outside it, scaled from its edge (linear in batch, 1/eff in share).
+        """LWR inside the profiled range; outside it, scaled from its edge (linear in batch, 1/eff in share);
+        never faster than a floor point with no less share and a smaller batch.
 
         Local regression extrapolates poorly (a local slope can turn a tiny share fast), so
         queries are clamped to the measured box and scaled the way latency scales physically.
@@ -173,7 +178,12 @@ class LatencyModel:
         eff = np.array([self.eff(int(x)) for x in shares])
         eff_in = np.array([self.eff(int(x)) for x in s])
         inside = self._lwr[name].predict(np.c_[np.log2(b), np.log(eff_in)])
-        return inside * (batches / b) * (eff_in / eff)
+        run = inside * (batches / b) * (eff_in / eff)
+        for i in p.lwr_floors:
+            (log_batch, log_eff), floor = p.lwr_X[i], p.lwr_y[i]
+            ruled_out = (np.log2(batches) > log_batch + 1e-6) & (np.log(eff) <= log_eff + 1e-6)
+            run[ruled_out] = np.maximum(run[ruled_out], floor)
+        return run
 
     def _build_table(self, name: str) -> list[list[float]]:
         """Running time for every batch 1..32 and share 1..units, so queries cost a lookup."""
@@ -349,6 +359,7 @@ def load_latency_model(path: str | Path) -> LatencyModel:
         for name, raw in data["models"].items():
             raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
             raw["wake"] = tuple(sorted((float(gap), float(extra)) for gap, extra in raw.get("wake", ())))
+            raw["lwr_floors"] = tuple(int(i) for i in raw.get("lwr_floors", ()))
             models[name] = ModelParams(**raw)
         model = LatencyModel(device, models, data.get("meta", {}))
         if "mlp" in data:
