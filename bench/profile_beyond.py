@@ -23,7 +23,7 @@ import numpy as np
 from tritonctl.latency.dataset import Dataset, load_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.report import evaluate
-from tritonctl.profiler.grid import SLOWER_THAN_SLO, Member, beyond
+from tritonctl.profiler.grid import SLOWER_THAN_SLO, Member, coloc_runs, left_out, solo_runs
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,11 +43,14 @@ def limited(dataset: Dataset, slo: dict[str, float]) -> tuple[Dataset, list]:
         for r in dataset.rows
         if r.kind == "solo" and r.split == "train" and r.p50_ms > limits[r.model]
     ]
-    left_out = [r for r in dataset.rows if r.kind == "solo" and beyond(Member(r.model, r.share, r.batch), slow)]
+    units = dataset.rows[0].units
+    runs = solo_runs(list(dataset.models), units) + coloc_runs(list(dataset.models), units)
+    unused = {run.group for run in runs if left_out(run, slow, runs)}
+    left = [r for r in dataset.rows if r.config_id in unused]
     kept = copy.copy(dataset)
-    kept.rows = [r for r in dataset.rows if r not in left_out]
+    kept.rows = [r for r in dataset.rows if r.config_id not in unused]
     kept.metadata = {**dataset.metadata, "slower_than_ms": limits}
-    return kept, left_out
+    return kept, left
 
 
 def _errors(lm, dataset: Dataset) -> str:
@@ -69,18 +72,18 @@ def rows() -> list[str]:
         if "slower_than_ms" in dataset.metadata:  # measured with the rule: what it left out is not known
             continue
         slo = {m.name: m.slo_ms for m in load_cluster(REPO / CLUSTERS[name]).spec.models}
-        kept, left_out = limited(dataset, slo)
+        kept, dropped = limited(dataset, slo)
         quiet = {"log": lambda _: None}
         full, fewer = fit_latency_model(dataset, **quiet), fit_latency_model(kept, **quiet)
         solo = [r for r in dataset.rows if r.kind == "solo"]
-        seconds = sum(r.reps * r.mean_ms for r in left_out) / 1000
+        seconds = sum(r.reps * r.mean_ms for r in dropped) / 1000
         fastest = min(
-            (fewer.t_inf(r.model, r.batch, r.share) / slo[r.model] for r in left_out),
+            (fewer.t_inf(r.model, r.batch, r.share) / slo[r.model] for r in dropped),
             default=float("nan"),
         )
         where = f"{folder.parent.name}/{folder.name}"
         out.append(
-            f"| {where} | {len(left_out)} of {len(solo)} | {seconds:.0f} s | {_errors(full, kept)} | "
+            f"| {where} | {len(dropped)} of {len(solo)} | {seconds:.0f} s | {_errors(full, kept)} | "
             f"{_errors(fewer, kept)} | {fastest:.2f} |"
         )
     return out

@@ -10,7 +10,8 @@ Deployments:
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-serveall`
-  turns runtime.reject_late off (every request served, however late), `-equal` lets instances
+  turns runtime.reject_late off (every request served, however late), `-late` sets it to `always`
+  (every request that can only be late refused, overloaded or not), `-equal` lets instances
   taking turns with a CPU weigh alike (devices[].turn_priority: equal; by default the tighter SLO
   weighs more), `-lightest` runs the one instance that weighs least on a thread per core
   (devices[].turn_threads: lightest), `-ni`, `-nowake`,
@@ -173,8 +174,9 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     ablations = {"ni": no_interference, "nowake": no_wake, "linear": linear_running_time}
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
-                        "serveall": {"reject_late": False}, "direct": {}, "replan": {}, "noqueue": {}, "equal": {},
-                        "lightest": {}, **dict.fromkeys(ablations, {})}[option])  # fmt: skip
+                        "serveall": {"reject_late": False}, "late": {"reject_late": "always"}, "direct": {},
+                        "replan": {}, "noqueue": {}, "equal": {}, "lightest": {},
+                        **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
     device_changes = {"equal": {"turn_priority": "equal"}, "lightest": {"turn_threads": "lightest"}}
     for option in set(options) & set(device_changes):

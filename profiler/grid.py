@@ -21,10 +21,11 @@ the first group of three at 50/25/25 with batches 2, 8 and 4. Pairs and triples 
 
 Solo configurations are measured in waves of rising batch size (`in_waves`), and one with no
 more share and a larger batch than a configuration of its model already measured slower than
-`SLOWER_THAN_SLO` times the model's SLO is not measured at all (`beyond`): it can only be
+`SLOWER_THAN_SLO` times the model's SLO is not measured at all (`left_out`): it can only be
 slower, no plan can use it, and the large batches at small shares are most of a profile's
-time. The fit keeps the slow configurations that stopped the wave as floors under every
-configuration they rule out (model.py).
+time. Those a co-located run measures stay: the fit judges their slowdown against them. The
+fit keeps the slow configurations that stopped the wave as floors under every configuration
+they rule out (model.py).
 """
 
 from __future__ import annotations
@@ -118,3 +119,10 @@ def beyond(member: Member, slow: list[Member]) -> bool:
     """Whether a solo configuration has no more share and a larger batch than one of `slow` (its model's
     configurations measured slower than `SLOWER_THAN_SLO` SLOs)."""
     return any(s.model == member.model and s.share >= member.share and s.batch < member.batch for s in slow)
+
+
+def left_out(run: Run, slow: list[Member], runs: list[Run]) -> bool:
+    """Whether `run` is a solo configuration beyond one of `slow` that no co-located run of `runs` measures."""
+    if run.kind != "solo" or not beyond(run.members[0], slow):
+        return False
+    return not any(r.kind == "coloc" and run.members[0] in r.members for r in runs)

@@ -30,7 +30,17 @@ from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.render import ort_spinning
 
 from .graphinfo import graph_info
-from .grid import HELDOUT_BATCHES, SLOWER_THAN_SLO, TRAIN_BATCHES, Member, Run, beyond, coloc_runs, in_waves, solo_runs
+from .grid import (
+    HELDOUT_BATCHES,
+    SLOWER_THAN_SLO,
+    TRAIN_BATCHES,
+    Member,
+    Run,
+    coloc_runs,
+    in_waves,
+    left_out,
+    solo_runs,
+)
 from .harness import Harness
 
 # Wake-up: per model, single requests after each idle gap (ms), WAKE_REQUESTS of them per gap.
@@ -166,7 +176,7 @@ def profile(
                 if budget_s is not None and time.monotonic() - started > budget_s:
                     log(f"budget of {budget_s:g} s reached; run the same command again to resume")
                     break
-                if run.kind == "solo" and beyond(run.members[0], slow):
+                if left_out(run, slow, runs):
                     continue
                 bar.set_description(_describe(run))
                 try:
@@ -196,7 +206,7 @@ def profile(
     finally:
         harness.close()
         dataset.metadata["duration_s"] = round(dataset.metadata["duration_s"] + time.monotonic() - started, 1)
-        unused = {(r.group, r.members[0].model) for r in runs if r.kind == "solo" and beyond(r.members[0], slow)}
+        unused = {(r.group, r.members[0].model) for r in runs if left_out(r, slow, runs)}
         grid_done = {(r.group, r.members[0].model) for r in runs} - unused <= dataset.done
         extras = {w.model for w in dataset.wake} & {c.model for c in dataset.requests}
         dataset.metadata["complete"] = grid_done and set(names) <= extras

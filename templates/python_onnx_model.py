@@ -9,16 +9,15 @@ instances sharing a CPU burn what the others need (measured: half the stubs' CPU
 CPU demo load, `python bench/ort_spinning.py`). TRITONCTL_ORT_SPINNING=1 in tritonserver's
 environment turns it back on, for that comparison.
 
-With the `reject_late_slo_ms` parameter (`runtime.reject_late`), while the instance is overloaded a
-request that can no longer meet its SLO when its batch starts is refused there, before it costs any
-compute: one that arrived at the proxy (the `tritonctl-arrival-ms` parameter HAProxy stamps and
-tritonserver forwards) so long ago that the run it would join ends past arrival + SLO even at the
-fastest of this instance's recent runs: what can only be late. The instance turns overloaded on a
-standing queue (CoDel's test, Nichols and Jacobson 2012): for CALM_SLOS SLOs no request reached a
-batch after a short wait. It stays so until its queue empties (a batch whose oldest request arrived
-after the previous batch ended): refusing what is late leaves young requests at the head, whose short
-waits do not mean the load has fallen. Below capacity a burst's late requests are served late, not
-refused: the queue drains, and a client (perf_analyzer among them) sees no error.
+With the `reject_late_slo_ms` parameter (`runtime.reject_late`), an overloaded instance refuses a
+request that can no longer meet its SLO when its batch starts, before it costs any compute: one that
+arrived at the proxy (the `tritonctl-arrival-ms` parameter HAProxy stamps and tritonserver forwards)
+so long ago that the run it would join ends past arrival + SLO even at the fastest of this
+instance's recent runs: what can only be late. Overloaded: at least OVERLOADED of its last
+RECENT_REQUESTS requests could only be late (refused or not), a share no instance within its SLOs
+(99% of requests in time) reaches, so that below capacity a burst's late requests are served late,
+not refused, and a client (perf_analyzer among them) sees no error. With `reject_late_always`
+(`runtime.reject_late: always`) every such request is refused, overloaded or not.
 """
 
 import json
@@ -32,8 +31,7 @@ import triton_python_backend_utils as pb_utils
 
 STALE_S = 1.0  # runs that ended longer ago than this are not trusted to refuse a request
 RECENT_RUNS = 16  # how many runs' time per item the fastest is taken of
-CALM_SLOS = 4  # overloaded from when no request reached a batch after a short wait for this many SLOs
-SHORT_WAIT = 0.25  # a short wait: this part of the SLO, or the batcher's queue delay where that is longer
+RECENT_REQUESTS, OVERLOADED = 100, 5  # overloaded: this many of the last RECENT_REQUESTS could only be late
 
 
 class TritonPythonModel:
@@ -51,11 +49,8 @@ class TritonPythonModel:
         self.output_names = [o["name"] for o in config["output"]]
         slo = config["parameters"].get("reject_late_slo_ms")
         self.slo_ms = float(slo["string_value"]) if slo else None
-        delay_us = config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0)
-        self.short_wait_ms = max(SHORT_WAIT * (self.slo_ms or 0.0), int(delay_us) / 1000)
-        self.calm_at_ms = 1000 * time.time()  # when a request last reached a batch after a short wait
-        self.done_at_ms = 0.0  # when the last batch ended (run or refused)
-        self.overloaded = False
+        self.always = config["parameters"].get("reject_late_always", {}).get("string_value") == "1"
+        self.hopeless = deque(maxlen=RECENT_REQUESTS)  # per recent request: whether it could only be late
         self.item_ms = deque(maxlen=RECENT_RUNS)  # the recent runs' time per item (the warm-up runs seed it)
         self.ran_at = 0.0  # when the last run ended (time.time())
 
@@ -74,7 +69,6 @@ class TritonPythonModel:
                 ]
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
                 k += 1
-        self.done_at_ms = 1000 * time.time()
         return responses
 
     def run(self, arrays):
@@ -89,35 +83,30 @@ class TritonPythonModel:
         return [np.split(result, bounds) for result in results]
 
     def late(self, requests, arrays):
-        """Per request, the error refusing it, or None: with an SLO to keep and the instance overloaded, a
-        request stamped on arrival whose run (this batch's items at the fastest recent time per item) would end
-        past its arrival + SLO. Nothing is refused where nothing has run for STALE_S (the times are stale): the
-        run measures again, so an instance too slow for its SLO answers about one batch a second, late, and
-        refuses the rest."""
-        if self.slo_ms is None:
+        """Per request, the error refusing it, or None: with an SLO to keep and the instance overloaded (or
+        refusing always), a request stamped on arrival whose run (this batch's items at the fastest recent time
+        per item) would end past its arrival + SLO. Nothing is refused where nothing has run for STALE_S (the
+        times are stale): the run measures again, so an instance too slow for its SLO answers about one batch a
+        second, late, and refuses the rest."""
+        if self.slo_ms is None or not self.item_ms:
             return [None] * len(requests)
         now_ms = 1000 * time.time()
-        stamps = [json.loads(r.parameters() or "{}").get("tritonctl-arrival-ms") for r in requests]
-        arrivals = [None if stamp is None else float(stamp) for stamp in stamps]
-        known = [a for a in arrivals if a is not None]
-        if known and min(known) > self.done_at_ms:  # the queue emptied after the last batch
-            self.overloaded, self.calm_at_ms = False, now_ms
-        elif any(now_ms - a <= self.short_wait_ms for a in known) and not self.overloaded:
-            self.calm_at_ms = now_ms
-        self.overloaded = self.overloaded or now_ms - self.calm_at_ms > CALM_SLOS * self.slo_ms
-        if not self.overloaded or not self.item_ms or now_ms - 1000 * self.ran_at > 1000 * STALE_S:
+        if now_ms - 1000 * self.ran_at > 1000 * STALE_S:
             return [None] * len(requests)
         ends_ms = now_ms + min(self.item_ms) * sum(len(a) for a in arrays)
-        out = []
-        for arrived in arrivals:
-            if arrived is None or arrived + self.slo_ms >= ends_ms:
-                out.append(None)
-                continue
-            out.append(
-                pb_utils.TritonError(
-                    f"refused: waited {now_ms - arrived:.0f} ms, would answer after {ends_ms - arrived:.0f} ms, "
-                    f"past the SLO of {self.slo_ms:g} ms (runtime.reject_late)",
-                    pb_utils.TritonError.UNAVAILABLE,
-                )
+        stamps = [json.loads(r.parameters() or "{}").get("tritonctl-arrival-ms") for r in requests]
+        arrivals = [None if stamp is None else float(stamp) for stamp in stamps]
+        hopeless = [a is not None and a + self.slo_ms < ends_ms for a in arrivals]
+        self.hopeless.extend(hopeless)
+        if not self.always and sum(self.hopeless) < OVERLOADED:
+            return [None] * len(requests)
+        return [
+            pb_utils.TritonError(
+                f"refused: waited {now_ms - arrived:.0f} ms, would answer after {ends_ms - arrived:.0f} ms, "
+                f"past the SLO of {self.slo_ms:g} ms (runtime.reject_late)",
+                pb_utils.TritonError.UNAVAILABLE,
             )
-        return out
+            if late
+            else None
+            for arrived, late in zip(arrivals, hopeless, strict=True)
+        ]

@@ -386,14 +386,14 @@ FEATURES = 1024  # x (1, 1024) @ W (1024, 2048): about a millisecond on one core
 def test_reject_late_refuses_what_can_only_be_late(tmp_path):
     """HAProxy stamps every request with its arrival (over any stamp the client sent); with reject_late the
     model's glue refuses, before running it, a request that arrived too long ago to be answered within its
-    25 ms SLO, while the instance is overloaded (a standing queue: the tail of a burst of 400), and serves a
-    lone late request on an idle instance. Without reject_late every request is answered, late or not. The model
-    takes about a millisecond a request, so that a burst queues at the instance (a lighter one is served as fast
-    as the client sends)."""
+    25 ms SLO, while the instance is overloaded (5 of its last 100 requests could only be late: the tail of a
+    burst of 400), and serves a lone late request on an idle instance (which `always` refuses too). Without
+    reject_late every request is answered, late or not. The model takes about a millisecond a request, so that
+    a burst queues at the instance (a lighter one is served as fast as the client sends)."""
     make_mlp(tmp_path / "mlp.onnx", features=FEATURES, classes=2048)
     plan = tmp_path / "plan.yaml"
     stale, bursts = {}, {}
-    for reject_late in (False, True):
+    for reject_late in (False, True, "always"):
         model = mlp_model("alpha", slo_ms=25, input={"shape": [FEATURES], "dtype": "float32"})
         cluster = write_cluster(tmp_path, [model])
         spec = yaml.safe_load(cluster.read_text())
@@ -412,11 +412,13 @@ def test_reject_late_refuses_what_can_only_be_late(tmp_path):
         # what refused the burst's tail refuses no later request
         assert burst(proxy, "alpha", 1, features=FEATURES) == [""]
         assert main(["down", str(plan)]) == 0
-    assert stale == {False: "", True: ""}  # no standing queue: served late, not refused
+    assert stale[False] == stale[True] == ""  # no standing queue: served late, not refused
+    assert "UNAVAILABLE" in stale["always"] and "past the SLO of 25 ms" in stale["always"]
     assert bursts[False] == [""] * 400
-    refused = [e for e in bursts[True] if e]
-    assert refused and len(refused) < 400
-    assert all("UNAVAILABLE" in e and "past the SLO of 25 ms (runtime.reject_late)" in e for e in refused)
+    for refusing in (True, "always"):
+        refused = [e for e in bursts[refusing] if e]
+        assert refused and len(refused) < 400
+        assert all("UNAVAILABLE" in e and "past the SLO of 25 ms (runtime.reject_late)" in e for e in refused)
 
 
 def test_shutdown_kills_a_proxy_that_ignores_sigterm(tmp_path):

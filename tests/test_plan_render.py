@@ -124,6 +124,7 @@ def test_reject_late_renders_the_slo_for_the_glue_and_is_a_reload(mlp_cluster):
     folder, late = render(load_plan(mlp_cluster.parent / "plan.yaml"))["alpha-0"]
     config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
     assert config.parameters["reject_late_slo_ms"].string_value == "50"  # alpha's SLO, for the glue to keep
+    assert "reject_late_always" not in config.parameters  # only while overloaded
     assert not config.dynamic_batching.HasField("default_queue_policy")  # never Triton's queue policy
 
     data["runtime"]["reject_late"] = False
@@ -133,6 +134,13 @@ def test_reject_late_renders_the_slo_for_the_glue_and_is_a_reload(mlp_cluster):
     config = parse_config(folder / "models" / "alpha" / "config.pbtxt")
     assert "reject_late_slo_ms" not in config.parameters  # turned off: every request is served, late or not
     assert not config.dynamic_batching.HasField("default_queue_policy")
+
+    data["runtime"]["reject_late"] = "always"  # overloaded or not
+    mlp_cluster.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(mlp_cluster)]) == 0
+    folder, _ = render(load_plan(mlp_cluster.parent / "plan.yaml"))["alpha-0"]
+    always = parse_config(folder / "models" / "alpha" / "config.pbtxt").parameters
+    assert always["reject_late_always"].string_value == "1" and always["reject_late_slo_ms"].string_value == "50"
     assert late.process_hash == plain.process_hash and late.config_hash != plain.config_hash  # a reload
 
 

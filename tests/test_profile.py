@@ -76,6 +76,9 @@ def test_profile_measures_the_wake_up_and_request_cost_of_every_model(tmp_path, 
     monkeypatch.setattr(run, "coloc_runs", lambda names, units: [])
     monkeypatch.setattr(run, "WAKE_GAPS_MS", (0, 30))
     monkeypatch.setattr(run, "WAKE_REQUESTS", 5)
+    # enough requests that HAProxy's share of this tiny model's CPU spans several 10 ms clock ticks
+    monkeypatch.setattr(run, "COST_REQUESTS", 1000)
+    monkeypatch.setattr(run, "COST_GAP_MS", 1.0)
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
     assert main(["profile", str(cluster), "-o", str(tmp_path / "profile")]) == 0

@@ -175,12 +175,13 @@ class RuntimeSpec(_Strict):
     base_port: Annotated[int, Field(ge=1024, le=65000)] = 8100
     tritonserver: PathText | None = None
     startup_timeout_s: TimeoutS = 120.0
-    # While an instance is overloaded (a standing queue), refuse a request that can no longer be answered within
-    # its SLO when its batch starts, before running it, rather than serve it late and make the requests behind it
-    # late (CPU instances: the model's glue, by the arrival HAProxy stamps): goodput holds beyond capacity instead
-    # of collapsing into queues of seconds. A refused request is an error to its client; below capacity none is
-    # refused. `false` serves every request, however late (docs/real-load.md).
-    reject_late: bool = True
+    # While an instance is overloaded (5 of its last 100 requests could only be late), refuse a request that can
+    # no longer be answered within its SLO when its batch starts, before running it, rather than serve it late and
+    # make the requests behind it late (CPU instances: the model's glue, by the arrival HAProxy stamps): goodput
+    # holds beyond capacity instead of collapsing into queues of seconds. A refused request is an error to its
+    # client; below capacity none is refused. `always`: every request that can only be late is refused,
+    # overloaded or not; `false` serves every request, however late (docs/real-load.md).
+    reject_late: bool | Literal["always"] = True
     # How a CPU share is enforced: `weight`, a cgroup CPU weight in proportion to the share (work-conserving: an
     # instance gets at least its share when every instance is busy, and idle cores when others are not), or
     # `quota`, a CFS quota of exactly the share (never more, even on an idle machine; what profiles measure).

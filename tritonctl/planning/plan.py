@@ -149,7 +149,7 @@ class RuntimeSettings(_Strict):
     host: Host
     tritonserver: PathText | None = None
     startup_timeout_s: TimeoutS = 120.0
-    reject_late: bool = True  # an overloaded CPU instance refuses what can no longer meet its SLO (the model's glue)
+    reject_late: bool | Literal["always"] = True  # an overloaded CPU instance refuses what can only be late (glue)
     cpu_share: Literal["quota", "weight"] = "quota"  # how a CPU share is enforced (see the cluster file's runtime)
     gpu_backend: Literal["onnxruntime", "python"] = "onnxruntime"  # what serves a GPU instance (the same)
 

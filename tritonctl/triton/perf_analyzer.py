@@ -233,8 +233,9 @@ def run_perf_analyzer(
                     raise RequestsRefused(
                         f"{target.model}: the server refused a request ({first.split('had error:', 1)[1].strip()}) "
                         "and perf_analyzer stops at the first one: the load is beyond what the deployment serves "
-                        "within the SLO (runtime.reject_late refuses what would be late); tritonctl's own client "
-                        "(--tool tritonctl) counts refused requests and goes on",
+                        "within the SLO, and an overloaded instance refuses what would be late (runtime.reject_late; "
+                        "false serves every request); tritonctl's own client (--tool tritonctl) counts refused "
+                        "requests and goes on",
                         file=out_dir / f"{target.model}.log",
                     )
                 tail = text.strip().splitlines()[-3:]

@@ -72,7 +72,7 @@ def render_config(
     model: PlannedModel,
     placement: Placement,
     device: Device,
-    reject_late: bool = False,
+    reject_late: bool | str = False,
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
 ) -> str:
@@ -101,6 +101,8 @@ def render_config(
         config.parameters["intra_op_threads"].string_value = str(threads or threads_for(device, placement.share))
         if reject_late:  # the Python-backend glue refuses what can only be late (templates/python_onnx_model.py)
             config.parameters["reject_late_slo_ms"].string_value = f"{model.slo_ms:g}"
+        if reject_late == "always":  # whether the instance is overloaded or not
+            config.parameters["reject_late_always"].string_value = "1"
     warmup = config.model_warmup.add(name="tritonctl-warmup", batch_size=placement.batch, count=WARMUP_COUNT)
     for t in model.inputs:
         warmup.inputs[t.name].CopyFrom(
@@ -213,7 +215,7 @@ def render_instance(
     device: Device,
     onnx_path: Path,
     write: bool = True,
-    reject_late: bool = False,
+    reject_late: bool | str = False,
     cpu_share: str = "quota",
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
