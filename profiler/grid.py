@@ -104,8 +104,9 @@ def coloc_runs(
 
 def in_waves(runs: list[Run], seed: int = 0) -> list[Run]:
     """`runs` in a seeded random order, solo ones in waves of rising batch size (co-located ones dealt into the
-    waves at random): a transient slowdown of the machine spreads over unrelated configurations, and each
-    configuration's smaller batches are measured before it."""
+    waves at random): each configuration's smaller batches are measured before it, and within a wave a transient
+    slowdown of the machine spreads over unrelated models and shares (across waves it shifts a range of batch
+    sizes: a quiet machine matters)."""
     rng = random.Random(seed)
     shuffled = list(runs)
     rng.shuffle(shuffled)

@@ -86,7 +86,7 @@ class ModelParams:
     # requests.csv; 0 where not measured). The planner reserves rate x this of a CPU device's cores.
     request_cpu_ms: float = 0.0
     lwr_degree: int = 1  # the local fit's degree (LocallyWeightedRegression: 1 a plane, 2 a quadratic)
-    lwr_floors: tuple[int, ...] = ()  # training points (indices) under whose batch and over whose share nothing ran
+    lwr_floors: tuple[int, ...] = ()  # training points (indices) with nothing run at a larger batch and no more share
 
 
 @dataclass
