@@ -23,7 +23,7 @@ import numpy as np
 from tritonctl.latency.dataset import Dataset, load_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.report import evaluate
-from tritonctl.profiler.grid import SLOWER_THAN_SLO, Member, coloc_runs, left_out, solo_runs
+from tritonctl.profiler.grid import SLOWER_THAN_SLO, Member, coloc_runs, colocated, left_out, solo_runs
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +45,8 @@ def limited(dataset: Dataset, slo: dict[str, float]) -> tuple[Dataset, list]:
     ]
     units = dataset.rows[0].units
     runs = solo_runs(list(dataset.models), units) + coloc_runs(list(dataset.models), units)
-    unused = {run.group for run in runs if left_out(run, slow, runs)}
+    measured_colocated = colocated(runs)
+    unused = {run.group for run in runs if left_out(run, slow, measured_colocated)}
     left = [r for r in dataset.rows if r.config_id in unused]
     kept = copy.copy(dataset)
     kept.rows = [r for r in dataset.rows if r.config_id not in unused]

@@ -122,8 +122,11 @@ def beyond(member: Member, slow: list[Member]) -> bool:
     return any(s.model == member.model and s.share >= member.share and s.batch < member.batch for s in slow)
 
 
-def left_out(run: Run, slow: list[Member], runs: list[Run]) -> bool:
-    """Whether `run` is a solo configuration beyond one of `slow` that no co-located run of `runs` measures."""
-    if run.kind != "solo" or not beyond(run.members[0], slow):
-        return False
-    return not any(r.kind == "coloc" and run.members[0] in r.members for r in runs)
+def colocated(runs: list[Run]) -> frozenset[Member]:
+    """Every configuration a co-located run of `runs` measures."""
+    return frozenset(m for r in runs if r.kind == "coloc" for m in r.members)
+
+
+def left_out(run: Run, slow: list[Member], measured_colocated: frozenset[Member]) -> bool:
+    """Whether `run` is a solo configuration beyond one of `slow` that no co-located run measures."""
+    return run.kind == "solo" and beyond(run.members[0], slow) and run.members[0] not in measured_colocated

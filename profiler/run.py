@@ -37,6 +37,7 @@ from .grid import (
     Member,
     Run,
     coloc_runs,
+    colocated,
     in_waves,
     left_out,
     solo_runs,
@@ -149,6 +150,7 @@ def profile(
         )
     names = list(artifacts)
     runs = in_waves(solo_runs(names, device.units) + coloc_runs(names, device.units))
+    measured_colocated = colocated(runs)
     limits = {m.name: SLOWER_THAN_SLO * m.slo_ms for m in cluster.spec.models}
     dataset.metadata["slower_than_ms"] = limits  # the fit takes the configurations beyond it as floors
     slow = [
@@ -176,7 +178,7 @@ def profile(
                 if budget_s is not None and time.monotonic() - started > budget_s:
                     log(f"budget of {budget_s:g} s reached; run the same command again to resume")
                     break
-                if left_out(run, slow, runs):
+                if left_out(run, slow, measured_colocated):
                     continue
                 bar.set_description(_describe(run))
                 try:
@@ -206,7 +208,7 @@ def profile(
     finally:
         harness.close()
         dataset.metadata["duration_s"] = round(dataset.metadata["duration_s"] + time.monotonic() - started, 1)
-        unused = {(r.group, r.members[0].model) for r in runs if left_out(r, slow, runs)}
+        unused = {(r.group, r.members[0].model) for r in runs if left_out(r, slow, measured_colocated)}
         grid_done = {(r.group, r.members[0].model) for r in runs} - unused <= dataset.done
         extras = {w.model for w in dataset.wake} & {c.model for c in dataset.requests}
         dataset.metadata["complete"] = grid_done and set(names) <= extras

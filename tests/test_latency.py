@@ -27,7 +27,7 @@ from tritonctl.latency.model import MAX_BATCH, LatencyModel, load_latency_model
 from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency, warm_tables
 from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import predict
-from tritonctl.profiler.grid import Member, beyond, coloc_runs, in_waves, left_out, solo_runs
+from tritonctl.profiler.grid import Member, beyond, coloc_runs, colocated, in_waves, left_out, solo_runs
 
 
 def test_lwr_is_a_scikit_learn_estimator():
@@ -143,8 +143,8 @@ def test_a_profile_measures_each_solo_configuration_after_its_smaller_batches_an
     assert not beyond(Member("beta", 25, 4), slow)  # the same batch is measured
     assert not beyond(Member("alpha", 25, 8), slow)
     solo = {r.members[0]: r for r in runs if r.kind == "solo"}
-    assert left_out(solo[Member("beta", 50, 8)], slow, runs)
-    assert not left_out(solo[Member("beta", 50, 4)], [Member("beta", 50, 2)], runs)  # a co-located run measures it
+    assert left_out(solo[Member("beta", 50, 8)], slow, colocated(runs))
+    assert not left_out(solo[Member("beta", 50, 4)], [Member("beta", 50, 2)], colocated(runs))  # measured co-located
 
 
 def test_configurations_left_out_of_a_profile_are_predicted_no_faster_than_the_slow_one_that_ruled_them_out(tmp_path):
