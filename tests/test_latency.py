@@ -129,6 +129,24 @@ def test_fit_recovers_a_known_synthetic_model(tmp_path):
     assert loaded.device.pressure_by_duty and loaded.duty(25) == 0.5 and loaded.duty(50) == 1.0
 
 
+def test_interference_is_fitted_to_relative_errors_so_the_slow_model_does_not_outweigh_the_fast_one(tmp_path):
+    dataset = synthetic_dataset(tmp_path / "profile")
+    # SYNTHETIC: a slowdown the model's terms cannot follow exactly (10% on every co-located row), so the two
+    # losses part: in milliseconds the slow model's rows weigh most, relative to the latency each row alike
+    dataset.rows = [replace(r, p50_ms=r.p50_ms * 1.1) if r.kind == "coloc" else r for r in dataset.rows]
+    rows = [r for r in dataset.rows if r.kind == "coloc" and r.split == "train"]
+
+    def errors(model):
+        got = np.array([model.t_inf(r.model, r.batch, r.share, tuple(r.corunner_list())) for r in rows])
+        measured = np.array([r.p50_ms for r in rows])
+        return float(np.sum(((got - measured) / measured) ** 2)), float(np.sum((got - measured) ** 2))
+
+    relative = errors(fit_latency_model(dataset, log=lambda _: None))
+    absolute = errors(fit_latency_model(dataset, log=lambda _: None, relative=False))
+    assert relative[0] < 0.95 * absolute[0]  # each fit is the better by its own measure
+    assert absolute[1] < 0.95 * relative[1]
+
+
 def test_a_profile_measures_each_solo_configuration_after_its_smaller_batches_and_rules_out_what_a_slow_one_bounds():
     runs = solo_runs(["alpha", "beta"], 100) + coloc_runs(["alpha", "beta"], 100)
     ordered = in_waves(runs)

@@ -38,9 +38,11 @@ def fit_latency_model(
     log: Callable[[str], None] = print,
     degrees: tuple[int, ...] = DEGREES,
     pressure_by_duty: bool = True,
+    relative: bool = True,
 ) -> LatencyModel:
     """The latency model of `dataset`'s training rows. `degrees`: the local fits' degrees to choose among;
-    `pressure_by_duty`: on a CPU, weigh the co-runners' pressure by each instance's duty (model.py)."""
+    `pressure_by_duty`: on a CPU, weigh the co-runners' pressure by each instance's duty (model.py); `relative`:
+    fit the interference terms to relative errors, else to milliseconds (`_fit_interference`)."""
     kind = dataset.metadata["device"].get("kind", "cpu")
     train = [r for r in dataset.rows if r.split == "train"]
     solo = [r for r in train if r.kind == "solo"]
@@ -104,7 +106,7 @@ def fit_latency_model(
     if not coloc:
         log("  no co-located training measurements: interference is not modelled")
         return model
-    _fit_interference(model, coloc, log)
+    _fit_interference(model, coloc, log, relative)
     _fit_gpulet(model, coloc, log)
     return model
 
@@ -180,8 +182,10 @@ def _fit_model(
     )
 
 
-def _fit_interference(model: LatencyModel, rows: list[Measurement], log) -> None:
-    """InSS: a_cache per model and the scheduling line (a_s, b_s) per operator, jointly."""
+def _fit_interference(model: LatencyModel, rows: list[Measurement], log, relative: bool = True) -> None:
+    """InSS: a_cache per model and the scheduling line (a_s, b_s) per operator, jointly. `relative`: minimising
+    the squared relative error of the predicted latency (how held-out errors are judged, and how SLOs scale with
+    models), where squared milliseconds let the slowest configurations of the largest model outweigh the rest."""
     names = list(model.models)
     A, y = [], []
     for r in rows:
@@ -190,8 +194,10 @@ def _fit_interference(model: LatencyModel, rows: list[Measurement], log) -> None
         pressure = model.felt_pressure(r.share, tuple(corunners))
         n_ops = model.models[r.model].n_ops
         row = [run * pressure if name == r.model else 0.0 for name in names]
-        A.append(row + [run * model.contention(r.share, tuple(corunners)), n_ops * r.n_colocated, n_ops])
-        y.append(r.p50_ms - model.io_ms(r.model, r.batch) - run)
+        row += [run * model.contention(r.share, tuple(corunners)), n_ops * r.n_colocated, n_ops]
+        scale = r.p50_ms if relative else 1.0
+        A.append([x / scale for x in row])
+        y.append((r.p50_ms - model.io_ms(r.model, r.batch) - run) / scale)
     coef, _ = nnls(np.array(A), np.array(y))  # interference only slows down: coefficients >= 0
     for name, alpha in zip(names, coef[: len(names)], strict=True):
         model.models[name].alpha_cache = float(alpha)
