@@ -86,8 +86,8 @@ def test_the_h100_profile_is_complete_and_fits_its_held_out_points():
 def test_the_committed_latency_model_is_the_fit_of_the_committed_profile():
     dataset = load_dataset(PROFILE)
     committed = json.loads((PROFILE / "latency-model.json").read_text())
-    # fitted in its own form: the local fits' degrees it records (1 where the file has none), the interference
-    # fitted in milliseconds (before fits took relative errors)
+    # fitted in its own form: the local fits' degrees it records (1 where the file has none), and the interference
+    # terms in milliseconds, as this file's were
     degrees = tuple(sorted({p.get("lwr_degree", 1) for p in committed["models"].values()}))
     fresh = fit_latency_model(dataset, log=lambda _: None, degrees=degrees, relative=False)
     for key in ("io_c0_ms", "io_ms_per_byte", "sched_a", "sched_b", "gpulet"):
