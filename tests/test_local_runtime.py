@@ -412,7 +412,7 @@ def test_reject_late_refuses_what_can_only_be_late(tmp_path):
         # what refused the burst's tail refuses no later request
         assert burst(proxy, "alpha", 1, features=FEATURES) == [""]
         assert main(["down", str(plan)]) == 0
-    assert stale[False] == stale[True] == ""  # no standing queue: served late, not refused
+    assert stale[False] == stale[True] == ""  # a lone late request on an idle instance: served late, not refused
     assert "UNAVAILABLE" in stale["always"] and "past the SLO of 25 ms" in stale["always"]
     assert bursts[False] == [""] * 400
     for refusing in (True, "always"):

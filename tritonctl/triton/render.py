@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -72,7 +73,7 @@ def render_config(
     model: PlannedModel,
     placement: Placement,
     device: Device,
-    reject_late: bool | str = False,
+    reject_late: bool | Literal["always"] = False,
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
 ) -> str:
@@ -215,7 +216,7 @@ def render_instance(
     device: Device,
     onnx_path: Path,
     write: bool = True,
-    reject_late: bool | str = False,
+    reject_late: bool | Literal["always"] = False,
     cpu_share: str = "quota",
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
