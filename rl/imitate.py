@@ -90,7 +90,7 @@ def demonstrate(env: InssEnv, count: int, seed: int, progress: bool = True) -> D
     rows = []
     for d in tqdm(range(count), disable=not progress, unit="workload", desc="search's decisions"):
         obs, mask, demands = workload(env, seed, d)
-        placement, judge = climb(demands, env.devices, env.lm)
+        placement, judge = climb(demands, env.devices, env.lm, replicas=False)
         rows.append((obs, encode(placement, env.layout), mask, sum(judge(placement).served.values())))
     obs, actions, masks, goodput = (np.array(column) for column in zip(*rows, strict=True))
     return Demonstrations(obs.astype(np.float32), actions, masks, goodput)

@@ -19,7 +19,7 @@ from tritonctl.planning.policies.base import Choice
 from tritonctl.planning.policies.bda import throughput
 from tritonctl.planning.policies.gpulet import SIZES
 from tritonctl.planning.policies.igniter import igniter
-from tritonctl.planning.policies.search import search
+from tritonctl.planning.policies.search import Spot, canonical, climb, model_of, search
 from tritonctl.planning.policies.timesharing import time_sharing, turn_service_ms
 
 
@@ -189,6 +189,35 @@ def test_search_adds_a_replica_where_one_instance_queues_past_the_slo_and_only_t
     slo = {d.name: d.slo_ms for d in demands}
     assert all(p99 <= slo[n] for (n, _), p99 in capacity_and_p99(out, demands, device, lm)[1].items())
     assert all(len(cs) == 1 for cs in search(demo(0.1), [device], lm).values())
+
+
+@pytest.mark.parametrize("devices", [cpus(2), cpus(3)], ids=["beside beta", "on a device of its own"])
+def test_search_splits_a_model_no_device_carries_into_replicas_on_several_devices(lm, devices):
+    """SYNTHETIC model: alpha at 800/s outgrows a whole device (656.8/s within its SLO at best). With one
+    replica per model search serves it short; as it plans, alpha takes a second device (beside beta where
+    only two exist, else the free one), each replica sized for half the rate, and every request is
+    predicted within its SLO. At 400/s, which one device carries, alpha keeps one replica."""
+    heavy = [Demand("alpha", 150, 800, 100), Demand("beta", 400, 40, 100)]
+    one, one_judge = climb(heavy, devices, lm, replicas=False)
+    assert one_judge(one).served["alpha"] < 700
+    placement, judge = climb(heavy, devices, lm)
+    assert judge(placement).served == pytest.approx({"alpha": 800, "beta": 40})
+    out = search(heavy, devices, lm)
+    assert len(out["alpha"]) == 2 and len({c.device for c in out["alpha"]}) == 2  # one replica a device
+    assert out["alpha"][0].weight == out["alpha"][1].weight  # each sized for half the rate
+    used: dict[str, int] = {}
+    for c in (c for cs in out.values() for c in cs):
+        used[c.device] = used.get(c.device, 0) + c.share
+    assert all(total <= 100 for total in used.values())
+    light = [Demand("alpha", 150, 400, 100), Demand("beta", 400, 40, 100)]
+    assert [len(c) for c in search(light, devices, lm).values()] == [1, 1]
+
+
+def test_replica_keys_name_their_model_and_follow_device_order():
+    placement = {"alpha#2": Spot("cpu0", 50), "alpha": Spot("cpu2", 100), "beta": Spot("cpu1", 100)}
+    assert [model_of(k) for k in placement] == ["alpha", "alpha", "beta"]
+    assert canonical(placement, cpus(3)) == {"alpha": Spot("cpu0", 50), "alpha#2": Spot("cpu2", 100),
+                                             "beta": Spot("cpu1", 100)}  # fmt: skip
 
 
 def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_others_are_busy():

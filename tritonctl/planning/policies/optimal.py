@@ -24,8 +24,8 @@ Devices taken in turns. Every set of models (with copies on a CPU, at most `max_
 evaluated once per kind of device with the code search judges with; a binary per (device, set).
 
 Not in this space: a model split into replicas on several devices, and a model served in
-part (late requests) on a split device; search may serve a model in part, so its goodput can
-exceed this optimum where some model cannot be served whole.
+part (late requests) on a split device; search may do both, so its goodput can exceed this
+optimum where some model cannot be served whole by one device.
 """
 
 from __future__ import annotations

@@ -33,18 +33,27 @@ no placement serves at all is left to the planner to shed.
 
 It stops at a local optimum or after `MAX_EVALUATIONS` placements judged (a count, not a
 clock, so that a plan does not depend on the machine's speed).
+
+Then, only where the best placement serves some model short of its rate, a replica phase
+climbs again from it (and from time-sharing's plan where that splits a model into
+replicas) on a budget of its own, with two more moves: a model served short takes a
+replica on a device that has none of its replicas, or a model with several gives one up.
+A model's replicas share its rate evenly (the proxy balances by equal weights) and the
+device gaining or losing one re-splits; a placement's keys are its replicas
+(`replica_key`). Devices do not interact, so a placement is judged device by device. Where
+every model is served, plans are those of the climb alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import goodput, goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
-from tritonctl.planning.policies.bda import Scans, batch_checks, bda, corunners, throughput, with_batches
+from tritonctl.planning.policies.bda import Scans, batch_checks, bda, corunners, with_batches
 from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.policies.timesharing import time_sharing, turn_choices, turn_outcome
 
@@ -67,7 +76,31 @@ class Spot(NamedTuple):
     copies: int = 1
 
 
-Placement = dict[str, Spot]  # model -> where it runs
+Placement = dict[str, Spot]  # replica (`replica_key`) -> where it runs
+REPLICA = "#"  # a model's second, third ... replica in a placement is "name#2", "name#3" (no model name holds "#")
+
+
+def replica_key(name: str, k: int) -> str:
+    """The placement key of model `name`'s replica `k` (0: the model's own name)."""
+    return name if k == 0 else f"{name}{REPLICA}{k + 1}"
+
+
+def model_of(key: str) -> str:
+    """The model a placement key is a replica of."""
+    return key.partition(REPLICA)[0]
+
+
+def canonical(placement: Placement, devices: list[Device]) -> Placement:
+    """The same placement with each model's replicas keyed in device order (equal placements, equal keys)."""
+    index = {d.id: k for k, d in enumerate(devices)}
+    spots: dict[str, list[Spot]] = {}
+    for key, spot in placement.items():
+        spots.setdefault(model_of(key), []).append(spot)
+    return {
+        replica_key(name, k): spot
+        for name, mine in spots.items()
+        for k, spot in enumerate(sorted(mine, key=lambda s: index[s.device]))
+    }
 
 
 def max_copies(device: Device) -> int:
@@ -77,7 +110,8 @@ def max_copies(device: Device) -> int:
 
 
 def _split(names: list[str], weights: dict[str, float], units: int, floor: dict[str, int]) -> dict[str, int] | None:
-    """Shares on a STEP grid in proportion to `weights`, each at least its floor, adding up to at most `units`."""
+    """Shares on a STEP grid in proportion to `weights`, each at least its floor, adding up to at most `units`
+    (all three keyed as `names`)."""
     if sum(max(floor[n], STEP) for n in names) > units:
         return None
     total = sum(weights[n] for n in names) or 1.0
@@ -164,44 +198,73 @@ def normal(placement: Placement, devices: list[Device]) -> Placement:
     }
 
 
+def _keyed(placement: Placement, work: dict[str, float], floor: dict[str, int]) -> tuple[dict, dict]:
+    """Work and share floor per placement key: a replica's work is its part of its model's."""
+    count: dict[str, int] = {}
+    for key in placement:
+        count[model_of(key)] = count.get(model_of(key), 0) + 1
+    return (
+        {k: work[model_of(k)] / count[model_of(k)] for k in placement},
+        {k: floor[model_of(k)] for k in placement},
+    )
+
+
+def _holds(placement: Placement, device: str, key: str) -> bool:
+    """Whether `device` runs a replica of `key`'s model other than `key` (replicas of one model take separate
+    devices; on one device a model runs more instances as copies)."""
+    return any(k != key and model_of(k) == model_of(key) and s.device == device for k, s in placement.items())
+
+
 def _neighbours(
-    placement: Placement, devices: list[Device], work: dict[str, float], floor: dict[str, int]
+    placement: Placement,
+    devices: list[Device],
+    work: dict[str, float],
+    floor: dict[str, int],
+    short: frozenset[str] = frozenset(),
 ) -> Iterator[Placement]:
+    """Every placement one move away (see the module docstring); models in `short` (served short of their
+    rate) may take a replica more, on a device that has none of theirs."""
     by_id = {d.id: d for d in devices}
     names = sorted(placement)
+    keyed_work, keyed_floor = _keyed(placement, work, floor)
     for a in names:  # move share between two models on one split device, in small and large steps
         for b in names:
             (dev_a, sa, _), (dev_b, sb, _) = placement[a], placement[b]
             for step in MOVES:
-                if a != b and dev_a == dev_b and sa != TURNS and sb - step >= max(floor[b], STEP):
+                if a != b and dev_a == dev_b and sa != TURNS and sb - step >= max(keyed_floor[b], STEP):
                     yield {**placement, a: Spot(dev_a, sa + step), b: Spot(dev_b, sb - step)}
     for a in names:  # move a model; a split device re-splits in proportion to work
         origin = placement[a].device
         for device in devices:
-            if device.id == origin:
+            if device.id == origin or _holds(placement, device.id, a):
                 continue
             moved = {n: spot for n, spot in placement.items() if n != a}
             for dev, group in (
                 (origin, [n for n in names if placement[n].device == origin and n != a]),
                 (device.id, [n for n in names if placement[n].device == device.id] + [a]),
             ):
-                shares = _resplit(placement, by_id[dev], group, work, floor)
+                shares = _resplit(placement, by_id[dev], group, keyed_work, keyed_floor)
                 if shares is None:
                     break
                 moved.update(shares)
             else:
-                yield normal(moved, devices)
+                yield canonical(normal(moved, devices), devices)
     for i, a in enumerate(names):  # swap two models across devices, shares (and copies) stay with the device
         for b in names[i + 1 :]:
             (dev_a, sa, ca), (dev_b, sb, cb) = placement[a], placement[b]
-            if dev_a != dev_b and (sb == TURNS or sb >= floor[a]) and (sa == TURNS or sa >= floor[b]):
-                yield {**placement, a: Spot(dev_b, sb, cb), b: Spot(dev_a, sa, ca)}
+            if (
+                dev_a != dev_b
+                and (sb == TURNS or sb >= keyed_floor[a])
+                and (sa == TURNS or sa >= keyed_floor[b])
+                and not (_holds(placement, dev_b, a) or _holds(placement, dev_a, b))
+            ):
+                yield canonical({**placement, a: Spot(dev_b, sb, cb), b: Spot(dev_a, sa, ca)}, devices)
     for device in devices:  # switch a device between split shares and turns
         group = [n for n in names if placement[n].device == device.id]
         if len(group) < 2:
             continue
         if _turns(placement, device.id):
-            shares = _split(group, work, device.units, floor)
+            shares = _split(group, keyed_work, device.units, keyed_floor)
             if shares is not None:
                 yield {**placement, **{n: Spot(device.id, s) for n, s in shares.items()}}
         else:
@@ -213,6 +276,37 @@ def _neighbours(
             yield {**placement, a: Spot(device.id, TURNS, spot.copies + 1)}
         if spot.copies > 1:
             yield normal({**placement, a: Spot(device.id, TURNS, spot.copies - 1)}, devices)
+    yield from _replica_moves(placement, devices, work, floor, short)
+
+
+def _replica_moves(
+    placement: Placement, devices: list[Device], work: dict[str, float], floor: dict[str, int], short: frozenset
+) -> Iterator[Placement]:
+    """A replica more of a model in `short` on a device without one (the rest of its rate split evenly), and
+    one replica fewer of a model with several; the device gaining or losing it re-splits in proportion to work."""
+    for name in sorted(short):
+        held = {s.device for k, s in placement.items() if model_of(k) == name}
+        new = replica_key(name, len(held))
+        for device in devices:
+            if device.id in held:
+                continue
+            grown = {**placement, new: Spot(device.id, TURNS if _turns(placement, device.id) else STEP)}
+            keyed_work, keyed_floor = _keyed(grown, work, floor)
+            group = [k for k, s in grown.items() if s.device == device.id]
+            shares = _resplit(grown, device, group, keyed_work, keyed_floor)
+            if shares is not None:
+                yield canonical(normal({**grown, **shares}, devices), devices)
+    by_id = {d.id: d for d in devices}
+    for gone in sorted(placement):
+        if not any(model_of(k) == model_of(gone) for k in placement if k != gone):
+            continue
+        left = {k: s for k, s in placement.items() if k != gone}
+        keyed_work, keyed_floor = _keyed(left, work, floor)
+        device = by_id[placement[gone].device]
+        group = [k for k, s in left.items() if s.device == device.id]
+        shares = _resplit(left, device, group, keyed_work, keyed_floor)
+        if shares is not None:
+            yield canonical(normal({**left, **shares}, devices), devices)
 
 
 def _partial(
@@ -238,7 +332,7 @@ def _partial(
     out = dict(batches)
     for name in by_name:
         if name not in infeasible:  # BDA's largest feasible batch, or a smaller feasible one serving more per second
-            key = ("feasible", name, placement[name].share, corunners(name, placement, out))
+            key = ("feasible", name, by_name[name].rate, placement[name].share, corunners(name, placement, out))
             if key not in memo:
                 best_b, best_rate = out[name], 0.0
                 for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
@@ -249,7 +343,7 @@ def _partial(
     for name in infeasible:
         demand, best = by_name[name], (0.0, 1)
         others = corunners(name, placement, out)
-        key = (name, placement[name].share, others)  # the same device layout recurs across placements
+        key = (name, demand.rate, placement[name].share, others)  # the same device layout recurs across placements
         if key not in memo:
             for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
                 if broken == "memory":
@@ -263,8 +357,8 @@ def _partial(
 
 
 class Judged(NamedTuple):
-    """What a placement yields: its score (lower is better), batches, goodput per model, and per device taken in
-    turns its members with the duty cycle's outcome."""
+    """What a placement yields: its score (lower is better), batches per placement key, goodput per model (its
+    replicas' together), and per device taken in turns its members with the duty cycle's outcome."""
 
     score: tuple
     batches: dict[str, int]
@@ -272,20 +366,35 @@ class Judged(NamedTuple):
     taking_turns: dict[str, tuple]
 
 
+class _Device(NamedTuple):
+    """What one device's members yield (devices do not interact): batches, goodput and in-turn goodput per
+    member, its requests per second sum b / t_inf per member split, the duty cycle's outcome where they take
+    turns."""
+
+    batches: dict[str, int]
+    served: dict[str, float]
+    in_turn: dict[str, float]
+    throughput: dict[str, float]
+    turns: object = None
+
+
 class Judge:
     """Judges placements of `demands` on `devices` (cached), as search ranks them: by predicted goodput
     (`queueing.goodput` per model), then by the goodput if every request were served in its turn, then by the
-    fewest instances, then by total throughput sum b / t_inf (problem (1)); see the module docstring."""
+    fewest instances, then by total throughput sum b / t_inf (problem (1)); see the module docstring.
+
+    A placement's keys are its replicas (`replica_key`): a model with several takes its rate in equal parts."""
 
     def __init__(self, demands: list[Demand], devices: list[Device], lm: LatencyModel):
         self.demands, self.devices, self.lm = demands, devices, lm
         self.by_name = {d.name: d for d in demands}
+        self.order = {d.name: k for k, d in enumerate(demands)}  # BDA sizes a device's models in model order
         self.quantum = max(1e-3, GOODPUT_TIE * sum(d.rate for d in demands))
         self.evaluations = 0
         self._judged: dict[tuple, Judged] = {}
         self._memo: dict[tuple, int] = {}
         self._scans: Scans = {}  # every batch size of a model in a device layout: BDA's and the batches' scans
-        self._devices: dict[tuple, object] = {}  # BDA or the duty cycle of one device's models: devices do not interact
+        self._devices: dict[tuple, _Device] = {}  # one device's members: devices do not interact
 
     def __call__(self, placement: Placement) -> Judged:
         key = tuple(sorted(placement.items()))
@@ -294,96 +403,167 @@ class Judge:
             self._judged[key] = self._judge(placement)
         return self._judged[key]
 
+    def pieces(self, placement: Placement) -> dict[str, Demand]:
+        """Each key's demand, in model order: its model's, at the model's rate over its replicas."""
+        count: dict[str, int] = {}
+        for key in placement:
+            count[model_of(key)] = count.get(model_of(key), 0) + 1
+        out = {}
+        for key in sorted(placement, key=lambda k: (self.order[model_of(k)], k)):
+            d = self.by_name[model_of(key)]
+            out[key] = d if count[d.name] == 1 else Demand(d.name, d.slo_ms, d.rate / count[d.name], d.memory_mb)
+        return out
+
     def _judge(self, placement: Placement) -> Judged:
-        demands, devices, lm, by_name = self.demands, self.devices, self.lm, self.by_name
-        split = [d for d in demands if placement[d.name].share != TURNS]
-        choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
-        found: dict[str, int] = {}
-        failed: dict[str, str] = {}
-        for device in devices:  # BDA device by device (Algorithm 1 sizes a model beside its device's models only)
-            here = [d for d in split if choices[d.name].device == device.id]
-            if not here:
-                continue
-            key = ("bda", device.id, tuple((d.name, choices[d.name].share) for d in here))
-            if key not in self._devices:
-                self._devices[key] = bda({d.name: choices[d.name] for d in here}, here, devices, lm, self._scans)
-            found.update(self._devices[key].batches)
-            failed.update(self._devices[key].infeasible)
-        infeasible = {d.name: failed[d.name] for d in split if d.name in failed}  # in model order, as BDA gives it
-        batches = _partial(
-            choices, {d.name: found[d.name] for d in split}, infeasible, split, devices, lm, self._memo, self._scans
-        )
-        # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
-        served = {d.name: d.rate for d in split if d.name not in infeasible}
-        in_turn = dict(served)  # the same, with every request served in its turn (nothing rejected)
-        for name, reason in infeasible.items():
-            d = by_name[name]
-            t = lm.t_inf(name, batches[name], choices[name].share, corunners(name, choices, batches))
-            fits = reason != "memory"
-            served[name], in_turn[name] = goodputs(d.rate, batches[name], t, d.slo_ms) if fits else (0.0, 0.0)
-        capacity = throughput(choices, batches, lm)
-        taking_turns = {}
-        for device in devices:
-            members = [
-                (by_name[n], s.copies) for n, s in placement.items() if s.device == device.id and s.share == TURNS
-            ]
-            if members:
-                key = ("turns", device.id, tuple((d.name, copies) for d, copies in members))
-                if key not in self._devices:
-                    self._devices[key] = turn_outcome(members, device, lm)
-                turns = self._devices[key]
-                taking_turns[device.id] = (members, turns)
-                batches.update(turns.batches)
-                served.update(turns.served)
-                in_turn.update(turns.in_turn)
-                capacity += turns.capacity
+        pieces = self.pieces(placement)
+        batches: dict[str, int] = {}
+        served, in_turn, throughputs = {d.name: 0.0 for d in self.demands}, {d.name: 0.0 for d in self.demands}, {}
+        turn_capacities, taking_turns = [], {}
+        for device in self.devices:
+            keys = [k for k in pieces if placement[k].device == device.id]
+            for turns in (False, True):
+                members = [k for k in keys if (placement[k].share == TURNS) == turns]
+                if not members:
+                    continue
+                outcome = self._device(device, tuple((pieces[k], placement[k]) for k in members), turns)
+                for k in members:
+                    name = model_of(k)
+                    batches[k] = outcome.batches[name]
+                    served[name] += outcome.served[name]
+                    in_turn[name] += outcome.in_turn[name]
+                    if not turns:
+                        throughputs[k] = outcome.throughput[name]
+                if turns:
+                    taking_turns[device.id] = (tuple((pieces[k], placement[k].copies) for k in members), outcome.turns)
+                    turn_capacities.append(outcome.turns.capacity)
+        capacity = sum(throughputs[k] for k in pieces if k in throughputs)  # problem (1)'s sum b / t_inf
+        for turn_capacity in turn_capacities:
+            capacity += turn_capacity
         # an instance more costs memory and CPU the latency model does not see: only goodput pays for one
         instances = sum(spot.copies for spot in placement.values())
         quantum = self.quantum
         score = (-round(sum(served.values()) / quantum), -round(sum(in_turn.values()) / quantum), instances, -capacity)
         return Judged(score, batches, served, taking_turns)
 
+    def _device(self, device: Device, members: tuple[tuple[Demand, Spot], ...], turns: bool) -> _Device:
+        """One device's split members (BDA, or the best partial batch) or members taking turns (the duty cycle),
+        cached by the device's layout."""
+        key = (device.id, turns, members)
+        if key not in self._devices:
+            self._devices[key] = self._turns(device, members) if turns else self._split(device, members)
+        return self._devices[key]
+
+    def _split(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
+        lm, here = self.lm, [d for d, _ in members]
+        choices = {d.name: Choice(device.id, spot.share) for d, spot in members}
+        decision = bda(choices, here, self.devices, lm, self._scans)  # Algorithm 1 sizes beside the device's models
+        infeasible = decision.infeasible
+        batches = _partial(choices, decision.batches, infeasible, here, self.devices, lm, self._memo, self._scans)
+        # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
+        served = {d.name: d.rate for d in here if d.name not in infeasible}
+        in_turn = dict(served)  # the same, with every request served in its turn (nothing rejected)
+        for d in here:
+            if d.name in infeasible:
+                t = lm.t_inf(d.name, batches[d.name], choices[d.name].share, corunners(d.name, choices, batches))
+                fits = infeasible[d.name] != "memory"
+                served[d.name], in_turn[d.name] = goodputs(d.rate, batches[d.name], t, d.slo_ms) if fits else (0, 0)
+        rates = {n: 1000 * batches[n] / lm.t_inf(n, batches[n], c.share, corunners(n, choices, batches))
+                 for n, c in choices.items()}  # fmt: skip
+        return _Device(batches, served, in_turn, rates)
+
+    def _turns(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
+        outcome = turn_outcome([(d, spot.copies) for d, spot in members], device, self.lm)
+        return _Device(outcome.batches, outcome.served, outcome.in_turn, {}, outcome)
+
     def choices(self, placement: Placement) -> dict[str, list[Choice]]:
-        """The plan of a placement: BDA's (or the best partial) batches on split devices with queue delays that
-        fill them, the duty cycle's choices on devices taken in turns."""
-        judged, by_id = self(placement), {d.id: d for d in self.devices}
-        split = [d for d in self.demands if placement[d.name].share != TURNS]
-        choices = {d.name: Choice(placement[d.name].device, placement[d.name].share) for d in split}
-        out = with_batches(choices, judged.batches, split, self.lm)
+        """The plan of a placement, per model its replicas: BDA's (or the best partial) batches on split devices
+        with queue delays that fill them, the duty cycle's choices on devices taken in turns."""
+        judged, by_id, pieces = self(placement), {d.id: d for d in self.devices}, self.pieces(placement)
+        out: dict[str, list[Choice]] = {}
+        for device in self.devices:
+            split = [k for k in pieces if placement[k].device == device.id and placement[k].share != TURNS]
+            choices = {model_of(k): Choice(device.id, placement[k].share) for k in split}
+            batches = {model_of(k): judged.batches[k] for k in split}
+            for name, chosen in with_batches(choices, batches, [pieces[k] for k in split], self.lm).items():
+                out.setdefault(name, []).extend(chosen)
         for device_id, (members, turns) in judged.taking_turns.items():
-            out.update(turn_choices(members, by_id[device_id], turns, self.lm))
-        return out
+            for name, chosen in turn_choices(list(members), by_id[device_id], turns, self.lm).items():
+                out.setdefault(name, []).extend(chosen)
+        return {d.name: out[d.name] for d in self.demands if d.name in out}
 
 
-def climb(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> tuple[Placement, Judge]:
-    """The best placement the climb finds from every start (see the module docstring), and its judge."""
+def climb(
+    demands: list[Demand], devices: list[Device], lm: LatencyModel, replicas: bool = True
+) -> tuple[Placement, Judge]:
+    """The best placement the climb finds from every start (see the module docstring), and its judge; with
+    `replicas` False every model has one (what the trained actor can express)."""
     floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
     work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
     judge = Judge(demands, devices, lm)
     starts = sorted((judge(p).score, k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
     best = None
     for score, _, current in starts:
-        while judge.evaluations < MAX_EVALUATIONS:
-            improved = None
-            for candidate in _neighbours(current, devices, work, floor):
-                candidate_score = judge(candidate).score
-                if candidate_score < score and (improved is None or candidate_score < improved[1]):
-                    improved = (candidate, candidate_score)
-                if judge.evaluations >= MAX_EVALUATIONS:
-                    break
-            if improved is None:
-                break
-            current, score = improved
-        if best is None or score < best[1]:
-            best = (current, score)
+        found = _ascend(judge, current, score, lambda p: _neighbours(p, devices, work, floor), MAX_EVALUATIONS)
+        if best is None or found[1] < best[1]:
+            best = found
+    if replicas and _short(judge, best[0]):  # the replica phase, on a budget of its own
+        limit = judge.evaluations + MAX_EVALUATIONS
+        for current in [best[0], *_replicated(demands, devices, lm)]:
+            found = _ascend(
+                judge,
+                current,
+                judge(current).score,
+                lambda p: _neighbours(p, devices, work, floor, frozenset(_short(judge, p))),
+                limit,
+            )
+            if found[1] < best[1]:
+                best = found
     return best[0], judge
 
 
-def search(demands: list[Demand], devices: list[Device], lm: LatencyModel | None) -> dict[str, list[Choice]]:
+def _ascend(
+    judge: Judge, current: Placement, score: tuple, neighbours: Callable[[Placement], Iterator[Placement]], limit: int
+) -> tuple[Placement, tuple]:
+    """Steepest ascent from `current`: the best neighbour while it improves, until `judge` has judged `limit`."""
+    while judge.evaluations < limit:
+        improved = None
+        for candidate in neighbours(current):
+            candidate_score = judge(candidate).score
+            if candidate_score < score and (improved is None or candidate_score < improved[1]):
+                improved = (candidate, candidate_score)
+            if judge.evaluations >= limit:
+                break
+        if improved is None:
+            break
+        current, score = improved
+    return current, score
+
+
+def _replicated(demands: list[Demand], devices: list[Device], lm: LatencyModel) -> list[Placement]:
+    """Time-sharing's plan where it splits a model into replicas (none otherwise: it is among the starts)."""
+    try:
+        shared = time_sharing(demands, devices, lm)
+    except PlacementError:
+        return []
+    if all(len(c) == 1 for c in shared.values()):
+        return []
+    spots = {replica_key(n, k): Spot(c.device, TURNS) for n, cs in shared.items() for k, c in enumerate(cs)}
+    return [canonical(normal(spots, devices), devices)]
+
+
+def _short(judge: Judge, placement: Placement) -> list[str]:
+    """The models `placement` serves short of their rate (beyond the tie margin)."""
+    served = judge(placement).served
+    return [d.name for d in judge.demands if served[d.name] < d.rate - judge.quantum]
+
+
+def search(
+    demands: list[Demand], devices: list[Device], lm: LatencyModel | None, replicas: bool = True
+) -> dict[str, list[Choice]]:
     if lm is None:
         raise PlacementError("policy search needs a fitted latency model: pass --latency-model")
-    placement, judge = climb(demands, devices, lm)
-    unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)
+    placement, judge = climb(demands, devices, lm, replicas)
+    unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)  # per model, its replicas together
     if unserved:
         raise PlacementError(
             f"no placement the search found serves {', '.join(unserved)} within its SLO at all", shed=unserved
