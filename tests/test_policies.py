@@ -236,6 +236,25 @@ def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_ot
     assert _stretch([], 2, 1.7) == 1.0
 
 
+def test_an_instance_taking_turns_runs_at_least_on_the_cores_those_ahead_of_it_leave(lm):
+    """SYNTHETIC model, SLO weights on 2 cores: two alpha instances (the tighter SLO, ahead) each busy 3/4 of the
+    time on a thread leave beta half a core on average, so beta's batch takes at least twice its time alone,
+    where the mean slowdown over how many are busy says 1.28x; the alphas, which nothing weighs above, run as
+    fast as alone."""
+    from tritonctl.planning.policies.timesharing import _stretch
+
+    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=4096, units=100, cores=2.0, turn_priority="slo")
+    alone_alpha, alone_beta = lm.t_inf("alpha", 1, 50), lm.t_inf("beta", 1, 50)  # one thread each
+    busy = 0.75 * 1000 / alone_alpha
+    members = [("alpha", 1, busy, 100), ("alpha", 1, busy, 100), ("beta", 1, 5.0, 400)]
+    held = turn_service_ms(members, device, lm)
+    assert held[:2] == pytest.approx([alone_alpha] * 2)
+    assert held[2] == pytest.approx(2 * alone_beta) and _stretch([(0.75, 1)] * 2, 1, 2.0) < 1.3
+    # busier alphas leave beta nothing: it never keeps up
+    members = [("alpha", 1, 1000 / alone_alpha, 100), ("alpha", 1, 1000 / alone_alpha, 100), ("beta", 1, 5.0, 400)]
+    assert turn_service_ms(members, device, lm)[2] == math.inf
+
+
 def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
     """With turn_threads: lightest, weighted by SLO, the one instance that weighs least runs on a thread per core
     (it takes only what the heavier leave); where two weigh least, or all alike, or with turn_threads: even, or

@@ -21,7 +21,7 @@ from tritonctl.latency.queueing import goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import memory_at
-from tritonctl.shares import turn_layout, turn_share, turn_slots
+from tritonctl.shares import Turn, turn_layout, turn_share, turn_slots
 
 STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances taking turns are and how long they take
 
@@ -82,16 +82,19 @@ def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device
     held = alone
     for _ in range(STRETCH_ROUNDS):
         busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate, _), t in zip(members, held, strict=True)]
-        held = [
-            t
-            * _stretch(
-                [(b, layout[j].threads) for j, b in enumerate(busy) if j != i and weights[j] >= weights[i]],
-                layout[i].threads,
-                device.cores,
-            )
-            for i, t in enumerate(alone)
-        ]
+        held = []
+        for i, t in enumerate(alone):
+            ahead = [(b, layout[j].threads) for j, b in enumerate(busy) if j != i and weights[j] >= weights[i]]
+            held.append(t * max(_stretch(ahead, layout[i].threads, device.cores), _left(ahead, layout[i], device)))
     return held
+
+
+def _left(ahead: list[tuple[float, int]], turn: Turn, device: Device) -> float:
+    """How many times as long as alone a batch takes at least on the cores the instances `ahead` (busy with
+    their probability, on their threads) leave it on average: work is conserved, so where they keep more than
+    `cores - threads` busy, the batch runs on what is left (infinite where nothing is)."""
+    left = device.cores - sum(p * k for p, k in ahead)
+    return math.inf if left <= 0 else max(1.0, turn.threads / left)
 
 
 @dataclass(frozen=True)
