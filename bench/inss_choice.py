@@ -14,6 +14,8 @@ profile, each with its actor in rl/policies/. For each:
   predicted goodput as a share of search's on the same vector, the same with the actor's greedy
   placement alone (one proposal instead of `inss.PROPOSALS`), how often the actor's placement
   was deployed, and the median planning time of `inss` and `search` (warm, this machine).
+A decision whose placement leaves some model unserved (the planner would shed one and decide again)
+counts as serving nothing.
 
 `--setup NAME --policy-file FILE` judges another actor of one setup (the SAC-Discrete one, say).
 Run it on a quiet machine: the times are wall times.
@@ -36,7 +38,7 @@ import torch
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.planner import demands_of, devices_of
-from tritonctl.planning.policies import POLICIES
+from tritonctl.planning.policies import POLICIES, PlacementError
 from tritonctl.planning.policies.search import TURNS, Judge, Spot, climb
 from tritonctl.spec import Cluster, load_cluster
 
@@ -58,18 +60,35 @@ def served(placement, demands, devices, lm) -> float:
     return sum(Judge(demands, devices, lm)(placement).served.values())
 
 
-def greedy_decision(demands, devices, lm, trained):
-    """`inss.decide` with the actor's greedy proposal alone."""
-    proposals, inss_module.PROPOSALS = inss_module.PROPOSALS, 1
+def decision(demands, devices, lm, trained, proposals: int | None = None):
+    """`inss.decide` (with `proposals` of the actor's at most, where given); None where its placement leaves a model
+    unserved (the planner would shed one and decide again)."""
+    default = inss_module.PROPOSALS
+    inss_module.PROPOSALS = proposals or default
     try:
         return inss_module.decide(demands, devices, lm, trained)
+    except PlacementError:
+        return None
     finally:
-        inss_module.PROPOSALS = proposals
+        inss_module.PROPOSALS = default
+
+
+def decided_served(chosen, demands, devices, lm) -> float:
+    """What the placement a decision deploys is predicted to serve; 0 where it found none serving every model."""
+    return 0.0 if chosen is None else served(chosen.placement, demands, devices, lm)
+
+
+def _source(chosen) -> str:
+    return "none serving every model" if chosen is None else chosen.source
 
 
 def timed(fn):
+    """(what `fn` returns, None where it finds no placement serving every model; its wall time in ms)."""
     started = time.perf_counter()
-    out = fn()
+    try:
+        out = fn()
+    except PlacementError:
+        out = None
     return out, 1000 * (time.perf_counter() - started)
 
 
@@ -79,32 +98,33 @@ def setup_rows(cluster: Cluster, lm_file: str, workloads: int, policy_file: Path
     name = cluster.spec.name
     path = policy_file or inss_module.default_policy_file(name)
     trained = inss_module.load_trained(path, name, [d.name for d in demands], devices)
-    chosen = inss_module.decide(demands, devices, lm, trained)
+    chosen = decision(demands, devices, lm, trained)
     search_placement, _ = climb(demands, devices, lm)
     optimum = POLICIES["optimal"].fn(demands, devices, lm, log=lambda _: None)
     optimal_placement = {n: Spot(c[0].device, TURNS if c[0].turns else c[0].share, len(c)) for n, c in optimum.items()}
-    mine, theirs = served(chosen.placement, demands, devices, lm), served(search_placement, demands, devices, lm)
+    mine, theirs = decided_served(chosen, demands, devices, lm), served(search_placement, demands, devices, lm)
     best = served(optimal_placement, demands, devices, lm)
-    alone = greedy_decision(demands, devices, lm, trained)
-    alone_share = served(alone.placement, demands, devices, lm) / theirs
+    alone = decision(demands, devices, lm, trained, proposals=1)
+    alone_share = decided_served(alone, demands, devices, lm) / theirs
     at_rates = (
-        f"| {name} | {chosen.source} | {mine:,.1f} | {theirs:,.1f} | {best:,.1f} | {100 * mine / theirs:.2f}% | "
-        f"{100 * mine / best:.2f}% | {alone.source}, {100 * alone_share:.2f}% | {chosen.why} |"
+        f"| {name} | {_source(chosen)} | {mine:,.1f} | {theirs:,.1f} | {best:,.1f} | {100 * mine / theirs:.2f}% | "
+        f"{100 * mine / best:.2f}% | {_source(alone)}, {100 * alone_share:.2f}% | {chosen.why if chosen else ''} |"
     )
     rng = np.random.default_rng(SEED)
     shares, greedy, actor, inss_ms, search_ms = [], [], 0, [], []
     plan_inss = partial(POLICIES["inss"].fn, trained=trained, log=lambda _: None)
     for _ in range(workloads):
         drawn = [replace(d, rate=d.rate * f) for d, f in zip(demands, rng.uniform(0.5, 1.2, len(demands)), strict=True)]
-        decision, _ = timed(lambda drawn=drawn: inss_module.decide(drawn, devices, lm, trained))
+        chosen, _ = timed(lambda drawn=drawn: decision(drawn, devices, lm, trained))
         _, ms = timed(lambda drawn=drawn: plan_inss(drawn, devices, lm))
         inss_ms.append(ms)
         (placement, _), ms = timed(lambda drawn=drawn: climb(drawn, devices, lm))
         search_ms.append(ms)
         reference = served(placement, drawn, devices, lm) or 1.0
-        shares.append(served(decision.placement, drawn, devices, lm) / reference)
-        actor += decision.source == "actor"
-        greedy.append(served(greedy_decision(drawn, devices, lm, trained).placement, drawn, devices, lm) / reference)
+        shares.append(decided_served(chosen, drawn, devices, lm) / reference)
+        actor += chosen is not None and chosen.source == "actor"
+        alone = decision(drawn, devices, lm, trained, proposals=1)
+        greedy.append(decided_served(alone, drawn, devices, lm) / reference)
     held_out = (
         f"| {name} | {workloads} | {100 * np.mean(shares):.2f}% | {100 * min(shares):.1f}% | "
         f"{sum(s >= 0.98 for s in shares)} | {100 * np.mean(greedy):.2f}% | {actor} | "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 
 import numpy as np
 import pytest
@@ -189,6 +190,28 @@ def test_inss_keeps_the_current_placement_where_it_is_predicted_to_serve_more(lm
     assert "inss deployed the current (spread) placement" in said[0] and "the current one is kept" in said[0]
     assert 0 < judge(halves).served["alpha"] < 600  # served in part, at the batch serving most in time
     assert out["alpha"][0].batch > 1
+
+
+def test_inss_falls_back_to_search_where_the_actor_and_the_current_placement_leave_a_model_unserved(
+    lm, tmp_path, monkeypatch
+):
+    """cpu0 holds one model's memory, cpu1 both. The actor (forced) and the current placement (made so) put both
+    models on cpu0, where neither can be deployed: inss deploys search's placement, which serves both, and says
+    so."""
+    devices = cpus(150, 4096)
+    layout = Layout.of("test", DEMANDS, devices, levels=4)
+    forced_policy(tmp_path / "p.pt", layout, [0, 1, 0, 1])  # both on cpu0, 50 units each
+    trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
+    both_on_cpu0 = {d.name: Choice("cpu0", 50) for d in DEMANDS}
+    module = sys.modules["tritonctl.planning.policies.inss"]  # the package's `inss` is the policy function
+    monkeypatch.setattr(module, "current_placement", lambda *_: both_on_cpu0)
+    said = []
+    out = inss(DEMANDS, devices, lm, trained, log=said.append)
+    assert {c.device for cs in out.values() for c in cs} == {"cpu0", "cpu1"}  # one model a device
+    assert "inss deployed search's placement" in said[0] and "leaves alpha, beta unserved" in said[0]
+    assert "the actor proposes one placement" in said[0]
+    judge = Judge(DEMANDS, devices, lm)
+    assert judge({n: Spot("cpu0", 50) for n in ("alpha", "beta")}).served == {"alpha": 0, "beta": 0}
 
 
 def test_inss_refuses_a_policy_for_another_cluster(tmp_path, lm):

@@ -8,7 +8,8 @@ take turns (as `search` decides them, `search.Judge`). The actor proposes up to 
 greedy one and draws from its policy (no more once one serves every request within its SLO), and the one
 predicted to serve most within the SLOs is kept: a factorised actor chooses each model's device and share
 on its own, and a draw often mends what the greedy choices of two models get wrong together. The actor's
-placement is deployed unless the current one is predicted to serve more; the plan's notes say which was
+placement is deployed unless the current one is predicted to serve more; where the one kept leaves some
+model unserved, search's placement is deployed instead (the fallback). The plan's notes say which was
 deployed and why.
 
 The action space is search's: per model a device and either a share level or taking turns with the
@@ -57,7 +58,7 @@ from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import BatchDecision, bda, corunners, memory_at
-from tritonctl.planning.policies.search import TURNS, Judge, Judged, Placement, Spot, max_copies, normal
+from tritonctl.planning.policies.search import TURNS, Judge, Judged, Placement, Spot, climb, max_copies, normal
 from tritonctl.planning.policies.spread import spread
 
 SHARE_LEVELS = 20  # search's 5-unit grid on a device of 100 units
@@ -371,8 +372,8 @@ def load_trained(path: Path, cluster: str, models: list[str], devices: list[Devi
 
 @dataclass(frozen=True)
 class Decision:
-    """What the two layers decided: the placement, whose it is ('current': spread's; 'actor'), why, and the
-    plan of it (batches with HEADROOM where they serve as much)."""
+    """What the two layers decided: the placement, whose it is ('current': spread's; 'actor'; 'search': the
+    fallback), why, and the plan of it (batches with HEADROOM where they serve as much)."""
 
     placement: Placement
     source: str
@@ -419,8 +420,10 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
         )
         placement, source = as_spots, "current"
     else:
-        if len(candidates) == 1:
+        if len(candidates) == 1 and _served(mine) >= offered - judge.quantum:
             which = "the actor's greedy placement serves every request in time"
+        elif len(candidates) == 1:
+            which = "the actor proposes one placement"
         else:
             rank = "its greedy one" if proposal == candidates[0] else f"proposal {candidates.index(proposal) + 1}"
             which = f"of the actor's {len(candidates)} placements judged, {rank} serves most"
@@ -432,11 +435,20 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
             why += "; level within search's tie margin, where search's tie-breaks favour the actor's"
         placement, source = proposal, "actor"
     unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)
-    if unserved:
-        raise PlacementError(
-            f"neither the trained policy's placement nor the current one serves {', '.join(unserved)} at all",
-            shed=unserved,
+    if unserved:  # the fallback: search's placement, where it serves every model
+        fallback, judge = climb(demands, devices, lm)
+        still = sorted(n for n, g in judge(fallback).served.items() if g <= 0)
+        if still:
+            raise PlacementError(
+                f"neither the trained policy's placement, the current one nor search's serves {', '.join(still)} "
+                "at all",
+                shed=still,
+            )
+        why = (
+            f"{why}; but it leaves {', '.join(unserved)} unserved: search's placement is deployed, "
+            f"{_served(judge(fallback)):,.1f} requests/s within the SLOs predicted"
         )
+        placement, source = fallback, "search"
     return Decision(placement, source, why, robust_choices(placement, judge))
 
 
@@ -451,6 +463,8 @@ def inss(
     if lm is None:
         raise PlacementError("policy inss needs a fitted latency model: pass --latency-model")
     chosen = decide(demands, devices, lm, trained)
-    whose = "the actor's placement" if chosen.source == "actor" else "the current (spread) placement"
+    whose = {"actor": "the actor's placement", "current": "the current (spread) placement"}.get(
+        chosen.source, "search's placement"
+    )
     log(f"inss deployed {whose}: {chosen.why}")
     return chosen.choices
