@@ -55,7 +55,7 @@ from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import Scans, batch_checks, bda, corunners, with_batches
 from tritonctl.planning.policies.spread import spread
-from tritonctl.planning.policies.timesharing import time_sharing, turn_choices, turn_outcome
+from tritonctl.planning.policies.timesharing import Turns, time_sharing, turn_choices, turn_outcome
 
 STEP = 5  # share grid, in units
 MOVES = (STEP, 2 * STEP, 5 * STEP)  # share moved between two models at a time: large steps jump over plateaus
@@ -375,7 +375,7 @@ class _Device(NamedTuple):
     served: dict[str, float]
     in_turn: dict[str, float]
     throughput: dict[str, float]
-    turns: object = None
+    turns: Turns | None = None
 
 
 class Judge:
@@ -436,9 +436,7 @@ class Judge:
                 if turns:
                     taking_turns[device.id] = (tuple((pieces[k], placement[k].copies) for k in members), outcome.turns)
                     turn_capacities.append(outcome.turns.capacity)
-        capacity = sum(throughputs[k] for k in pieces if k in throughputs)  # problem (1)'s sum b / t_inf
-        for turn_capacity in turn_capacities:
-            capacity += turn_capacity
+        capacity = sum([*(throughputs[k] for k in pieces if k in throughputs), *turn_capacities])  # sum b / t_inf
         # an instance more costs memory and CPU the latency model does not see: only goodput pays for one
         instances = sum(spot.copies for spot in placement.values())
         quantum = self.quantum
@@ -450,10 +448,10 @@ class Judge:
         cached by the device's layout."""
         key = (device.id, turns, members)
         if key not in self._devices:
-            self._devices[key] = self._turns(device, members) if turns else self._split(device, members)
+            self._devices[key] = self._judge_turns(device, members) if turns else self._judge_split(device, members)
         return self._devices[key]
 
-    def _split(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
+    def _judge_split(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
         lm, here = self.lm, [d for d, _ in members]
         choices = {d.name: Choice(device.id, spot.share) for d, spot in members}
         decision = bda(choices, here, self.devices, lm, self._scans)  # Algorithm 1 sizes beside the device's models
@@ -467,11 +465,13 @@ class Judge:
                 t = lm.t_inf(d.name, batches[d.name], choices[d.name].share, corunners(d.name, choices, batches))
                 fits = infeasible[d.name] != "memory"
                 served[d.name], in_turn[d.name] = goodputs(d.rate, batches[d.name], t, d.slo_ms) if fits else (0, 0)
-        rates = {n: 1000 * batches[n] / lm.t_inf(n, batches[n], c.share, corunners(n, choices, batches))
-                 for n, c in choices.items()}  # fmt: skip
+        rates = {
+            n: 1000 * batches[n] / lm.t_inf(n, batches[n], c.share, corunners(n, choices, batches))
+            for n, c in choices.items()
+        }
         return _Device(batches, served, in_turn, rates)
 
-    def _turns(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
+    def _judge_turns(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
         outcome = turn_outcome([(d, spot.copies) for d, spot in members], device, self.lm)
         return _Device(outcome.batches, outcome.served, outcome.in_turn, {}, outcome)
 

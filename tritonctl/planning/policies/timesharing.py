@@ -69,7 +69,8 @@ def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device
     A GPU runs the turns one after another: a batch waits for the others' (the duty cycle), so
     the cycle is what each batch costs. A CPU runs them at once, each on its threads of
     `shares.turn_layout`: a batch takes its time alone on them, stretched while the busy
-    instances' threads are more than the cores (`_stretch`), each other instance busy for the
+    instances' threads are more than the cores (`_stretch`), and at least to what the cores
+    the others leave it on average allow (`_left`), each other instance busy for the
     part of the time its own rate and stretched batches keep it so (a fixed point, a few rounds
     from the times alone). Under deadline-monotonic weights (`shares.turn_weights`) a batch is
     stretched only by the instances that weigh at least as much as its own: the kernel runs the
