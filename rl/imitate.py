@@ -4,7 +4,8 @@ Top to bottom: draw workloads as the training environment does (each model's rat
 cluster's, some models left out), observe each as `inss` will online (spread's placement with BDA's
 batches), and label it with the placement `search` climbs to, encoded as the actor's action (identical
 devices renumbered, `inss.encode`). The labelled demonstrations are kept in the run folder
-(`demonstrations.npz`) and reused when they match. Then the actor (the network SAC-Discrete trains, the
+(`demonstrations.npz`) and reused while the layout, the workloads, the latency model and the code that
+judges placements stay the same. Then the actor (the network SAC-Discrete trains, the
 same heads and mask) is fitted by cross-entropy on every head, a tenth of the demonstrations held out, and
 the weights of the epoch with the least held-out loss are kept (the demonstrations are few for the
 network: past that epoch it learns them by heart). `imitate.csv` logs per epoch the loss on both, the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+import tritonctl
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.policies.actor import Actor, TrainedActor, save_actor
 from tritonctl.planning.policies.inss import Trained, decide, encode
@@ -121,6 +124,17 @@ def goodput_share(env: InssEnv, trained: Trained, seed: int, indices: list[int],
     return float(np.mean(shares))
 
 
+def _labels_key(env: InssEnv, lm: LatencyModel, config: ImitationConfig) -> str:
+    """What search's labels depend on: the cluster's layout, the workloads drawn, the latency model, and the code
+    that judges placements (the planning and latency packages: a change there relabels)."""
+    root = Path(tritonctl.__file__).parent
+    code = hashlib.sha256()
+    for source in sorted([*root.glob("planning/**/*.py"), *root.glob("latency/*.py"), root / "shares.py"]):
+        code.update(source.read_bytes())
+    model = hashlib.sha256(repr((lm.device, sorted(lm.models.items()), lm.margin)).encode()).hexdigest()
+    return repr((env.layout.metadata(), asdict(config.env), config.seed, model, code.hexdigest()))
+
+
 def imitate(
     cluster: Cluster,
     lm: LatencyModel,
@@ -135,7 +149,7 @@ def imitate(
     torch.manual_seed(config.seed)
     env = make_env(cluster, lm, config.env)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache, key = out_dir / "demonstrations.npz", repr((env.layout.metadata(), asdict(config.env), config.seed))
+    cache, key = out_dir / "demonstrations.npz", _labels_key(env, lm, config)
     demos = Demonstrations.load(cache, key)
     if demos is None or len(demos.obs) < config.demonstrations:
         demos = demonstrate(env, config.demonstrations, config.seed, progress)

@@ -313,12 +313,14 @@ def test_imitation_fits_the_actor_to_search_and_reuses_its_demonstrations(tmp_pa
     placement = {n: Spot(c[0].device, TURNS if c[0].turns else c[0].share, len(c)) for n, c in out.items()}
     assert sum(judge(placement).served.values()) >= 0.99 * 310  # as much as search serves: every request
 
-    def no_search(*_):
+    def no_search(*_, **__):
         raise AssertionError("search ran again")
 
     monkeypatch.setattr("tritonctl.rl.imitate.climb", no_search)  # the demonstrations are reused
     imitate(cluster, lm, tmp_path / "run", tmp_path / "q.pt", config, progress=False, log=said.append)
     assert said[1] == said[0].replace("p.pt", "q.pt")  # and the same seed fits the same actor
+    with pytest.raises(AssertionError, match="search ran again"):  # labels of another latency model: made anew
+        imitate(cluster, lm.with_margin(0.1), tmp_path / "run", tmp_path / "r.pt", config, progress=False)
     lm_file = str(tmp_path / "profile" / "latency-model.json")
     assert main(["fit", str(tmp_path / "profile")]) == 0
     capsys.readouterr()
