@@ -23,11 +23,14 @@ POLICIES: dict[str, PolicyInfo] = {
     "spread": PolicyInfo(spread, "spread models over devices, equal shares per device, batch 1 (no latency model)"),
     "bda": PolicyInfo(bda_policy, "spread's placement and shares, batch sizes by InSS's BDA (Algorithm 1)"),
     "search": PolicyInfo(
-        search, "local search over placements, shares and turns, BDA batches (what the inss actor learns from)"
+        search,
+        "local search over placements, shares and turns, BDA batches (what the inss actor learns from); a model served"
+        " short of its rate may take replicas on other devices",
     ),
     "inss": PolicyInfo(
         inss,
-        "InSS two-layer scheduler: BDA on the current placement, else a trained actor's placement (tritonctl train)",
+        "InSS two-layer scheduler: BDA on the current placement, else a trained actor's placement (tritonctl train);"
+        " search's where neither serves every model",
         trained=True,
         logs=True,
     ),
