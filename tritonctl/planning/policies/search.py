@@ -46,6 +46,7 @@ every model is served, plans are those of the climb alone.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -90,8 +91,15 @@ def model_of(key: str) -> str:
     return key.partition(REPLICA)[0]
 
 
+def replica_counts(placement: Placement) -> Counter[str]:
+    """How many replicas (placement keys) each model has."""
+    return Counter(model_of(key) for key in placement)
+
+
 def canonical(placement: Placement, devices: list[Device]) -> Placement:
     """The same placement with each model's replicas keyed in device order (equal placements, equal keys)."""
+    if not any(REPLICA in key for key in placement):  # one replica a model: already canonical
+        return placement
     index = {d.id: k for k, d in enumerate(devices)}
     spots: dict[str, list[Spot]] = {}
     for key, spot in placement.items():
@@ -200,9 +208,7 @@ def normal(placement: Placement, devices: list[Device]) -> Placement:
 
 def _keyed(placement: Placement, work: dict[str, float], floor: dict[str, int]) -> tuple[dict, dict]:
     """Work and share floor per placement key: a replica's work is its part of its model's."""
-    count: dict[str, int] = {}
-    for key in placement:
-        count[model_of(key)] = count.get(model_of(key), 0) + 1
+    count = replica_counts(placement)
     return (
         {k: work[model_of(k)] / count[model_of(k)] for k in placement},
         {k: floor[model_of(k)] for k in placement},
@@ -296,9 +302,9 @@ def _replica_moves(
             shares = _resplit(grown, device, group, keyed_work, keyed_floor)
             if shares is not None:
                 yield canonical(normal({**grown, **shares}, devices), devices)
-    by_id = {d.id: d for d in devices}
+    by_id, count = {d.id: d for d in devices}, replica_counts(placement)
     for gone in sorted(placement):
-        if not any(model_of(k) == model_of(gone) for k in placement if k != gone):
+        if count[model_of(gone)] < 2:
             continue
         left = {k: s for k, s in placement.items() if k != gone}
         keyed_work, keyed_floor = _keyed(left, work, floor)
@@ -405,9 +411,7 @@ class Judge:
 
     def pieces(self, placement: Placement) -> dict[str, Demand]:
         """Each key's demand, in model order: its model's, at the model's rate over its replicas."""
-        count: dict[str, int] = {}
-        for key in placement:
-            count[model_of(key)] = count.get(model_of(key), 0) + 1
+        count = replica_counts(placement)
         out = {}
         for key in sorted(placement, key=lambda k: (self.order[model_of(k)], k)):
             d = self.by_name[model_of(key)]
@@ -446,10 +450,9 @@ class Judge:
     def _device(self, device: Device, members: tuple[tuple[Demand, Spot], ...], turns: bool) -> _Device:
         """One device's split members (BDA, or the best partial batch) or members taking turns (the duty cycle),
         cached by the device's layout."""
-        key = (device.id, turns, members)
-        if key not in self._devices:
-            self._devices[key] = self._judge_turns(device, members) if turns else self._judge_split(device, members)
-        return self._devices[key]
+        if members not in self._devices:  # the spots name the device and whether it is taken in turns
+            self._devices[members] = self._judge_turns(device, members) if turns else self._judge_split(device, members)
+        return self._devices[members]
 
     def _judge_split(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
         lm, here = self.lm, [d for d, _ in members]
