@@ -19,7 +19,7 @@ from tritonctl.planning.policies.base import Choice
 from tritonctl.planning.policies.bda import throughput
 from tritonctl.planning.policies.gpulet import SIZES
 from tritonctl.planning.policies.igniter import igniter
-from tritonctl.planning.policies.search import Spot, canonical, climb, model_of, search
+from tritonctl.planning.policies.search import Judge, Spot, canonical, climb, model_of, search
 from tritonctl.planning.policies.timesharing import time_sharing, turn_service_ms
 
 
@@ -213,6 +213,20 @@ def test_search_splits_a_model_no_device_carries_into_replicas_on_several_device
     assert [len(c) for c in search(light, devices, lm).values()] == [1, 1]
 
 
+def test_a_placement_that_cannot_serve_more_is_given_up(lm):
+    """SYNTHETIC model, alpha at 800/s on two devices: both on one device serves alpha short, so against the
+    placement with a device each it is given up (no judgement made); the better one, judged against the worse,
+    is judged in full, as the judge judges it."""
+    heavy = [Demand("alpha", 150, 800, 100), Demand("beta", 400, 40, 100)]
+    apart, together = {"alpha": Spot("cpu0", 100), "beta": Spot("cpu1", 100)}, {
+        "alpha": Spot("cpu0", 50), "beta": Spot("cpu0", 50)}  # fmt: skip
+    judge = Judge(heavy, cpus(2), lm)
+    assert sum(judge(apart).served.values()) > sum(Judge(heavy, cpus(2), lm)(together).served.values()) + 100
+    assert judge.beats(together, judge(apart)) is None and judge.evaluations == 1
+    fresh = Judge(heavy, cpus(2), lm)
+    assert fresh.beats(apart, fresh(together)) == Judge(heavy, cpus(2), lm)(apart)
+
+
 def test_replica_keys_name_their_model_and_follow_device_order():
     placement = {"alpha#2": Spot("cpu0", 50), "alpha": Spot("cpu2", 100), "beta": Spot("cpu1", 100)}
     assert [model_of(k) for k in placement] == ["alpha", "alpha", "beta"]
@@ -250,8 +264,9 @@ def test_an_instance_taking_turns_runs_at_least_on_the_cores_those_ahead_of_it_l
     held = turn_service_ms(members, device, lm)
     assert held[:2] == pytest.approx([alone_alpha] * 2)
     assert held[2] == pytest.approx(2 * alone_beta) and _stretch([(0.75, 1)] * 2, 1, 2.0) < 1.3
-    # busier alphas leave beta nothing: it never keeps up
-    members = [("alpha", 1, 1000 / alone_alpha, 100), ("alpha", 1, 1000 / alone_alpha, 100), ("beta", 1, 5.0, 400)]
+    # alphas busy all the time (offered more than they serve) leave beta nothing: it never keeps up
+    saturated = 1.1 * 1000 / alone_alpha
+    members = [("alpha", 1, saturated, 100), ("alpha", 1, saturated, 100), ("beta", 1, 5.0, 400)]
     assert turn_service_ms(members, device, lm)[2] == math.inf
 
 

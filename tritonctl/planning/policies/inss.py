@@ -6,11 +6,12 @@ deployment starts from); only when BDA reports failure does the actor choose pla
 batches are decided on its choice: BDA's on devices it splits, the duty cycle's on devices whose models
 take turns (as `search` decides them, `search.Judge`). The actor proposes up to PROPOSALS placements, its
 greedy one and draws from its policy (no more once one serves every request within its SLO), and the one
-predicted to serve most within the SLOs is kept: a factorised actor chooses each model's device and share
-on its own, and a draw often mends what the greedy choices of two models get wrong together. The actor's
-placement is deployed unless the current one is predicted to serve more; where the one kept leaves some
-model unserved, search's placement is deployed instead (the fallback). The plan's notes say which was
-deployed and why.
+predicted to serve most within the SLOs is kept (each judged device by device, and given up once it cannot
+serve more than the best so far, the current placement at first: `search.Judge.beats`): a factorised actor
+chooses each model's device and share on its own, and a draw often mends what the greedy choices of two
+models get wrong together. The actor's placement is deployed unless the current one is predicted to serve
+more; where the one kept leaves some model unserved, search's placement is deployed instead (the fallback).
+The plan's notes say which was deployed and why.
 
 The action space is search's: per model a device and either a share level or taking turns with the
 device's other models with all of it (on a CPU with one instance or more). A trained actor is therefore
@@ -406,14 +407,22 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
         return Decision(as_spots, "current", why, robust_choices(as_spots, judge))
     if trained is None:
         raise PlacementError("BDA fails on the current placement and inss has no trained policy (tritonctl train)")
-    candidates, offered = [], sum(d.rate for d in demands)
+    candidates, offered, theirs = [], sum(d.rate for d in demands), judge(as_spots)
+    proposal, mine = None, None  # the actor's best so far (the first of equals: the greedy one where it ties)
     for candidate in proposals(trained, current, demands, devices, lm):
         candidates.append(candidate)
-        if _served(judge(candidate)) >= offered - judge.quantum:
+        judged = judge.beats(candidate, theirs if mine is None else mine)  # None: cannot beat the best so far
+        if judged is not None and (mine is None or judged.score < mine.score):
+            proposal, mine = candidate, judged
+        if mine is not None and _served(mine) >= offered - judge.quantum:
             break  # serves every request within its SLO: no proposal serves more
-    proposal = min(candidates, key=lambda p: judge(p).score)  # the first of equals: the greedy one where it ties
-    mine, theirs = judge(proposal), judge(as_spots)
-    if theirs.score < mine.score:
+    if mine is None:
+        why = (
+            f"none of the actor's {len(candidates)} placements is predicted to serve as many requests within the "
+            f"SLOs as the current one ({_served(theirs):,.1f}/s): the current one is kept"
+        )
+        placement, source = as_spots, "current"
+    elif theirs.score < mine.score:
         why = (
             f"the actor's best placement is predicted to serve {_served(mine):,.1f} requests/s within the SLOs, "
             f"the current one {_served(theirs):,.1f}: the current one is kept"

@@ -418,28 +418,51 @@ class Judge:
             out[key] = d if count[d.name] == 1 else Demand(d.name, d.slo_ms, d.rate / count[d.name], d.memory_mb)
         return out
 
+    def beats(self, placement: Placement, best: Judged) -> Judged | None:
+        """The placement's judgement, or None where it cannot score better than `best`: judged device by device,
+        it is given up once its goodput with every device not yet judged serving its whole rate ranks below
+        `best`'s (the score's first term)."""
+        key = tuple(sorted(placement.items()))
+        if key in self._judged:
+            return self._judged[key]
+        pieces = self.pieces(placement)
+        unjudged, served = sum(d.rate for d in pieces.values()), 0.0
+        for device, members, turns, spots in self._groups(placement, pieces):
+            outcome = self._device(device, spots, turns)
+            for k in members:
+                unjudged -= pieces[k].rate
+                served += outcome.served[model_of(k)]
+            if -round((served + unjudged) / self.quantum) > best.score[0]:
+                return None
+        return self(placement)
+
+    def _groups(self, placement: Placement, pieces: dict[str, Demand]):
+        """Per device, its split members and then those taking turns: (device, member keys, taking turns, their
+        (demand, spot) pairs)."""
+        for device in self.devices:
+            keys = [k for k in pieces if placement[k].device == device.id]
+            for turns in (False, True):
+                members = [k for k in keys if (placement[k].share == TURNS) == turns]
+                if members:
+                    yield device, members, turns, tuple((pieces[k], placement[k]) for k in members)
+
     def _judge(self, placement: Placement) -> Judged:
         pieces = self.pieces(placement)
         batches: dict[str, int] = {}
         served, in_turn, throughputs = {d.name: 0.0 for d in self.demands}, {d.name: 0.0 for d in self.demands}, {}
         turn_capacities, taking_turns = [], {}
-        for device in self.devices:
-            keys = [k for k in pieces if placement[k].device == device.id]
-            for turns in (False, True):
-                members = [k for k in keys if (placement[k].share == TURNS) == turns]
-                if not members:
-                    continue
-                outcome = self._device(device, tuple((pieces[k], placement[k]) for k in members), turns)
-                for k in members:
-                    name = model_of(k)
-                    batches[k] = outcome.batches[name]
-                    served[name] += outcome.served[name]
-                    in_turn[name] += outcome.in_turn[name]
-                    if not turns:
-                        throughputs[k] = outcome.throughput[name]
-                if turns:
-                    taking_turns[device.id] = (tuple((pieces[k], placement[k].copies) for k in members), outcome.turns)
-                    turn_capacities.append(outcome.turns.capacity)
+        for device, members, turns, spots in self._groups(placement, pieces):
+            outcome = self._device(device, spots, turns)
+            for k in members:
+                name = model_of(k)
+                batches[k] = outcome.batches[name]
+                served[name] += outcome.served[name]
+                in_turn[name] += outcome.in_turn[name]
+                if not turns:
+                    throughputs[k] = outcome.throughput[name]
+            if turns:
+                taking_turns[device.id] = (tuple((pieces[k], placement[k].copies) for k in members), outcome.turns)
+                turn_capacities.append(outcome.turns.capacity)
         capacity = sum([*(throughputs[k] for k in pieces if k in throughputs), *turn_capacities])  # sum b / t_inf
         # an instance more costs memory and CPU the latency model does not see: only goodput pays for one
         instances = sum(spot.copies for spot in placement.values())
