@@ -170,12 +170,14 @@ def test_search_leaves_no_plateau_where_a_heavy_model_is_served_partly():
             assert task_latency(d.rate, c.batch, lm.t_inf(d.name, c.batch, c.share, others)).p99_ms <= d.slo_ms
 
 
-def test_search_adds_a_replica_where_one_instance_queues_past_the_slo_and_only_there():
-    """Measured CPU demo model on its 2 cores: at 0.7x the demo's rates one 1-thread ResNet18 instance (the
-    hand-written structure) queues past its 120 ms SLO at p99; two replicas taking turns, each with half the
-    requests, keep it. At 0.1x every model keeps one instance: a replica costs what the model does not see."""
+@pytest.mark.parametrize("cores", [2.0, 1.96], ids=["2 cores", "1.96 cores left by reservations"])
+def test_search_adds_a_replica_where_one_instance_queues_past_the_slo_and_only_there(cores):
+    """Measured CPU demo model on its 2 cores (or what reservations leave of them): at 0.7x the demo's rates one
+    1-thread ResNet18 instance (the hand-written structure) queues past its 120 ms SLO at p99; two replicas
+    taking turns, each with half the requests, keep it. At 0.1x every model keeps one instance: a replica costs
+    what the model does not see."""
     lm = load_latency_model(Path(__file__).resolve().parent.parent / "profiles" / "cpu-demo" / "latency-model.json")
-    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0)
+    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=round(50 * cores), cores=cores)
 
     def demo(scale: float) -> list[Demand]:
         return [Demand("mobilenet_v2", 60, 10 * scale, 150), Demand("mnasnet", 60, 10 * scale, 150),

@@ -57,6 +57,7 @@ from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import Scans, batch_checks, bda, corunners, with_batches
 from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.policies.timesharing import Turns, time_sharing, turn_choices, turn_outcome
+from tritonctl.shares import threads_for_cores
 
 STEP = 5  # share grid, in units
 MOVES = (STEP, 2 * STEP, 5 * STEP)  # share moved between two models at a time: large steps jump over plateaus
@@ -112,9 +113,10 @@ def canonical(placement: Placement, devices: list[Device]) -> Placement:
 
 
 def max_copies(device: Device) -> int:
-    """Instances of one model that may take turns with `device`: one a core on a CPU, one on a GPU (whose turns
-    run one after another, so a second instance adds nothing)."""
-    return 1 if device.kind != "cpu" else max(1, min(MAX_COPIES, int(device.cores or 1)))
+    """Instances of one model that may take turns with `device`: one a core on a CPU, its cores rounded as a
+    share's threads are (1.96 cores left by reservations still run two), one on a GPU (whose turns run one
+    after another, so a second instance adds nothing)."""
+    return 1 if device.kind != "cpu" else min(MAX_COPIES, threads_for_cores(device.cores or 1))
 
 
 def _split(names: list[str], weights: dict[str, float], units: int, floor: dict[str, int]) -> dict[str, int] | None:
