@@ -26,8 +26,10 @@ open-loop Poisson) with every tool in turn, never two at once. Printed and writt
 DIR/results.json and DIR/summary.md: per model offered and answered rate, p50/p95/p99, share
 of requests within the SLO; per deployment and tool the capacity (the highest scale at which
 every model has at least 99% of its requests answered within its SLO: its p99 counting a
-refused or unanswered request as late), goodput at each scale, and at 1x the plan's predicted
-p99s (by eq. 2 and simulated) beside the measured one. During the 1x run under perf_analyzer,
+refused or unanswered request as late, and a model the plan leaves out as never answered),
+goodput at each scale, and at 1x the plan's predicted p99s (by eq. 2 and simulated) beside
+the measured one. A re-planned deployment is loaded at each scale with the models its plan
+for that scale serves. During the 1x run under perf_analyzer,
 every process's CPU time is read from /proc (DIR/cpu-<deployment>.txt). Run it on a quiet
 machine; it says which CPU.
 """
@@ -99,6 +101,18 @@ def row(deployment: str, tool: str, scale: float, r: LoadResult, predicted: Pred
     )  # fmt: skip
 
 
+def unserved_rows(deployment: str, tools: list[str], scale: float, cluster: Cluster, served: set[str]) -> list[Row]:
+    """The cluster's models the plan left out (the planner found no placement serving them): offered, never
+    answered, the scale not served (`failed` -2)."""
+    nan = float("nan")
+    return [
+        Row(deployment, tool, scale, m.name, m.slo_ms, m.rate * scale, 0.0, 0.0, nan, nan, nan, 0.0, -2, None)
+        for tool in tools
+        for m in cluster.spec.models
+        if m.name not in served
+    ]
+
+
 def stopped_row(deployment: str, scale: float, target: Endpoint, predicted: Predicted) -> Row:
     """A perf_analyzer run that stopped (at a refused request, or failed): nothing measured, the scale not served."""
     nan = float("nan")
@@ -158,11 +172,17 @@ def deployed(name: str, plan_path: Path, folder: Path) -> Iterator[list[Endpoint
         return
     assert tritonctl(["apply", str(plan_path), "--accept-misses"]) == 0
     try:
-        loaded = load_plan(plan_path)
-        targets = endpoints(loaded.plan)
-        yield straight_to_instances(targets, loaded.state_dir) if name.endswith("-direct") else targets
+        yield targets_of(name, plan_path)
     finally:
         tritonctl(["down", str(plan_path)])
+
+
+def targets_of(name: str, plan_path: Path) -> list[Endpoint]:
+    """What the load generators send to for an applied plan: its models' addresses (the instances' own with
+    `-direct`)."""
+    loaded = load_plan(plan_path)
+    targets = endpoints(loaded.plan)
+    return straight_to_instances(targets, loaded.state_dir) if name.endswith("-direct") else targets
 
 
 def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, scale: float = 1.0) -> Path:
@@ -317,6 +337,7 @@ def main() -> None:
     if args.add:
         earlier = json.loads((args.out / "results.json").read_text())
         rows = [Row(**r) for r in earlier if r["deployment"] not in args.deployments]
+    cluster = load_cluster(args.cluster)
     for name in args.deployments:
         plan_path = plan_for("naive" if name == "handwritten" else name, args.cluster, args.latency_model, args.out)
         predicted = predicted_p99(plan_path) if name != "handwritten" else {}
@@ -328,8 +349,10 @@ def main() -> None:
                     scaled = plan_for(name, args.cluster, args.latency_model, args.out, scale)
                     assert tritonctl(["apply", str(scaled), "--accept-misses"]) == 0
                     predicted = predicted_p99(scaled)
+                    targets = [replace(t, rate=t.rate / scale) for t in targets_of(name, scaled)]
                 for tool in args.tools:
                     rows += run_once(name, tool, scale, targets, predicted, args, pa, folder)
+                rows += unserved_rows(name, args.tools, scale, cluster, {t.model for t in targets})
         (args.out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     text = summary(rows, cpu, list(dict.fromkeys([*later_runs(args.out), *args.deployments])) if args.add else [])
     (args.out / "summary.md").write_text(text)
