@@ -438,7 +438,9 @@ class Judge:
                 return None
         return self(placement)
 
-    def _groups(self, placement: Placement, pieces: dict[str, Demand]):
+    def _groups(
+        self, placement: Placement, pieces: dict[str, Demand]
+    ) -> Iterator[tuple[Device, list[str], bool, tuple[tuple[Demand, Spot], ...]]]:
         """Per device, its split members and then those taking turns: (device, member keys, taking turns, their
         (demand, spot) pairs)."""
         for device in self.devices:
