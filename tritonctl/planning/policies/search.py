@@ -422,14 +422,15 @@ class Judge:
 
     def beats(self, placement: Placement, best: Judged) -> Judged | None:
         """The placement's judgement, or None where it cannot score better than `best`: judged device by device,
-        it is given up once its goodput with every device not yet judged serving its whole rate ranks below
-        `best`'s (the score's first term)."""
+        those with the most requests first (where most can be lost), it is given up once its goodput with every
+        device not yet judged serving its whole rate ranks below `best`'s (the score's first term)."""
         key = tuple(sorted(placement.items()))
         if key in self._judged:
             return self._judged[key]
         pieces = self.pieces(placement)
         unjudged, served = sum(d.rate for d in pieces.values()), 0.0
-        for device, members, turns, spots in self._groups(placement, pieces):
+        groups = sorted(self._groups(placement, pieces), key=lambda g: -sum(d.rate for d, _ in g[3]))
+        for device, members, turns, spots in groups:
             outcome = self._device(device, spots, turns)
             for k in members:
                 unjudged -= pieces[k].rate
