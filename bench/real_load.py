@@ -349,6 +349,7 @@ def main() -> None:
                     scaled = plan_for(name, args.cluster, args.latency_model, args.out, scale)
                     assert tritonctl(["apply", str(scaled), "--accept-misses"]) == 0
                     predicted = predicted_p99(scaled)
+                    # what this scale's plan serves, at 1x rates (the load scales them)
                     targets = [replace(t, rate=t.rate / scale) for t in targets_of(name, scaled)]
                 for tool in args.tools:
                     rows += run_once(name, tool, scale, targets, predicted, args, pa, folder)
