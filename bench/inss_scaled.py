@@ -79,10 +79,10 @@ SETUPS = {  # name: (models, devices, load)
 }
 
 
-def measure_ms(path: Path, batch: int, repeats: int) -> float:
-    """Median latency of one batch in onnxruntime on 2 threads, after a warm-up run."""
+def measure_ms(path: Path, batch: int, repeats: int, threads: int = 2) -> float:
+    """Median latency of one batch in onnxruntime on `threads` threads, after a warm-up run."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)

@@ -4,10 +4,11 @@
 
 Each cluster takes 3 to 6 models of the pool (torchvision architectures with seeded random weights, all
 light enough for a 2-core CPU), exported to ONNX by tritonctl. Each model's batch-1 latency alone on the
-CPU is measured here with onnxruntime (the median of 20 runs on 2 threads, `inss_scaled.measure_ms`);
-its SLO is drawn at 8-20x that (`SLO_TIMES`), and the rates put a load of 0.3-1.0 on the machine (the
-CPU-seconds per second its requests take at that latency, split between the models by a flat Dirichlet
-draw). The draws are seeded; the cluster files, a table of what was drawn and `pool.yaml` (the whole
+CPU is measured here with onnxruntime (the median of 20 runs, `inss_scaled.measure_ms`), on 2 threads and
+on 1; its SLO is drawn at 8-20x the 2-thread time (`SLO_TIMES`), and the rates put a load of 0.3-1.0 on
+the machine's cores: the CPU-seconds per second the requests take at their 1-thread time (what one
+inference costs a core, not counting the server around it), divided by the cores and split between the
+models by a flat Dirichlet draw. The draws are seeded; the cluster files, a table of what was drawn and `pool.yaml` (the whole
 pool, exported) go to DIR. Profile each cluster from scratch before planning it (`tritonctl profile`,
 `tritonctl fit`), then measure it with bench/real_load.py.
 """
@@ -23,6 +24,7 @@ import yaml
 from inss_scaled import measure_ms
 
 from tritonctl.export import materialize
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.spec import load_cluster
 
 POOL = (
@@ -42,16 +44,19 @@ REPO = Path(__file__).resolve().parent.parent
 SLO_TIMES = (8, 20)
 
 
-def draw(pool: list[str], measured: dict[str, float], rng: np.random.Generator) -> tuple[list[dict], float]:
-    """Models, SLOs and rates of one cluster; returns its models and the load they put on the machine."""
+def draw(
+    pool: list[str], two: dict[str, float], one: dict[str, float], cores: int, rng: np.random.Generator
+) -> tuple[list[dict], float]:
+    """Models, SLOs and rates of one cluster from each model's batch-1 time on two threads and on one (ms);
+    returns its models and the load they put on the machine's `cores`."""
     k = int(rng.integers(3, min(6, len(pool)) + 1))
     chosen = [pool[i] for i in sorted(rng.choice(len(pool), size=k, replace=False))]
     load = float(rng.uniform(0.3, 1.0))
     split = rng.dirichlet(np.ones(k))
     models = []
     for name, part in zip(chosen, split, strict=True):
-        slo = round(float(rng.uniform(*SLO_TIMES)) * measured[name])
-        rate = max(0.5, round(1000 * load * float(part) / measured[name], 1))
+        slo = round(float(rng.uniform(*SLO_TIMES)) * two[name])
+        rate = max(0.5, round(1000 * cores * load * float(part) / one[name], 1))
         models.append({"name": name, "source": name, "input": {"shape": [3, 224, 224]}, "slo_ms": slo, "rate": rate})
     return models, load
 
@@ -83,18 +88,20 @@ def main() -> None:
     pool = [{"name": n, "source": n, "input": {"shape": [3, 224, 224]}, "slo_ms": 1000, "rate": 1} for n in args.pool]
     (args.out / "pool.yaml").write_text(yaml.safe_dump(cluster_file("pool", pool, args.out, args.base_port - 10)))
     artifacts = materialize(load_cluster(args.out / "pool.yaml"))
-    measured = {name: measure_ms(artifacts[name].path, batch=1, repeats=20) for name in args.pool}
+    two, one = ({n: measure_ms(artifacts[n].path, 1, 20, threads=k) for n in args.pool} for k in (2, 1))
+    cores = os.cpu_count() or 1
     rng = np.random.default_rng(args.seed)
     lines = [
-        "Batch-1 latency alone, onnxruntime on 2 threads (ms): "
-        + ", ".join(f"{n} {t:.1f}" for n, t in measured.items()),
+        f"CPU: {cpu_fingerprint()['model']} (id {cpu_fingerprint()['id']}), {cores} cores",
+        "Batch-1 latency alone, onnxruntime on 2 / 1 threads (ms): "
+        + ", ".join(f"{n} {two[n]:.1f} / {one[n]:.1f}" for n in args.pool),
         "",
         "| cluster | load | models (SLO ms, req/s) |",
         "|---|---|---|",
     ]
     for i in range(args.count):
         name = f"random-{args.seed}-{i}"
-        models, load = draw(args.pool, measured, rng)
+        models, load = draw(args.pool, two, one, cores, rng)
         (args.out / f"{name}.yaml").write_text(
             "# Drawn by bench/random_clusters.py (seeded): not tuned by hand.\n"
             + yaml.safe_dump(cluster_file(name, models, args.out, args.base_port + 10 * i), sort_keys=False)
