@@ -263,18 +263,23 @@ def summary(rows: list[Row], cpu: str, added: list[str]) -> str:
             lines.append(
                 f"| {deployment} | {tool} | {capacity(rows, deployment, tool):g} | " + " | ".join(goods) + " |"
             )
+    models = list(dict.fromkeys(r.model for r in rows))
     lines += ["", "Per model at 1x: p99 ms measured (predicted by eq. 2 / simulated), % in SLO", "",
-              "| deployment | tool | " + " | ".join(dict.fromkeys(r.model for r in rows)) + " |",
-              "|" + "---|" * (2 + len(dict.fromkeys(r.model for r in rows)))]  # fmt: skip
+              "| deployment | tool | " + " | ".join(models) + " |", "|" + "---|" * (2 + len(models))]  # fmt: skip
     for deployment in dict.fromkeys(r.deployment for r in rows):
         for tool in dict.fromkeys(r.tool for r in rows):
-            cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, 1.0)]
-            text = [f"{r.p99_ms:.0f} ({_ms(r.predicted_p99_ms)} / {_ms(r.simulated_p99_ms)}) {100 * r.in_slo:.0f}%"
-                    if r.predicted_p99_ms or r.simulated_p99_ms else f"{r.p99_ms:.0f} {100 * r.in_slo:.0f}%"
-                    for r in cells]  # fmt: skip
+            cells = {r.model: r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, 1.0)}
+            text = [_cell(cells[m]) if m in cells else "-" for m in models]
             if cells:
                 lines.append(f"| {deployment} | {tool} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(r: Row) -> str:
+    measured = f"{r.p99_ms:.0f} {100 * r.in_slo:.0f}%"
+    if r.predicted_p99_ms or r.simulated_p99_ms:
+        return measured.replace(" ", f" ({_ms(r.predicted_p99_ms)} / {_ms(r.simulated_p99_ms)}) ", 1)
+    return measured
 
 
 def _ms(value: float | None) -> str:
