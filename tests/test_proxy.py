@@ -3,6 +3,7 @@ against real Triton (per-request weights, hostile clients, a missing binary)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -209,6 +210,33 @@ def test_replicas_of_equal_weight_go_to_the_least_busy_and_the_change_reloads_th
             _infer(client)
     served = {name: _successes(r.metrics_port) - before[name] for name, r in records.items()}
     assert sum(served.values()) == 200 and abs(served["alpha-1"] / 200 - 0.5) <= 0.1, served
+
+
+@pytest.mark.triton
+def test_haproxy_runs_in_a_cgroup_of_the_largest_weight_removed_by_down(tmp_path):
+    """Every request passes through HAProxy: it must not wait behind instances weighed by their SLOs."""
+    from tritonctl.deploy import share
+    from tritonctl.shares import MAX_WEIGHT
+
+    if share.mechanism() == "none":
+        pytest.skip("no writable cgroup on this machine")
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    assert main(["apply", str(plan)]) == 0
+    try:
+        record = json.loads((load_plan(plan).state_dir / PROXY_FILE).read_text())
+        group = Path(record["cgroup"])
+        worker = subprocess.run(["pgrep", "-P", str(record["pid"])], capture_output=True, text=True).stdout.split()
+        assert {record["pid"], *map(int, worker)} <= share.members(group) and worker
+        weight = group / "cpu.weight"
+        assert (weight.read_text() if weight.exists() else (group / "cpu.shares").read_text()).strip() in {
+            str(MAX_WEIGHT),
+            str(round(MAX_WEIGHT * 10.24)),
+        }
+    finally:
+        assert main(["down", str(plan)]) == 0
+    assert not group.exists()
 
 
 def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts(tmp_path, capsys):

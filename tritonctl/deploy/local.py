@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import secrets
@@ -49,6 +50,7 @@ from tritonctl.deploy.state import control_key
 from tritonctl.errors import TritonctlError
 from tritonctl.files import write_json_atomic
 from tritonctl.planning.plan import LoadedPlan
+from tritonctl.shares import MAX_WEIGHT
 from tritonctl.triton.binary import TritonBinary
 from tritonctl.triton.render import Launch
 
@@ -402,13 +404,15 @@ class LocalRuntime:
         metrics_port = free_port(LOOPBACK)
         config = self._write_routes(routes, host, metrics_port)
         log_path = self.state_dir / "logs" / "haproxy.log"
+        group = self._proxy_group()
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
-                [haproxy_binary(), "-W", "-db", "-f", str(config)],
+                share.joining(group, [haproxy_binary(), "-W", "-db", "-f", str(config)]),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         stat = _proc_stat(proc.pid)
         rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "metrics_port": metrics_port}
+        rec["cgroup"] = None if group is None else str(group)
         deadline = time.monotonic() + 10
         while not self._api.answers():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -417,6 +421,16 @@ class LocalRuntime:
             time.sleep(0.05)
         write_json_atomic(self.state_dir / PROXY_FILE, rec)
         return rec
+
+    def _proxy_group(self) -> Path | None:
+        """HAProxy's own cgroup, of the largest CPU weight (None where cgroups are not writable). Every request
+        passes through it, so it must not wait behind the instances it feeds: at the default weight, beside
+        instances weighed by their SLOs, a request's relay stalled for milliseconds whenever the cores were busy."""
+        name = "haproxy." + hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
+        try:
+            return share.create(name, None, None, MAX_WEIGHT)
+        except OSError:
+            return None
 
     def _reload_proxy(self, rec: dict, routes: Routes) -> None:
         """Rewrite the configuration for a new set of model ports and reload (the old worker finishes its requests)."""
@@ -489,6 +503,8 @@ class LocalRuntime:
             for kill in (os.kill, os.killpg):  # the master, then its group (its worker)
                 with contextlib.suppress(ProcessLookupError):
                     kill(rec["pid"], signal.SIGKILL)
+        if rec.get("cgroup"):
+            share.remove(Path(rec["cgroup"]))
 
     def shutdown(self) -> None:
         """Stop HAProxy (after `down` closed every route): SIGTERM, SIGKILL to its group after 5 s; then the MPS

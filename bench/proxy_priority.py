@@ -1,0 +1,102 @@
+"""Does HAProxy's CPU weight matter? One plan, loaded with HAProxy at the largest cgroup weight (as `apply`
+starts it), at the kernel's default weight, and bypassed (straight at the instances), in turn.
+
+    python bench/proxy_priority.py CLUSTER --latency-model LM --out DIR [--scale 0.75] [--rounds 3]
+        [--duration 20] [--tools perf_analyzer tritonctl]
+
+Plans the cluster at its rates x `--scale` with `search` (as real_load.py's `best-replan`), applies it,
+then runs `--rounds` rounds; in each, every path is loaded in turn by every tool (open-loop Poisson, all
+models at once), HAProxy's cgroup weight set just before its runs. Per path, tool and model: p99 and the
+share of requests within the SLO, each round, to DIR/results.json and DIR/summary.md. Needs writable
+cgroups (root); run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from real_load import plan_for, run_once, targets_of
+
+from tritonctl.cli import main as tritonctl
+from tritonctl.deploy import share
+from tritonctl.deploy.local import PROXY_FILE
+from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.planning.plan import load_plan
+from tritonctl.shares import MAX_WEIGHT
+from tritonctl.triton.perf_analyzer import find_perf_analyzer
+
+DEFAULT_WEIGHT = 100  # cgroup v2's default cpu.weight (v1: cpu.shares 1024)
+PATHS = {"haproxy-max": MAX_WEIGHT, "haproxy-default": DEFAULT_WEIGHT, "direct": None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cluster", type=Path)
+    parser.add_argument("--latency-model", type=Path, required=True, help="profiled on this CPU")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scale", type=float, default=0.75, help="the cluster's rates times this")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
+    parser.add_argument("--tools", nargs="+", default=["perf_analyzer", "tritonctl"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = Path(tempfile.mkdtemp(prefix="proxy-priority."))  # perf_analyzer's logs and exports: not kept
+    cpu = cpu_fingerprint()
+    print(f"CPU: {cpu['model']} (id {cpu['id']})")
+    pa = find_perf_analyzer() if "perf_analyzer" in args.tools else None
+    plan_path = plan_for("best", args.cluster, args.latency_model, args.out, args.scale)
+    assert tritonctl(["apply", str(plan_path), "--accept-misses"]) == 0
+    rows = []
+    try:
+        record = json.loads((load_plan(plan_path).state_dir / PROXY_FILE).read_text())
+        if not record.get("cgroup"):
+            raise SystemExit("HAProxy runs outside a cgroup here (cgroups not writable): nothing to compare")
+        group = Path(record["cgroup"])
+        for rnd in range(args.rounds):
+            for name, weight in PATHS.items():
+                if weight is not None:
+                    share.set_weight(group, weight)
+                targets = targets_of("best-direct" if weight is None else "best", plan_path)
+                targets = [replace(t, rate=t.rate / args.scale) for t in targets]  # the load scales them again
+                for tool in args.tools:
+                    for r in run_once(name, tool, args.scale, targets, {}, args, pa, raw):
+                        rows.append({**asdict(r), "round": rnd})
+    finally:
+        tritonctl(["down", str(plan_path)])
+        shutil.rmtree(raw, ignore_errors=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "summary.md").write_text(summary(rows, f"{cpu['model']} (id {cpu['id']})", args))
+    print((args.out / "summary.md").read_text())
+
+
+def summary(rows: list[dict], cpu: str, args) -> str:
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    lines = [
+        f"CPU: {cpu}; {args.cluster.name} at {args.scale:g}x its rates, {args.rounds} rounds of {args.duration:g} s",
+        "",
+        "Per model: p99 ms (median over the rounds, each round's in brackets), % within the SLO over all rounds",
+        "",
+        "| path | tool | " + " | ".join(models) + " |",
+        "|" + "---|" * (2 + len(models)),
+    ]
+    for name in PATHS:
+        for tool in args.tools:
+            cells = []
+            for m in models:
+                mine = [r for r in rows if (r["deployment"], r["tool"], r["model"]) == (name, tool, m)]
+                p99s = [r["p99_ms"] for r in mine]
+                within = sum(r["in_slo"] * r["offered_rps"] for r in mine) / sum(r["offered_rps"] for r in mine)
+                rounds = ", ".join(f"{p:.0f}" for p in p99s)
+                cells.append(f"{statistics.median(p99s):.1f} ({rounds}) {100 * within:.1f}%")
+            lines.append(f"| {name} | {tool} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
