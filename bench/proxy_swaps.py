@@ -1,9 +1,11 @@
 """Consecutive shadow swaps through HAProxy while perf_analyzer loads every model.
 
-    python bench/proxy_swaps.py [--swaps 20] [--rate-scale 0.15] [-o bench/results/proxy-swaps]
+    python bench/proxy_swaps.py [--swaps 20] [--rate-scale 0.15] [--latency-model LM] [--swap-seconds 6]
+        [-o bench/results/proxy-swaps]
 
-The CPU demo cluster at `--rate-scale` times its rates (0.15: what the demo serves on a 2-vCPU
-Intel Xeon) is planned with `spread` and applied (own ports and state). NVIDIA perf_analyzer
+The CPU demo cluster at `--rate-scale` times its rates (0.15: what `spread` serves on a 2-vCPU
+Intel Xeon) is planned with `spread`, or with `search` given a latency model of this CPU (the
+one `make demo` calibrates serves the demo's own rates), and applied (own ports and state). NVIDIA perf_analyzer
 (or tritonctl's client, `--tool tritonctl`) then sends Poisson traffic to every model at once
 while `--swaps` applies alternate MobileNetV2's share between two values, each a shadow swap:
 a new Triton process starts and warms, HAProxy adds it, drains the old one and deletes it, the
@@ -28,6 +30,7 @@ from tritonctl.deploy.local import LocalRuntime
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import load_plan, save_plan
 from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
@@ -46,6 +49,10 @@ def main() -> None:
     parser.add_argument("--rate-scale", type=float, default=0.15, help="times the demo's rates (default 0.15)")
     parser.add_argument("--base-port", type=int, default=8600, help="first model port (default 8600)")
     parser.add_argument("--tool", choices=["perf_analyzer", "tritonctl"], default="perf_analyzer", help="load")
+    parser.add_argument(
+        "--swap-seconds", type=float, default=SWAP_S, help=f"traffic allowed per swap (default {SWAP_S:g})"
+    )
+    parser.add_argument("--latency-model", type=Path, help="plan with `search` on this latency model (default: spread)")
     parser.add_argument("-o", "--out", type=Path, default=REPO / "bench" / "results" / "proxy-swaps")
     args = parser.parse_args()
     cluster = (
@@ -54,12 +61,21 @@ def main() -> None:
         .with_runtime(base_port=args.base_port, state_dir=str(WORK / "state"))
     )
     base = WORK / "plan.yaml"
-    save_plan(make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", base, None), base)
+    lm = load_latency_model(args.latency_model) if args.latency_model else None
+    policy = "spread" if lm is None else "search"
+    save_plan(make_plan(cluster, materialize(cluster, log=lambda _: None), policy, base, lm, log=lambda _: None), base)
     data = yaml.safe_load(base.read_text())
     share = data["models"][0]["placements"][0]["share"]
+    taken_in_turns = share == data["devices"][0]["units"]  # then every instance has the whole device
     variants = []
     for i, value in enumerate((share - 2, share)):
-        data["models"][0]["placements"][0]["share"] = value
+        if taken_in_turns:  # the device shrinks by two units, so each instance taking turns is swapped
+            data["devices"][0]["units"] = value
+            for model in data["models"]:
+                for placement in model["placements"]:
+                    placement["share"] = value
+        else:
+            data["models"][0]["placements"][0]["share"] = value
         variants.append(base.with_name(f"plan-{i}.yaml"))
         variants[-1].write_text(yaml.safe_dump(data, sort_keys=False))
     loaded = load_plan(base)
@@ -68,7 +84,7 @@ def main() -> None:
     apply_plan(loaded, runtime, log=lambda _: None)
     took: list[float] = []
     try:
-        duration = 2 * LEAD_S + SWAP_S * (args.swaps or 20)  # the baseline runs as long as 20 swaps
+        duration = 2 * LEAD_S + args.swap_seconds * (args.swaps or 20)  # the baseline runs as long as 20 swaps
         results: list = []
         failed: list[str] = []
         targets = endpoints(loaded.plan)
@@ -85,13 +101,15 @@ def main() -> None:
 
         load = threading.Thread(target=send)
         load.start()
+        started = time.monotonic()
         time.sleep(LEAD_S)
         for i in range(args.swaps):
             began = time.monotonic()
             apply_plan(load_plan(variants[i % 2]), runtime, log=lambda _: None)
             took.append(time.monotonic() - began)
             print(f"swap {i + 1}: {took[-1]:.1f} s", flush=True)
-            time.sleep(max(0.0, SWAP_S - took[-1]))
+            time.sleep(max(0.0, args.swap_seconds - took[-1]))
+        outlasted = time.monotonic() - started > duration  # the last swap ended after the traffic
         load.join()
         at_proxy = scrape_proxy(runtime.proxy_metrics_url()) or {}  # HAProxy's own count, whatever the client says
     finally:
@@ -106,16 +124,20 @@ def main() -> None:
         if args.swaps
         else f"# The same traffic, no swap ({args.tool})",
         "",
-        f"`python bench/proxy_swaps.py --swaps {args.swaps} --rate-scale {args.rate_scale:g} --tool {args.tool}` on "
-        f"{cpu_fingerprint()['model']}: the demo cluster at {args.rate_scale:g}x its rates, `spread` plan; "
-        f"MobileNetV2's share alternating {share - 2} / {share} units.",
+        f"`python bench/proxy_swaps.py --swaps {args.swaps} --rate-scale {args.rate_scale:g} --tool {args.tool}"
+        + (f" --latency-model {args.latency_model}` on " if lm else "` on ")
+        + f"{cpu_fingerprint()['model']} (id {cpu_fingerprint()['id']}): the demo cluster at {args.rate_scale:g}x "
+        f"its rates, `{policy}` plan; "
+        + ("the device taken in turns (every instance's share)" if taken_in_turns else "MobileNetV2's share")
+        + f" alternating {share - 2} / {share} units.",
         "",
         (
             f"{len(took)} swaps, {min(took):.1f}-{max(took):.1f} s each (median {sorted(took)[len(took) // 2]:.1f} s), "
             if took
             else "No swap (the baseline), "
         )
-        + f"during {duration:.0f} s of {args.tool}'s traffic:",
+        + f"during {duration:.0f} s of {args.tool}'s traffic"
+        + (" (the swaps outlasted it: raise --swap-seconds):" if outlasted else ":"),
         "",
         "```",
         table,
