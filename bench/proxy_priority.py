@@ -18,7 +18,7 @@ import json
 import shutil
 import statistics
 import tempfile
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from real_load import plan_for, run_once, targets_of
@@ -62,8 +62,7 @@ def main() -> None:
             for name, weight in PATHS.items():
                 if weight is not None:
                     share.set_weight(group, weight)
-                targets = targets_of("best-direct" if weight is None else "best", plan_path)
-                targets = [replace(t, rate=t.rate / args.scale) for t in targets]  # the load scales them again
+                targets = targets_of("best-direct" if weight is None else "best", plan_path, args.scale)
                 for tool in args.tools:
                     for r in run_once(name, tool, args.scale, targets, {}, args, pa, raw):
                         rows.append({**asdict(r), "round": rnd})

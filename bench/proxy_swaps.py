@@ -126,7 +126,8 @@ def main() -> None:
         "",
         f"`python bench/proxy_swaps.py --swaps {args.swaps} --rate-scale {args.rate_scale:g} --tool {args.tool}"
         + (f" --latency-model {args.latency_model}` on " if lm else "` on ")
-        + f"{cpu_fingerprint()['model']} (id {cpu_fingerprint()['id']}): the demo cluster at {args.rate_scale:g}x "
+        + "{model} (id {id}): ".format(**cpu_fingerprint())
+        + f"the demo cluster at {args.rate_scale:g}x "
         f"its rates, `{policy}` plan; "
         + ("the device taken in turns (every instance's share)" if taken_in_turns else "MobileNetV2's share")
         + f" alternating {share - 2} / {share} units.",

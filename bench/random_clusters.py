@@ -102,8 +102,9 @@ def main() -> None:
     cores = os.cpu_count() or 1
     cost, over = (one, cores) if args.load_threads == 1 else (two, 1)
     rng = np.random.default_rng(args.seed)
+    cpu = cpu_fingerprint()
     lines = [
-        f"CPU: {cpu_fingerprint()['model']} (id {cpu_fingerprint()['id']}), {cores} cores",
+        f"CPU: {cpu['model']} (id {cpu['id']}), {cores} cores",
         "Batch-1 latency alone, onnxruntime on 2 / 1 threads (ms): "
         + ", ".join(f"{n} {two[n]:.1f} / {one[n]:.1f}" for n in args.pool),
         "",

@@ -177,11 +177,11 @@ def deployed(name: str, plan_path: Path, folder: Path) -> Iterator[list[Endpoint
         tritonctl(["down", str(plan_path)])
 
 
-def targets_of(name: str, plan_path: Path) -> list[Endpoint]:
-    """What the load generators send to for an applied plan: its models' addresses (the instances' own with
-    `-direct`)."""
+def targets_of(name: str, plan_path: Path, scale: float = 1.0) -> list[Endpoint]:
+    """What the load generators send to for an applied plan made for its cluster's rates x `scale`: its models'
+    addresses (the instances' own with `-direct`) at the cluster's 1x rates (the load scales them)."""
     loaded = load_plan(plan_path)
-    targets = endpoints(loaded.plan)
+    targets = [replace(t, rate=t.rate / scale) for t in endpoints(loaded.plan)]
     return straight_to_instances(targets, loaded.state_dir) if name.endswith("-direct") else targets
 
 
@@ -276,10 +276,9 @@ def summary(rows: list[Row], cpu: str, added: list[str]) -> str:
 
 
 def _cell(r: Row) -> str:
-    measured = f"{r.p99_ms:.0f} {100 * r.in_slo:.0f}%"
-    if r.predicted_p99_ms or r.simulated_p99_ms:
-        return measured.replace(" ", f" ({_ms(r.predicted_p99_ms)} / {_ms(r.simulated_p99_ms)}) ", 1)
-    return measured
+    known = r.predicted_p99_ms or r.simulated_p99_ms
+    predicted = f" ({_ms(r.predicted_p99_ms)} / {_ms(r.simulated_p99_ms)})" if known else ""
+    return f"{r.p99_ms:.0f}{predicted} {100 * r.in_slo:.0f}%"
 
 
 def _ms(value: float | None) -> str:
@@ -354,8 +353,7 @@ def main() -> None:
                     scaled = plan_for(name, args.cluster, args.latency_model, args.out, scale)
                     assert tritonctl(["apply", str(scaled), "--accept-misses"]) == 0
                     predicted = predicted_p99(scaled)
-                    # what this scale's plan serves, at 1x rates (the load scales them)
-                    targets = [replace(t, rate=t.rate / scale) for t in targets_of(name, scaled)]
+                    targets = targets_of(name, scaled, scale)  # what this scale's plan serves
                 for tool in args.tools:
                     rows += run_once(name, tool, scale, targets, predicted, args, pa, folder)
                 rows += unserved_rows(name, args.tools, scale, cluster, {t.model for t in targets})

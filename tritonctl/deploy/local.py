@@ -411,8 +411,8 @@ class LocalRuntime:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         stat = _proc_stat(proc.pid)
-        rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "metrics_port": metrics_port}
-        rec["cgroup"] = None if group is None else str(group)
+        rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "metrics_port": metrics_port,
+               "cgroup": None if group is None else str(group)}  # fmt: skip
         deadline = time.monotonic() + 10
         while not self._api.answers():
             if proc.poll() is not None or time.monotonic() > deadline:
