@@ -6,20 +6,24 @@ Plans the CPU demo cluster (own ports and state) with `--policy` on the committe
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
 `--rate-scale`) alternately to the models' addresses (HAProxy) and to the instances' own
 gRPC ports, `--rounds` times each, and prints p50 and p99 per model, and HAProxy's CPU
-time per request it forwarded (user + system of its master and worker, from /proc, in 10 ms
-ticks), in all and beyond what it uses idle (measured first, over `--duration` with no traffic).
+time per request it forwarded (user + system of its master and worker), in all and beyond what it
+uses idle (measured first, over `--duration` with no traffic), and the kernel's part of it (/proc's
+system time over user + system, in 10 ms ticks). With `--perf FILE`, the first round through
+HAProxy is also recorded by Linux perf (call graphs of its worker) and FILE gets where its CPU went.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import time
+from pathlib import Path
 
 from cpu_demo import CLUSTER, MODEL, REPO
 
 from tritonctl.deploy.apply import apply_plan, down
-from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, group_cpu_seconds
+from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, group_cpu_seconds, proc_stat_fields
 from tritonctl.deploy.state import straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -32,6 +36,38 @@ from tritonctl.triton.client import endpoints, run_load
 WORK = REPO / ".tritonctl" / "proxy-bench"
 
 
+def group_ticks(group: int) -> tuple[int, int]:
+    """(user, system) clock ticks used so far by every process of a process group."""
+    fields = [proc_stat_fields(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    mine = [f for f in fields if f and int(f[2]) == group]
+    return sum(int(f[11]) for f in mine), sum(int(f[12]) for f in mine)
+
+
+def worker_of(master: int) -> int:
+    """HAProxy's worker: the newest child of its master."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return max(pid for pid in pids if (f := proc_stat_fields(pid)) and int(f[1]) == master)
+
+
+def perf_record(pid: int, data: Path) -> subprocess.Popen:
+    """Linux perf sampling `pid`'s call graphs into `data` until it is interrupted."""
+    return subprocess.Popen(
+        ["perf", "record", "-F", "2000", "-g", "-p", str(pid), "-o", str(data)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def perf_summary(data: Path) -> str:
+    """Where the recorded CPU went: by binary (kernel or HAProxy), then the calls that include the most of it."""
+    report = ["perf", "report", "-i", str(data), "--stdio"]
+    by_dso = subprocess.run([*report, "--no-children", "--sort", "dso", "-g", "none"], capture_output=True, text=True)
+    by_call = subprocess.run([*report, "--children", "--sort", "sym", "-g", "none"], capture_output=True, text=True)
+    keep = [line for line in by_dso.stdout.splitlines() if "%" in line and not line.startswith("#")]
+    calls = [line for line in by_call.stdout.splitlines() if "%" in line and not line.startswith("#")][:30]
+    return "\n".join(["# by binary", *keep, "", "# calls, including what they call (top 30)", *calls]) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
@@ -39,6 +75,7 @@ def main() -> None:
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
     parser.add_argument("--policy", default="search", help="the plan to load (default search, the demo's)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
+    parser.add_argument("--perf", type=Path, help="record the first round through HAProxy with perf; summary here")
     args = parser.parse_args()
     demo = load_cluster(CLUSTER)
     cluster = demo.with_rates(lambda m: m.rate * args.rate_scale).with_runtime(
@@ -62,14 +99,23 @@ def main() -> None:
         print(f"{'round':5} {'path':7} " + " ".join(f"{e.model + ' p50/p99 ms':>26}" for e in routed))
         for round_ in range(args.rounds):
             for name, targets in (("proxy", routed), ("direct", direct)):
-                before = group_cpu_seconds(proxy)
+                before, ticks = group_cpu_seconds(proxy), group_ticks(proxy)
+                recording = name == "proxy" and round_ == 0 and args.perf
+                if recording:
+                    perf = perf_record(worker_of(proxy), WORK / "perf.data")
                 results = run_load(targets, args.duration, seed=round_)  # the plan's rates are already scaled
+                if recording:
+                    perf.send_signal(2)
+                    perf.wait()
+                    args.perf.write_text(perf_summary(WORK / "perf.data"))
                 cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
                 forwarded = sum(len(r.latencies_ms) for r in results) if name == "proxy" else 0
                 spent = group_cpu_seconds(proxy) - before
+                (user, system), (user0, system0) = group_ticks(proxy), ticks
                 used = (
                     f"  HAProxy CPU {1000 * spent / forwarded:.3f} ms/request"
-                    f" ({1000 * (spent - idle * args.duration) / forwarded:.3f} beyond idle)"
+                    f" ({1000 * (spent - idle * args.duration) / forwarded:.3f} beyond idle,"
+                    f" {100 * (system - system0) / max(1, user - user0 + system - system0):.0f}% in the kernel)"
                     if forwarded
                     else ""
                 )
