@@ -39,7 +39,7 @@ from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.planner import demands_of, devices_of
 from tritonctl.planning.policies import POLICIES, PlacementError
-from tritonctl.planning.policies.search import TURNS, Judge, Spot, climb
+from tritonctl.planning.policies.search import TURNS, Judge, Placement, Spot, climb, replica_key
 from tritonctl.spec import Cluster, load_cluster
 
 inss_module = importlib.import_module("tritonctl.planning.policies.inss")  # the package exports a function `inss`
@@ -92,6 +92,16 @@ def timed(fn):
     return out, 1000 * (time.perf_counter() - started)
 
 
+def as_placement(choices: dict) -> Placement:
+    """A policy's plan as search's placement: per model a replica a device, its instances there as copies."""
+    out = {}
+    for name, chosen in choices.items():
+        for k, device in enumerate(dict.fromkeys(c.device for c in chosen)):
+            here = [c for c in chosen if c.device == device]
+            out[replica_key(name, k)] = Spot(device, TURNS if here[0].turns else here[0].share, len(here))
+    return out
+
+
 def setup_rows(cluster: Cluster, lm_file: str, workloads: int, policy_file: Path | None) -> tuple[str, str]:
     lm = load_latency_model(REPO / lm_file)
     devices, demands = devices_of(cluster), demands_of(cluster, {}, lm)
@@ -101,7 +111,7 @@ def setup_rows(cluster: Cluster, lm_file: str, workloads: int, policy_file: Path
     chosen = decision(demands, devices, lm, trained)
     search_placement, _ = climb(demands, devices, lm)
     optimum = POLICIES["optimal"].fn(demands, devices, lm, log=lambda _: None)
-    optimal_placement = {n: Spot(c[0].device, TURNS if c[0].turns else c[0].share, len(c)) for n, c in optimum.items()}
+    optimal_placement = as_placement(optimum)
     mine, theirs = decided_served(chosen, demands, devices, lm), served(search_placement, demands, devices, lm)
     best = served(optimal_placement, demands, devices, lm)
     alone = decision(demands, devices, lm, trained, proposals=1)

@@ -5,7 +5,9 @@ what `search` predicts for its own plan.
 
 Each example with the latency model it is benchmarked with (the CPU demo with its committed
 profile, the InSS setups with the H100 profile and the SCALED CPU profile, whose setups are
-SYNTHETIC). Goodput here is what the latency model predicts (requests/s within the SLOs): the
+SYNTHETIC), at its own rates; then the H100 setups at the higher rates where `search` splits
+models into replicas across GPUs (bench/results/replicas.md), so that the optimum is seen
+with them. Goodput here is what the latency model predicts (requests/s within the SLOs): the
 solver's objective, and for both plans the sum of what `plan` predicts for each placement (the
 planner's predictions, the same for both; they differ from the solver's objective in how a
 model served whole is counted: its rate there, its share within the SLO here). Run it on a quiet
@@ -26,16 +28,25 @@ from tritonctl.spec import load_cluster
 
 solver = importlib.import_module("tritonctl.planning.policies.optimal")  # the package exports the function
 ROOT = Path(__file__).resolve().parent.parent
-SETUPS = [
-    ("examples/cpu-demo/cluster.yaml", "profiles/cpu-demo/latency-model.json"),
-    ("examples/torchvision-four/cluster.yaml", "profiles/torchvision-four/latency-model.json"),
-    *((f"examples/inss-gpu/{s}.yaml", "profiles/inss-gpu/latency-model.json") for s in ("six-4", "eight-4", "eight-5")),
-    ("examples/inss-gpu/cluster.yaml", "profiles/inss-gpu/latency-model.json"),
+GPU = "profiles/inss-gpu/latency-model.json"
+SETUPS = [  # cluster, latency model, rate scale
+    ("examples/cpu-demo/cluster.yaml", "profiles/cpu-demo/latency-model.json", 1),
+    ("examples/torchvision-four/cluster.yaml", "profiles/torchvision-four/latency-model.json", 1),
+    *((f"examples/inss-gpu/{s}.yaml", GPU, 1) for s in ("six-4", "eight-4", "eight-5")),
+    ("examples/inss-gpu/cluster.yaml", GPU, 1),
     *(
-        (f"examples/inss-scaled/{s}.yaml", "profiles/inss-scaled/latency-model.json")
+        (f"examples/inss-scaled/{s}.yaml", "profiles/inss-scaled/latency-model.json", 1)
         for s in ("six-4", "eight-4", "eight-5")
     ),
+    ("examples/inss-gpu/six-4.yaml", GPU, 1.5),
+    ("examples/inss-gpu/six-4.yaml", GPU, 3),
+    ("examples/inss-gpu/eight-5.yaml", GPU, 1.5),
 ]
+
+
+def replicas(choices: dict) -> str:
+    """The models placed on more than one device, with how many."""
+    return ", ".join(f"{n} x{len(d)}" for n, cs in choices.items() if len(d := {c.device for c in cs}) > 1)
 
 
 def main() -> None:
@@ -43,15 +54,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/optimal.md")
     parser.add_argument("--time-limit", type=float, default=solver.TIME_LIMIT_S)
     args = parser.parse_args()
+    cpu = cpu_fingerprint()
     lines = [
-        f"CPU: {cpu_fingerprint()['model']}",
+        f"CPU: {cpu['model']}, {cpu['caches'].get('L1 Data', '?')} L1d / {cpu['caches'].get('L2 Unified', '?')} L2, "
+        f"{cpu['logical_cpus']} logical CPUs, id {cpu['id']}",
         "",
-        "| cluster | latency model | models x devices | optimal goodput | bound | gap | status | solve s "
-        "| predicted goodput: optimal's plan | search's plan | search of optimal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| cluster | latency model | rates | models x devices | optimal goodput | bound | gap | status | solve s "
+        "| replicas (models split across devices) | predicted goodput: optimal's plan | search's plan "
+        "| search of optimal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for cluster_file, model_file in SETUPS:
-        cluster = load_cluster(ROOT / cluster_file)
+    for cluster_file, model_file, scale in SETUPS:
+        cluster = load_cluster(ROOT / cluster_file).with_rates(lambda m, scale=scale: m.rate * scale)
         lm = load_latency_model(ROOT / model_file)
         artifacts = materialize(cluster, log=lambda _: None)
         planned = reserve_for_requests(cluster, lm, lambda _: None, None) if cluster.kind == "cpu" else cluster
@@ -62,8 +76,9 @@ def main() -> None:
             plan = make_plan(cluster, artifacts, policy, Path("/dev/null"), lm, log=lambda _: None)
             predicted[policy] = sum(p.predicted.in_slo_rps for _, p in plan.instances())
         row = (
-            f"| {cluster_file} | {model_file} | {len(demands)} x {len(devices)} | {outcome.goodput:.2f} | "
+            f"| {cluster_file} | {model_file} | x{scale:g} | {len(demands)} x {len(devices)} | {outcome.goodput:.2f} | "
             f"{outcome.bound:.2f} | {100 * outcome.gap:.2f}% | {outcome.status} | {outcome.seconds:.1f} | "
+            f"{replicas(outcome.choices) or '-'} | "
             f"{predicted['optimal']:.2f} | {predicted['search']:.2f} | "
             f"{100 * predicted['search'] / predicted['optimal']:.1f}% |"
         )

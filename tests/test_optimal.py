@@ -9,6 +9,7 @@ import pytest
 
 from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
+from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
 from tritonctl.planning.policies.bda import bda
@@ -77,6 +78,21 @@ def test_on_two_devices_it_serves_what_one_cannot_and_keeps_each_within_its_unit
     for x in devices:
         split = [c.share for cs in two.choices.values() for c in cs if c.device == x.id and not c.turns]
         assert sum(split) <= x.units
+
+
+def test_a_model_no_device_serves_alone_is_split_into_equal_replicas_on_two(lm):
+    demand = [Demand("alpha", 40, 800, 100)]  # beyond what one device serves within 40 ms at all
+    one = solver.solve(demand, [cpu()], lm)
+    assert one.goodput == 0 and one.choices == {}
+    with pytest.raises(PlacementError, match="leaves alpha unserved"):
+        solver.optimal(demand, [cpu()], lm, log=lambda _: None)
+    devices = [cpu(), Device(id="cpu1", kind="cpu", index=1, memory_mb=4096, units=100, cores=2.0)]
+    two = solver.solve(demand, devices, lm)
+    assert two.gap == 0 and two.goodput == pytest.approx(800)
+    replicas = two.choices["alpha"]
+    assert sorted(c.device for c in replicas) == ["cpu0", "cpu1"] and {c.weight for c in replicas} == {1.0}
+    for c in replicas:  # each holds its half of the rate alone on its device (eq. 2's p99 within the SLO)
+        assert task_latency(400, c.batch, lm.t_inf("alpha", c.batch, c.share)).p99_ms <= 40
 
 
 def test_a_time_limit_reports_the_gap_instead_of_optimal():

@@ -29,8 +29,8 @@ POLICIES: dict[str, PolicyInfo] = {
     ),
     "inss": PolicyInfo(
         inss,
-        "InSS two-layer scheduler: BDA on the current placement, else a trained actor's placement (tritonctl train);"
-        " search's where neither serves every model",
+        "InSS two-layer scheduler: BDA on the current placement, else a trained actor's placement (tritonctl train),"
+        " with replicas where it serves a model short; search's where neither serves every model",
         trained=True,
         logs=True,
     ),
@@ -42,7 +42,8 @@ POLICIES: dict[str, PolicyInfo] = {
     ),
     "optimal": PolicyInfo(
         optimal,
-        "the goodput optimum over search's layouts (split on a 5-unit grid, or in turns), by an integer program",
+        "the goodput optimum over search's layouts (split on a 5-unit grid, or in turns; up to 3 replicas a model),"
+        " by an integer program",
         logs=True,
     ),
 }

@@ -10,8 +10,10 @@ predicted to serve most within the SLOs is kept (each judged device by device, a
 serve more than the best so far, the current placement at first: `search.Judge.beats`): a factorised actor
 chooses each model's device and share on its own, and a draw often mends what the greedy choices of two
 models get wrong together. The actor's placement is deployed unless the current one is predicted to serve
-more; where the one kept leaves some model unserved, search's placement is deployed instead (the fallback).
-The plan's notes say which was deployed and why.
+more. Where the one kept leaves some model unserved, search's placement is deployed instead (the fallback).
+The actor places one replica a model: where its placement is deployed and serves every model but some short
+of its rate, search's replica moves add (or give up) replicas on other devices, every other decision kept
+(`search.grow_replicas`). The plan's notes say which was deployed and why.
 
 The action space is search's: per model a device and either a share level or taking turns with the
 device's other models with all of it (on a CPU with one instance or more). A trained actor is therefore
@@ -59,7 +61,18 @@ from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import BatchDecision, bda, corunners, memory_at
-from tritonctl.planning.policies.search import TURNS, Judge, Judged, Placement, Spot, climb, max_copies, normal
+from tritonctl.planning.policies.search import (
+    TURNS,
+    Judge,
+    Judged,
+    Placement,
+    Spot,
+    climb,
+    grow_replicas,
+    max_copies,
+    model_of,
+    normal,
+)
 from tritonctl.planning.policies.spread import spread
 
 SHARE_LEVELS = 20  # search's 5-unit grid on a device of 100 units
@@ -458,6 +471,15 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
             f"{_served(judge(fallback)):,.1f} requests/s within the SLOs predicted"
         )
         placement, source = fallback, "search"
+    elif source == "actor":
+        grown = grow_replicas(judge, placement)
+        if grown != placement:
+            changed = sorted({model_of(k) for k in {*grown, *placement} if grown.get(k) != placement.get(k)})
+            why += (
+                f"; replicas of {', '.join(changed)} changed by search's replica moves: "
+                f"{_served(judge(grown)):,.1f} requests/s within the SLOs predicted"
+            )
+            placement = grown
     return Decision(placement, source, why, robust_choices(placement, judge))
 
 

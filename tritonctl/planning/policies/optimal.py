@@ -2,9 +2,13 @@
 
 Each device is either split (every model on it at a share on the STEP grid, with a batch) or
 taken in turns by a set of models with all of it (on a CPU with copies of a model), as in
-`search`. The objective is goodput: requests per second within the SLO, as search judges a
-plan. A model served on a split device counts its whole rate (its p99 by eq. 2 within the SLO
-at its rate, BDA's constraint); a model taking turns counts what `turn_outcome` says it serves.
+`search`. A model may be split into replicas on up to MAX_REPLICAS devices, at most one a
+device, each with an equal part of its rate (as search's replica phase splits it, and the proxy
+balances equal weights): every option and turn set below exists once per replica count, its
+model's demand at that part of the rate. The objective is goodput: requests per second within
+the SLO, as search judges a plan. A model served on a split device counts its whole rate (its
+p99 by eq. 2 within the SLO at its rate, BDA's constraint); a model taking turns counts what
+`turn_outcome` says it serves.
 
 Split devices. A binary per option (model, device, share, batch). The InSS latency model is
 linear in what the co-runners bring (`LatencyModel.t_inf`): t = io + run (1 + alpha_i u_i sum_j
@@ -15,17 +19,24 @@ option carries the longest batch time at which its batch still meets the SLO at 
 rate (the p99 of eq. 2 grows with it), so the option holds iff the sum of its co-runners'
 terms stays under what that leaves: a big-M row enforced when the option is chosen and the
 device shared. The CPU contention term (threads beyond cores) is not linear: every solution
-is checked against the full latency model, a split it breaks is cut off (no-good row), and
-the program is solved again. Of an option's batches only those that no other batch of the
-same share dominates (holds in every context it holds in, in no more memory) are kept; the
-plan takes BDA's batches on the chosen placement (the largest that hold: the most throughput).
+is checked against the full latency model, a split it breaks is cut off (a no-good row, on
+every device of its kind and at any larger part of the rates), and the program is solved
+again, until a solution holds or the best that held is within GAP of the bound (`solve`).
+Of an option's batches only those that no other batch of the same share dominates (holds in
+every context it holds in, in no more memory) are kept; the plan takes BDA's batches on the
+chosen placement (the largest that hold: the most throughput).
 
-Devices taken in turns. Every set of models (with copies on a CPU, at most `max_copies`) is
-evaluated once per kind of device with the code search judges with; a binary per (device, set).
+Devices taken in turns. Every set of models (with copies on a CPU, at most `max_copies`; each
+member at one of its replica counts) is evaluated once per kind of device with the code search
+judges with; a binary per (device, set). Where the sets would outnumber MAX_TURN_SETS, models
+taking turns have fewer replica counts (`turn_replicas`; eight models on a GPU: up to two).
 
-Not in this space: a model split into replicas on several devices, and a model served in
-part (late requests) on a split device; search may do both, so its goodput can exceed this
-optimum where some model cannot be served whole by one device.
+A binary per (model, replica count) says how many replicas the model has; exactly that many of
+its options and memberships are chosen, on as many devices.
+
+Not in this space: a model served in part (late requests) on a split device, which search may
+plan, so its goodput can exceed this optimum where some model cannot be served whole; and more
+than MAX_REPLICAS replicas of a model.
 """
 
 from __future__ import annotations
@@ -50,7 +61,10 @@ from tritonctl.planning.policies.search import max_copies
 from tritonctl.planning.policies.timesharing import Turns, turn_choices, turn_outcome
 
 STEP = 5  # share grid, in device units (search's)
+MAX_REPLICAS = 3  # devices a model's rate may be split across
 TIME_LIMIT_S = 300.0
+TIE = 1e-7  # goodputs this close (relative) are one: the solver's rounding
+GAP = 0.005  # where checking CPU contention cuts off solution after solution: done once the best checked is this close
 MAX_OPTIONS = 200_000  # binaries the program may hold: beyond, the cluster is refused before solving
 MAX_TURN_SETS = 20_000  # sets of models (with copies) taking turns, per kind of device
 
@@ -63,6 +77,7 @@ class Option:
     device: str
     share: int
     batch: int
+    replicas: int  # the model's replicas: this one serves that part of its rate
     memory_mb: float
     pressure: float  # the cache pressure it puts on its co-runners (l_j)
     per_pressure: float  # ms its batch takes longer per unit of its co-runners' pressure (run x alpha_i x u_i)
@@ -114,9 +129,15 @@ def longest_batch_ms(demand: Demand, batch: int, low: float) -> float:
     return low
 
 
-def split_options(demand: Demand, device: Device, lm: LatencyModel, pressure: float) -> list[Option]:
-    """The options of a model on a split device that hold at least alone, dominated batches left out (`pressure`:
-    the most its co-runners can put on it)."""
+def part(demand: Demand, replicas: int) -> Demand:
+    """What one of a model's `replicas` replicas is asked to serve: its part of the rate."""
+    return dataclasses.replace(demand, rate=demand.rate / replicas)
+
+
+def split_options(model: Demand, device: Device, lm: LatencyModel, pressure: float, replicas: int = 1) -> list[Option]:
+    """The options of one of a model's `replicas` replicas on a split device that hold at least alone, dominated
+    batches left out (`pressure`: the most its co-runners can put on it)."""
+    demand = part(model, replicas)
     p, d = lm.models[demand.name], lm.device
     out = []
     for share in range(max(STEP, math.ceil(p.share_range[0] / STEP) * STEP), device.units + 1, STEP):
@@ -136,6 +157,7 @@ def split_options(demand: Demand, device: Device, lm: LatencyModel, pressure: fl
                     device.id,
                     share,
                     batch,
+                    replicas,
                     memory,
                     lm.cache_pressure(demand.name, share),
                     run * p.alpha_cache * (lm.duty(share) if d.pressure_by_duty else 1.0),
@@ -167,19 +189,31 @@ def _undominated(options: list[Option], pressure: float) -> list[Option]:
     return [o for o in options if not beaten(o)]
 
 
-def turn_sets(demands: list[Demand], device: Device) -> list[tuple[tuple[Demand, int], ...]]:
-    """Every non-empty set of models (each with 1..max_copies copies) that could take turns with `device`."""
-    copies = range(max_copies(device) + 1)
-    count = (len(copies) ** len(demands)) - 1
+Member = tuple[Demand, int, int]  # a model taking turns: its demand at its part of the rate, copies, replicas
+
+
+def turn_replicas(models: int, device: Device, most: int) -> int:
+    """The most replicas a model taking turns with `device` may have: `most`, fewer where the sets of `models`
+    would outnumber MAX_TURN_SETS (at least 1)."""
+    while most > 1 and (1 + most * max_copies(device)) ** models - 1 > MAX_TURN_SETS:
+        most -= 1
+    return most
+
+
+def turn_sets(demands: list[Demand], device: Device, replicas: int = 1) -> list[tuple[Member, ...]]:
+    """Every non-empty set of models (each with 1..max_copies copies, as one of 1..`replicas` replicas) that could
+    take turns with `device`."""
+    picks = [(0, 0), *itertools.product(range(1, replicas + 1), range(1, max_copies(device) + 1))]
+    count = (len(picks) ** len(demands)) - 1
     if count > MAX_TURN_SETS:
         raise PolicyLimit(
             f"{count:,} sets of models could take turns with one device (more than {MAX_TURN_SETS:,}): the cluster "
             "is too large for the optimal policy"
         )
     out = []
-    for counts in itertools.product(copies, repeat=len(demands)):
-        members = tuple((d, c) for d, c in zip(demands, counts, strict=True) if c)
-        if members and sum(d.memory_mb * c for d, c in members) <= device.memory_mb:
+    for combo in itertools.product(picks, repeat=len(demands)):
+        members = tuple((part(d, k), c, k) for d, (k, c) in zip(demands, combo, strict=True) if c)
+        if members and sum(d.memory_mb * c for d, c, _ in members) <= device.memory_mb:
             out.append(members)
     return out
 
@@ -211,17 +245,21 @@ class _Program:
     def __init__(self, demands: list[Demand], devices: list[Device], lm: LatencyModel):
         self.demands = demands
         self.h = h = _quiet_highs()
+        replicas = min(len(devices), MAX_REPLICAS)
         options: list[Option] = []
-        turns: list[tuple[Device, tuple[tuple[Demand, int], ...], Turns]] = []
+        turns: list[tuple[Device, tuple[Member, ...], Turns]] = []
         splits: dict[tuple, list[Option]] = {}  # identical devices: evaluated once
         evaluated: dict[tuple, list] = {}
         for device in devices:
             key = _kind(device)
             if key not in evaluated:
-                sets = turn_sets(demands, device)  # refuses a cluster with too many before any work
+                # refuses a cluster with too many sets before any work
+                sets = turn_sets(demands, device, turn_replicas(len(demands), device, replicas))
                 most = sum(max(lm.cache_pressure(d.name, s) for s in (1, device.units)) for d in demands)
-                splits[key] = [o for d in demands for o in split_options(d, device, lm, most)]
-                evaluated[key] = [(s, turn_outcome(list(s), device, lm)) for s in sets]
+                splits[key] = [
+                    o for d in demands for k in range(1, replicas + 1) for o in split_options(d, device, lm, most, k)
+                ]
+                evaluated[key] = [(s, turn_outcome([(d, c) for d, c, _ in s], device, lm)) for s in sets]
             options += [dataclasses.replace(o, device=device.id) for o in splits[key]]
             # a member served not at all is better left out of its set
             turns += [(device, m, out) for m, out in evaluated[key] if all(g > 0 for g in out.served.values())]
@@ -231,13 +269,10 @@ class _Program:
                 f"{MAX_OPTIONS:,}): the cluster is too large for the optimal policy"
             )
         self.options: list[tuple[Option, highspy.highs_var]] = [(o, h.addBinary()) for o in options]
+        self.index = {(o.device, o.model, o.share, o.batch, o.replicas): x for o, x in self.options}
+        self.kinds = {device.id: _kind(device) for device in devices}
         self.turns = [(device, m, out, h.addBinary()) for device, m, out in turns]
-        rate = {d.name: d.rate for d in demands}
-        for d in demands:
-            ones = [x for o, x in self.options if o.model == d.name]
-            ones += [x for _, m, _, x in self.turns if any(md.name == d.name for md, _ in m)]
-            if ones:
-                h.addConstr(sum(ones) <= 1)
+        self._replica_rows(replicas, devices)
         previous = None  # (kind, measure) of the device before: identical devices hold non-increasing measures
         for device in devices:
             here = [(o, x) for o, x in self.options if o.device == device.id]
@@ -256,9 +291,35 @@ class _Program:
             previous = (_kind(device), measure)
             if here:
                 self._split_rows(device, here, count)
-        objective = sum(rate[o.model] * x for o, x in self.options)
+        rate = {d.name: d.rate for d in demands}
+        objective = sum(rate[o.model] / o.replicas * x for o, x in self.options)
         objective += sum(sum(out.served.values()) * x for _, _, out, x in self.turns)
         self.objective = objective
+
+    def _replica_rows(self, replicas: int, devices: list[Device]) -> None:
+        """Each model has one replica count k (or none): exactly k of its options and memberships of that count are
+        chosen, at most one on a device."""
+        h = self.h
+        self.several: list[highspy.highs_var] = []  # the binaries of replica counts above 1
+        by_count: dict[tuple[str, int], list] = {}  # (model, k) -> its choices as one of k replicas
+        by_device: dict[tuple[str, str], list] = {}  # (model, device) -> its choices there
+        for o, x in self.options:
+            by_count.setdefault((o.model, o.replicas), []).append(x)
+            by_device.setdefault((o.model, o.device), []).append(x)
+        for device, members, _, x in self.turns:
+            for d, _, k in members:
+                by_count.setdefault((d.name, k), []).append(x)
+                by_device.setdefault((d.name, device.id), []).append(x)
+        for d in self.demands:
+            counts = {k: h.addBinary() for k in range(1, replicas + 1) if by_count.get((d.name, k))}
+            if counts:
+                h.addConstr(sum(counts.values()) <= 1)
+            for k, y in counts.items():
+                h.addConstr(sum(by_count[d.name, k]) - k * y == 0)
+            self.several += [y for k, y in counts.items() if k > 1]
+            for device in devices:
+                if len(by_device.get((d.name, device.id), ())) > 1:
+                    h.addConstr(sum(by_device[d.name, device.id]) <= 1)
 
     def _split_rows(self, device: Device, here: list, count) -> None:
         """Shares and memory within the device; each chosen option's batch time within its SLO's slack."""
@@ -279,6 +340,11 @@ class _Program:
             if big > 0:
                 h.addConstr(need - o.slack_ms <= big * (2 - x - shared))
 
+    def allow_replicas(self, allowed: bool) -> None:
+        """Let models take several replicas, or hold every one to one (the variables stay: cuts carry over)."""
+        for y in self.several:
+            self.h.changeColBounds(y.index, 0.0, 1.0 if allowed else 0.0)
+
     def solve(self, deadline: float) -> tuple[str, float, float]:
         h = self.h
         h.setOptionValue("time_limit", max(1.0, deadline - time.monotonic()))
@@ -295,70 +361,112 @@ class _Program:
         return options, turns
 
     def cut(self, options: list[Option]) -> None:
-        """Forbid this set of options together (a split the full latency model breaks)."""
-        xs = [x for o, x in self.options if o in options]
-        self.h.addConstr(sum(xs) <= len(xs) - 1)
+        """Forbid a split the full latency model breaks: these models at these shares and batches together, on
+        every device of the broken one's kind, each at its rate here or a larger part of it (fewer replicas: a
+        batch that breaks an SLO at a rate breaks it at any higher one)."""
+        broken = options[0].device
+        for device in (d for d, kind in self.kinds.items() if kind == self.kinds[broken]):
+            xs = []
+            for o in options:
+                variants = [self.index.get((device, o.model, o.share, o.batch, k)) for k in range(1, o.replicas + 1)]
+                xs.append([x for x in variants if x is not None])
+            if all(xs):  # each of them can be chosen there
+                self.h.addConstr(sum(x for variants in xs for x in variants) <= len(options) - 1)
 
 
-def _broken_split(
+def _broken_splits(
     options: list[Option], demands: list[Demand], devices: list[Device], lm: LatencyModel
-) -> list[Option]:
-    """The options of the first split device on which the full latency model breaks an SLO or rate ([] if none)."""
+) -> list[list[Option]]:
+    """The options of every split device on which the full latency model breaks an SLO or rate."""
     by_name = {d.name: d for d in demands}
     by_id = {d.id: d for d in devices}
+    out = []
     for device in devices:
         here = [o for o in options if o.device == device.id]
+        parts = {o.model: part(by_name[o.model], o.replicas) for o in here}
         placement = {o.model: Choice(o.device, o.share) for o in here}
         batches = {o.model: o.batch for o in here}
-        if any(broken_constraint(o.model, o.batch, placement, by_name, batches, by_id, lm) for o in here):
-            return here
-    return []
+        if any(broken_constraint(o.model, o.batch, placement, parts, batches, by_id, lm) for o in here):
+            out.append(here)
+    return out
 
 
 def solve(
     demands: list[Demand], devices: list[Device], lm: LatencyModel, time_limit_s: float = TIME_LIMIT_S
 ) -> Outcome:
-    """The goodput-optimal layout within `time_limit_s` (the best found and its gap when the limit ends it)."""
+    """The goodput-optimal layout within `time_limit_s` (the best found and its gap when the limit ends it).
+
+    Every solution is checked against the full latency model and the splits it breaks are cut off before solving
+    again. First with one replica a model (a small program, solved quickly), then with replicas, starting from that
+    optimum: so where the limit ends the second, the best checked plan is at least the first's optimum, and the gap
+    is against the second's bound (the sum of the rates if it never finished one solve). Each solve's optimum bounds
+    every plan's goodput (cuts remove only broken splits), so the search also ends once the best checked plan is
+    within GAP of it."""
     began = time.monotonic()
     deadline = began + time_limit_s
     program = _Program(demands, devices, lm)
-    cuts = 0
-    while True:
-        status, value, bound = program.solve(deadline)
-        if status not in ("Optimal", "Time limit reached") or not math.isfinite(value):
-            raise PolicyLimit(
-                f"the solver found no plan for {len(demands)} models on {len(devices)} devices within "
-                f"{time_limit_s:g} s ({status})"
-            )
-        options, turns = program.chosen()
-        broken = _broken_split(options, demands, devices, lm)
-        if not broken:
-            break
-        program.cut(broken)
-        cuts += 1
-        if time.monotonic() > deadline:
-            raise PolicyLimit(f"the solver ran out of its {time_limit_s:g} s checking CPU contention ({cuts} cuts)")
+    best: tuple[float, list[Option], list] | None = None  # the best checked solution: goodput, options, turns
+    bound, status, cuts = sum(d.rate for d in demands), "Time limit reached", 0
+    for replicas in (False, True) if program.several else (False,):
+        program.allow_replicas(replicas)
+        if best is not None:
+            program.h.setSolution(program.h.getSolution())  # the checked optimum so far is where the search starts
+        while time.monotonic() < deadline:
+            status, value, found_bound = program.solve(deadline)
+            if status == "Empty":  # no option holds even alone: nothing can be served
+                status, value, found_bound = "Optimal", 0.0, 0.0
+            elif status not in ("Optimal", "Time limit reached") or not math.isfinite(value):
+                raise PolicyLimit(
+                    f"the solver found no plan for {len(demands)} models on {len(devices)} devices within "
+                    f"{time_limit_s:g} s ({status})"
+                )
+            if replicas or not program.several:
+                bound = min(bound, found_bound if status != "Optimal" else value)
+            options, turns = program.chosen()
+            broken = _broken_splits(options, demands, devices, lm)
+            if not broken:
+                if best is None or value > best[0] * (1 + TIE):  # replicas only where they serve more
+                    best = (value, options, turns)
+                break
+            for here in broken:
+                program.cut(here)
+            cuts += len(broken)
+            status = "Time limit reached"
+            if best is not None and (replicas or not program.several) and best[0] >= bound * (1 - GAP):
+                status = f"within {100 * GAP:g}% of the bound"
+                break
+    if best is None:
+        raise PolicyLimit(f"the solver ran out of its {time_limit_s:g} s checking CPU contention ({cuts} cuts)")
+    value, options, turns = best
     choices = _plan(options, turns, demands, devices, lm)
-    bound = value if status == "Optimal" else max(value, bound)
-    return Outcome(choices, value, bound, status, time.monotonic() - began, cuts)
+    return Outcome(choices, value, max(value, bound), status, time.monotonic() - began, cuts)
 
 
 def _plan(
     options: list[Option],
-    turns: list[tuple[Device, tuple, Turns]],
+    turns: list[tuple[Device, tuple[Member, ...], Turns]],
     demands: list[Demand],
     devices: list[Device],
     lm: LatencyModel,
 ) -> dict[str, list[Choice]]:
-    """The chosen layout as placements: BDA's batches on the split devices (the solver's where BDA finds none)."""
-    split = [d for d in demands if any(o.model == d.name for o in options)]
-    placement = {o.model: Choice(o.device, o.share, o.batch) for o in options}
-    decision = bda(placement, split, devices, lm)
-    batches = decision.batches if decision.ok else {o.model: o.batch for o in options}
-    out = with_batches(placement, batches, split, lm)
+    """The chosen layout as placements, per model its replicas: BDA's batches on each split device (the solver's
+    where BDA finds none)."""
+    by_name = {d.name: d for d in demands}
+    out: dict[str, list[Choice]] = {}
+    for device in devices:
+        here = [o for o in options if o.device == device.id]
+        if not here:
+            continue
+        split = [part(by_name[o.model], o.replicas) for o in here]
+        placement = {o.model: Choice(o.device, o.share, o.batch) for o in here}
+        decision = bda(placement, split, [device], lm)
+        batches = decision.batches if decision.ok else {o.model: o.batch for o in here}
+        for name, chosen in with_batches(placement, batches, split, lm).items():
+            out.setdefault(name, []).extend(chosen)
     for device, members, outcome in turns:
-        out.update(turn_choices(list(members), device, outcome, lm))
-    return out
+        for name, chosen in turn_choices([(d, c) for d, c, _ in members], device, outcome, lm).items():
+            out.setdefault(name, []).extend(chosen)
+    return {d.name: out[d.name] for d in demands if d.name in out}
 
 
 def optimal(

@@ -528,8 +528,7 @@ def climb(
 ) -> tuple[Placement, Judge]:
     """The best placement the climb finds from every start (see the module docstring), and its judge; with
     `replicas` False every model has one (what the trained actor can express)."""
-    floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
-    work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
+    work, floor = _work_and_floor(demands, devices, lm)
     judge = Judge(demands, devices, lm)
     starts = sorted((judge(p).score, k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
     best = None
@@ -550,6 +549,32 @@ def climb(
             if found[1] < best[1]:
                 best = found
     return best[0], judge
+
+
+def grow_replicas(judge: Judge, placement: Placement) -> Placement:
+    """`placement` with replicas added where a model is served short of its rate (and given up where that serves
+    more): steepest ascent over the replica moves alone, every other decision kept (a trained actor places one
+    replica a model; this adds the rest). `placement` itself where it serves every model whole."""
+    if not _short(judge, placement):
+        return placement
+    work, floor = _work_and_floor(judge.demands, judge.devices, judge.lm)
+    found, _ = _ascend(
+        judge,
+        placement,
+        judge(placement).score,
+        lambda p: _replica_moves(p, judge.devices, work, floor, frozenset(_short(judge, p))),
+        judge.evaluations + MAX_EVALUATIONS,
+    )
+    return found
+
+
+def _work_and_floor(
+    demands: list[Demand], devices: list[Device], lm: LatencyModel
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Per model the device time its rate asks for at batch 1 (what shares are split in proportion to) and the
+    least share it runs at."""
+    work = {d.name: max(d.rate, 1e-3) * lm.t_inf(d.name, 1, devices[0].units) for d in demands}
+    return work, {d.name: lm.models[d.name].share_range[0] for d in demands}
 
 
 def _ascend(
