@@ -12,8 +12,8 @@ chooses each model's device and share on its own, and a draw often mends what th
 models get wrong together. The actor's placement is deployed unless the current one is predicted to serve
 more. Where the one kept leaves some model unserved, search's placement is deployed instead (the fallback).
 The actor places one replica a model: where its placement is deployed and serves every model but some short
-of its rate, search's replica moves add (or give up) replicas on other devices, every other decision kept
-(`search.grow_replicas`). The plan's notes say which was deployed and why.
+of its rate, search's replica moves add (or give up) replicas on other devices, every model staying where the
+actor put it (`search.grow_replicas`). The plan's notes say which was deployed and why.
 
 The action space is search's: per model a device and either a share level or taking turns with the
 device's other models with all of it (on a CPU with one instance or more). A trained actor is therefore

@@ -553,8 +553,9 @@ def climb(
 
 def grow_replicas(judge: Judge, placement: Placement) -> Placement:
     """`placement` with replicas added where a model is served short of its rate (and given up where that serves
-    more): steepest ascent over the replica moves alone, every other decision kept (a trained actor places one
-    replica a model; this adds the rest). `placement` itself where it serves every model whole."""
+    more): steepest ascent over the replica moves alone. A device gaining or losing a replica re-splits; every
+    other model stays where it is (a trained actor places one replica a model, this adds the rest). `placement`
+    itself where it serves every model whole."""
     if not _short(judge, placement):
         return placement
     work, floor = _work_and_floor(judge.demands, judge.devices, judge.lm)
