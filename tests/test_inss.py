@@ -214,7 +214,6 @@ def test_inss_falls_back_to_search_where_the_actor_and_the_current_placement_lea
     assert judge({n: Spot("cpu0", 50) for n in ("alpha", "beta")}).served == {"alpha": 0, "beta": 0}
 
 
-
 def test_inss_adds_replicas_where_the_actors_placement_serves_a_model_short(lm, tmp_path):
     """The actor places one replica a model: alpha at 800 requests/s (SLO 40 ms), more than one device serves,
     on cpu0. inss keeps that placement and adds a replica on cpu1, each sized for half the rate."""
@@ -230,6 +229,7 @@ def test_inss_adds_replicas_where_the_actors_placement_serves_a_model_short(lm, 
     assert "inss deployed the actor's placement" in said[0] and "replicas of alpha changed by search's" in said[0]
     placement = {"alpha": Spot("cpu0", 100), "alpha#2": Spot("cpu1", 100)}
     assert judge(placement).served["alpha"] == pytest.approx(800)
+
 
 def test_inss_refuses_a_policy_for_another_cluster(tmp_path, lm):
     forced_policy(tmp_path / "p.pt", Layout.of("lab-a", DEMANDS, cpus(4096, 4096)), [0, 9, 1, 9])
