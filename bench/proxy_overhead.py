@@ -1,29 +1,34 @@
 """What the proxy costs: the same deployment loaded through HAProxy and straight at the instances.
 
     python bench/proxy_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
+        [--tool tritonctl|perf_analyzer] [--perf FILE]
 
 Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
-`--rate-scale`) alternately to the models' addresses (HAProxy) and to the instances' own
-gRPC ports, `--rounds` times each, and prints p50 and p99 per model, and HAProxy's CPU
-time per request it forwarded (user + system of its master and worker), in all and beyond what it
-uses idle (measured first, over `--duration` with no traffic), and the kernel's part of it (/proc's
-system time over user + system, in 10 ms ticks). With `--perf FILE`, the first round through
-HAProxy is also recorded by Linux perf (call graphs of its worker) and FILE gets where its CPU went.
+`--rate-scale`, from tritonctl's client or NVIDIA perf_analyzer: `--tool`) alternately to the
+models' addresses (HAProxy) and to the instances' own gRPC ports, `--rounds` times each, and
+prints p50 and p99 per model, and HAProxy's CPU time per request it forwarded (user + system
+of its master and worker): in all, beyond what it uses idle (measured first, over `--duration`
+with no traffic, and taken off over each round's wall time), and the kernel's part of it
+(/proc's system time over user + system, in 10 ms ticks). With `--perf FILE`, the first round
+through HAProxy is also recorded by Linux perf (call graphs of its worker) and FILE gets where
+its CPU went.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from cpu_demo import CLUSTER, MODEL, REPO
 
 from tritonctl.deploy.apply import apply_plan, down
-from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, group_cpu_seconds, proc_stat_fields
+from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, group_cpu_seconds, group_pids, proc_stat_fields
 from tritonctl.deploy.state import straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -32,21 +37,20 @@ from tritonctl.planning.planner import make_plan
 from tritonctl.spec import load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import endpoints, run_load
+from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 
 WORK = REPO / ".tritonctl" / "proxy-bench"
 
 
 def group_ticks(group: int) -> tuple[int, int]:
     """(user, system) clock ticks used so far by every process of a process group."""
-    fields = [proc_stat_fields(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()]
-    mine = [f for f in fields if f and int(f[2]) == group]
-    return sum(int(f[11]) for f in mine), sum(int(f[12]) for f in mine)
+    fields = [f for f in map(proc_stat_fields, group_pids(group)) if f]
+    return sum(int(f[11]) for f in fields), sum(int(f[12]) for f in fields)
 
 
 def worker_of(master: int) -> int:
-    """HAProxy's worker: the newest child of its master."""
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-    return max(pid for pid in pids if (f := proc_stat_fields(pid)) and int(f[1]) == master)
+    """HAProxy's worker: the newest process of its master's group other than the master."""
+    return max(pid for pid in group_pids(master) if pid != master)
 
 
 def perf_record(pid: int, data: Path) -> subprocess.Popen:
@@ -75,8 +79,10 @@ def main() -> None:
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
     parser.add_argument("--policy", default="search", help="the plan to load (default search, the demo's)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
+    parser.add_argument("--tool", choices=["tritonctl", "perf_analyzer"], default="tritonctl", help="load generator")
     parser.add_argument("--perf", type=Path, help="record the first round through HAProxy with perf; summary here")
     args = parser.parse_args()
+    pa = find_perf_analyzer() if args.tool == "perf_analyzer" else None
     demo = load_cluster(CLUSTER)
     cluster = demo.with_rates(lambda m: m.rate * args.rate_scale).with_runtime(
         base_port=args.base_port, state_dir=str(WORK / "state")
@@ -103,18 +109,23 @@ def main() -> None:
                 recording = name == "proxy" and round_ == 0 and args.perf
                 if recording:
                     perf = perf_record(worker_of(proxy), WORK / "perf.data")
-                results = run_load(targets, args.duration, seed=round_)  # the plan's rates are already scaled
+                began = time.monotonic()  # the plan's rates are already scaled
+                if pa is None:
+                    results = run_load(targets, args.duration, seed=round_)
+                else:
+                    with tempfile.TemporaryDirectory(prefix="proxy-overhead.") as logs:
+                        results = run_perf_analyzer(pa, targets, args.duration, 1.0, Path(logs), seed=round_)
                 if recording:
-                    perf.send_signal(2)
+                    perf.send_signal(signal.SIGINT)
                     perf.wait()
                     args.perf.write_text(perf_summary(WORK / "perf.data"))
                 cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
                 forwarded = sum(len(r.latencies_ms) for r in results) if name == "proxy" else 0
-                spent = group_cpu_seconds(proxy) - before
+                spent, elapsed = group_cpu_seconds(proxy) - before, time.monotonic() - began
                 (user, system), (user0, system0) = group_ticks(proxy), ticks
                 used = (
                     f"  HAProxy CPU {1000 * spent / forwarded:.3f} ms/request"
-                    f" ({1000 * (spent - idle * args.duration) / forwarded:.3f} beyond idle,"
+                    f" ({1000 * (spent - idle * elapsed) / forwarded:.3f} beyond idle,"
                     f" {100 * (system - system0) / max(1, user - user0 + system - system0):.0f}% in the kernel)"
                     if forwarded
                     else ""

@@ -108,10 +108,15 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def group_cpu_seconds(group: int) -> float:
-    """CPU seconds used so far by every process of a process group (HAProxy's master leads its own)."""
+def group_pids(group: int) -> list[int]:
+    """The processes of a process group (HAProxy's master leads its own)."""
     pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-    return sum(cpu_seconds(pid) for pid in pids if (f := proc_stat_fields(pid)) and int(f[2]) == group)
+    return [pid for pid in pids if (f := proc_stat_fields(pid)) and int(f[2]) == group]
+
+
+def group_cpu_seconds(group: int) -> float:
+    """CPU seconds used so far by every process of a process group."""
+    return sum(cpu_seconds(pid) for pid in group_pids(group))
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:

@@ -134,7 +134,7 @@ def part(demand: Demand, replicas: int) -> Demand:
     return dataclasses.replace(demand, rate=demand.rate / replicas)
 
 
-def split_options(model: Demand, device: Device, lm: LatencyModel, pressure: float, replicas: int = 1) -> list[Option]:
+def split_options(model: Demand, device: Device, lm: LatencyModel, pressure: float, replicas: int) -> list[Option]:
     """The options of one of a model's `replicas` replicas on a split device that hold at least alone, dominated
     batches left out (`pressure`: the most its co-runners can put on it)."""
     demand = part(model, replicas)
@@ -200,7 +200,7 @@ def turn_replicas(models: int, device: Device, most: int) -> int:
     return most
 
 
-def turn_sets(demands: list[Demand], device: Device, replicas: int = 1) -> list[tuple[Member, ...]]:
+def turn_sets(demands: list[Demand], device: Device, replicas: int) -> list[tuple[Member, ...]]:
     """Every non-empty set of models (each with 1..max_copies copies, as one of 1..`replicas` replicas) that could
     take turns with `device`."""
     picks = [(0, 0), *itertools.product(range(1, replicas + 1), range(1, max_copies(device) + 1))]
@@ -345,6 +345,10 @@ class _Program:
         for y in self.several:
             self.h.changeColBounds(y.index, 0.0, 1.0 if allowed else 0.0)
 
+    def start_from_last(self) -> None:
+        """Start the next solve from the last solution (the checked optimum of the stage before)."""
+        self.h.setSolution(self.h.getSolution())
+
     def solve(self, deadline: float) -> tuple[str, float, float]:
         h = self.h
         h.setOptionValue("time_limit", max(1.0, deadline - time.monotonic()))
@@ -408,9 +412,10 @@ def solve(
     best: tuple[float, list[Option], list] | None = None  # the best checked solution: goodput, options, turns
     bound, status, cuts = sum(d.rate for d in demands), "Time limit reached", 0
     for replicas in (False, True) if program.several else (False,):
+        full = replicas or not program.several  # the program is the whole space: its optima bound every plan
         program.allow_replicas(replicas)
         if best is not None:
-            program.h.setSolution(program.h.getSolution())  # the checked optimum so far is where the search starts
+            program.start_from_last()
         while time.monotonic() < deadline:
             status, value, found_bound = program.solve(deadline)
             if status == "Empty":  # no option holds even alone: nothing can be served
@@ -420,7 +425,7 @@ def solve(
                     f"the solver found no plan for {len(demands)} models on {len(devices)} devices within "
                     f"{time_limit_s:g} s ({status})"
                 )
-            if replicas or not program.several:
+            if full:
                 bound = min(bound, found_bound if status != "Optimal" else value)
             options, turns = program.chosen()
             broken = _broken_splits(options, demands, devices, lm)
@@ -432,7 +437,7 @@ def solve(
                 program.cut(here)
             cuts += len(broken)
             status = "Time limit reached"
-            if best is not None and (replicas or not program.several) and best[0] >= bound * (1 - GAP):
+            if best is not None and full and best[0] >= bound * (1 - GAP):
                 status = f"within {100 * GAP:g}% of the bound"
                 break
     if best is None:
