@@ -253,9 +253,9 @@ def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_ot
 
 
 def test_an_instance_taking_turns_runs_at_least_on_the_cores_those_ahead_of_it_leave(lm):
-    """SYNTHETIC model, SLO weights on 2 cores: two alpha instances (the tighter SLO, ahead) each busy 3/4 of the
+    """SYNTHETIC model, SLO ranks on 2 cores: two alpha instances (the tighter SLO, ahead) each busy 3/4 of the
     time on a thread leave beta half a core on average, so beta's batch takes at least twice its time alone,
-    where the mean slowdown over how many are busy says 1.28x; the alphas, which nothing weighs above, run as
+    where the mean slowdown over how many are busy says 1.28x; the alphas, which nothing ranks above, run as
     fast as alone."""
     from tritonctl.planning.policies.timesharing import _stretch
 
@@ -273,38 +273,38 @@ def test_an_instance_taking_turns_runs_at_least_on_the_cores_those_ahead_of_it_l
 
 
 def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
-    """With turn_threads: lightest, weighted by SLO, the one instance that weighs least runs on a thread per core
-    (it takes only what the heavier leave); where two weigh least, or all alike, or with turn_threads: even, or
-    on a GPU, every instance keeps `turn_threads`."""
+    """With turn_threads: lightest, ranked by SLO, the one instance of the lowest rank runs on a thread per core
+    (it takes only what the higher ranks leave); where two share the lowest rank, or none is ranked, or with
+    turn_threads: even, or on a GPU, every instance keeps `turn_threads`."""
     from tritonctl.shares import Turn, turn_layout
 
     two = Device(id="cpu0", kind="cpu", index=0, memory_mb=8192, units=100, cores=2.0, turn_threads="lightest")
     even = two.model_copy(update={"turn_threads": "even"})
-    assert turn_layout(even, [30, 120, 60]) == [Turn(1, 50, 10000), Turn(1, 50, 100), Turn(1, 50, 1000)]
-    assert turn_layout(two, [30, 120, 60]) == [Turn(1, 50, 10000), Turn(2, 100, 100), Turn(1, 50, 1000)]
-    assert turn_layout(two, [30, 120, 120]) == [Turn(1, 50, 10000), Turn(1, 50, 1000), Turn(1, 50, 1000)]
+    assert turn_layout(even, [30, 120, 60]) == [Turn(1, 50, 0), Turn(1, 50, 2), Turn(1, 50, 1)]
+    assert turn_layout(two, [30, 120, 60]) == [Turn(1, 50, 0), Turn(2, 100, 2), Turn(1, 50, 1)]
+    assert turn_layout(two, [30, 120, 120]) == [Turn(1, 50, 0), Turn(1, 50, 1), Turn(1, 50, 1)]
     assert turn_layout(two, [60, 60]) == [Turn(1, 50, None)] * 2
     equal = two.model_copy(update={"turn_priority": "equal"})
     assert turn_layout(equal, [30, 120]) == [Turn(1, 50, None)] * 2
     reserved = two.model_copy(update={"cores": 1.7, "units": 85})
-    assert turn_layout(reserved, [30, 120, 60]) == [Turn(1, 50, 10000), Turn(2, 85, 100), Turn(1, 50, 1000)]
+    assert turn_layout(reserved, [30, 120, 60]) == [Turn(1, 50, 0), Turn(2, 85, 2), Turn(1, 50, 1)]
     gpu = Device(id="gpu0", kind="gpu", index=0, memory_mb=8192, units=100)
     assert turn_layout(gpu, [30, 120]) == [Turn(1, 100, None)] * 2
 
 
-def test_deadline_monotonic_weights_and_what_they_predict(lm):
-    """The tightest SLO weighs 10000, each looser one a tenth of the next, one at least; equal SLOs alike; alike
-    or on a GPU, no weights. Weighted, a batch is stretched only by instances weighing at least as much: the
-    tightest runs as if alone, the loosest is stretched by every other one (which are busy for less time)."""
+def test_deadline_monotonic_ranks_and_what_they_predict(lm):
+    """The tightest SLO ranks 0, each looser one a rank lower; equal SLOs alike; all alike or on a GPU, no ranks.
+    Ranked, a batch is stretched only by instances of its rank or higher: the tightest runs as if alone, the
+    loosest is stretched by every other one (which are busy for less time)."""
     from tritonctl.planning.policies.timesharing import turn_service_ms
-    from tritonctl.shares import turn_weights
+    from tritonctl.shares import turn_ranks
 
     (cpu,) = cpus(1)
-    assert turn_weights(cpu, [30, 10, 20, 10, 80, 90, 100]) == [100, 10000, 1000, 10000, 10, 1, 1]
-    assert turn_weights(cpu, [50, 50]) is None
-    assert turn_weights(cpu.model_copy(update={"turn_priority": "equal"}), [10, 20]) is None
+    assert turn_ranks(cpu, [30, 10, 20, 10, 80, 90, 100]) == [2, 0, 1, 0, 3, 4, 5]
+    assert turn_ranks(cpu, [50, 50]) is None
+    assert turn_ranks(cpu.model_copy(update={"turn_priority": "equal"}), [10, 20]) is None
     gpu = Device(id="gpu0", kind="gpu", index=0, memory_mb=4096, units=100)
-    assert turn_weights(gpu, [10, 20]) is None
+    assert turn_ranks(gpu, [10, 20]) is None
     members = [("alpha", 1, 40.0, 20.0), ("beta", 1, 40.0, 50.0), ("alpha", 1, 40.0, 80.0)]
     one_core = cpu.model_copy(update={"cores": 1.0})
     weighted = turn_service_ms(members, one_core, lm)

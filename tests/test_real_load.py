@@ -385,19 +385,20 @@ def turn_plan(tmp_path: Path, synthetic_lm: Path, priority: str, threads: str = 
 
 
 def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, synthetic_lm):
-    """Deadline-monotonic: the tighter SLO's instance gets the heavier cgroup weight, with its quota, and a thread
-    each, or with turn_threads: lightest the lighter one a thread per core; weighing alike
-    (devices[].turn_priority: equal), the kernel's default weight."""
+    """Deadline-monotonic: the tighter SLO's instance ranks 0 and the looser one 1, each with its quota, and a
+    thread each, or with turn_threads: lightest the lower rank a thread per core; alike
+    (devices[].turn_priority: equal), no ranks."""
     import re
 
     for priority, threads, expected, rendered_threads in (
-        ("slo", "even", (10000, 1000), ["1", "1"]),
-        ("slo", "lightest", (10000, 1000), ["1", "2"]),
+        ("slo", "even", (0, 1), ["1", "1"]),
+        ("slo", "lightest", (0, 1), ["1", "2"]),
         ("equal", "even", (None, None), ["1", "1"]),
     ):
         plan = turn_plan(tmp_path, synthetic_lm, priority, threads)
         rendered = {launch.model: (folder, launch) for folder, launch in render(load_plan(plan)).values()}
-        assert (rendered["alpha"][1].cpu_weight, rendered["beta"][1].cpu_weight) == expected
+        assert (rendered["alpha"][1].cpu_rank, rendered["beta"][1].cpu_rank) == expected
+        assert all(launch.cpu_weight is None for _, launch in rendered.values())
         assert all(launch.cpu_quota_us for _, launch in rendered.values())
         configs = [(rendered[m][0] / "models" / m / "config.pbtxt").read_text() for m in ("alpha", "beta")]
         found = [re.search(r'"intra_op_threads"\s*value\s*\{\s*string_value: "(\d+)"', c)[1] for c in configs]
@@ -417,7 +418,9 @@ def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, 
 
 
 @pytest.mark.triton
-def test_applied_instances_taking_turns_run_in_cgroups_of_their_weight_and_quota(tmp_path, synthetic_lm):
+def test_applied_instances_taking_turns_run_in_cgroups_down_the_idle_ladder_by_rank(tmp_path, synthetic_lm):
+    """The tighter SLO's instance (rank 0) in a cgroup beside HAProxy's, the looser one's (rank 1) inside a group
+    marked idle beside it, each with its quota; the kernel then preempts beta at once when alpha wakes."""
     from tritonctl.deploy import share
 
     if share.mechanism() == "none":
@@ -425,15 +428,19 @@ def test_applied_instances_taking_turns_run_in_cgroups_of_their_weight_and_quota
     plan = turn_plan(tmp_path, synthetic_lm, "slo")
     assert main(["apply", str(plan)]) == 0
     try:
-        for record in load_state(load_plan(plan).state_dir).instances.values():
-            group, weight = Path(record.cgroup), {"alpha": 10000, "beta": 1000}[record.model]
-            assert f"weight {weight}" in record.share_mechanism and share.quota(group)[0] > 0
-            v2 = group / "cpu.weight"
-            written = v2.read_text() if v2.exists() else (group / "cpu.shares").read_text()
-            assert written.strip() == str(weight if v2.exists() else round(weight * 10.24))
-            assert record.pid in share.members(group)
+        records = {r.model: r for r in load_state(load_plan(plan).state_dir).instances.values()}
+        groups = {model: Path(r.cgroup) for model, r in records.items()}
+        for model, rank in (("alpha", 0), ("beta", 1)):
+            assert records[model].share_mechanism.endswith(f"rank {rank}")
+            assert share.quota(groups[model])[0] > 0 and records[model].pid in share.members(groups[model])
+        if not (groups["alpha"].parent / "cpu.idle").exists():
+            pytest.skip("this kernel has no cpu.idle (Linux 5.15 on): ranks fall back to weights")
+        assert groups["beta"].parent == groups["alpha"].parent / "below"
+        assert (groups["beta"].parent / "cpu.idle").read_text().strip() == "1"
+        assert (groups["alpha"] / "cpu.idle").read_text().strip() == "0"
     finally:
         assert main(["down", str(plan)]) == 0
+    assert not groups["beta"].parent.exists()
 
 
 def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within_every_slo(synthetic_lm, mlp_cluster):

@@ -124,24 +124,23 @@ def test_a_short_batch_beside_a_long_one_in_turns(lm, kind):
 
 @pytest.mark.parametrize("priority", ["slo", "equal"])
 def test_the_tighter_slo_takes_the_core_first(lm, priority):
-    """As above on 1 core, alpha's SLO ten times tighter: deadline-monotonic weights (10000 against 1000) run
-    alpha at 10/11 of its speed and beta at 1/11 while both are busy, and no time is lost; weighing alike, at
-    half speed each."""
+    """As above on 1 core, alpha's SLO ten times tighter: deadline-monotonic ranks (beta in an idle group, which
+    weighs 3 against alpha's 1024) run alpha at 1024/1027 of its speed and beta at 3/1027 while both are busy,
+    and no time is lost; unranked, at half speed each."""
     plan = plan_of(("alpha", 1, 1e5, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal", cores=1.0)
     plan = plan.model_copy(update={"devices": [plan.devices[0].model_copy(update={"turn_priority": priority})]})
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
     alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
     t_alpha, t_beta = lm.t_inf("alpha", 1, 100), lm.t_inf("beta", 8, 100)
-    expected = 1.1 * t_alpha if priority == "slo" else 2 * t_alpha
+    expected = (1 + 3 / 1024) * t_alpha if priority == "slo" else 2 * t_alpha
     assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((expected, t_beta + t_alpha))
 
 
 @pytest.mark.parametrize("priority", ["slo", "equal"])
 def test_the_loosest_slo_runs_on_every_core_and_yields_them(lm, priority):
-    """On 2 cores, beta's SLO ten times looser, turn_threads: lightest: weighted by SLO, beta (the one lightest
-    instance) runs its batch on 2 threads, alone at full speed, and while alpha's one thread takes a core (weight
-    10000 against 1000, capped at its thread) beta runs at half speed; weighing alike, each runs on one thread
-    at full speed."""
+    """On 2 cores, beta's SLO ten times looser, turn_threads: lightest: ranked by SLO, beta (the one instance of
+    the lowest rank) runs its batch on 2 threads, alone at full speed, and while alpha's one thread takes a core
+    (capped at its thread) beta runs at half speed; unranked, each runs on one thread at full speed."""
     plan = plan_of(("alpha", 1, 1e5, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal")
     device = plan.devices[0].model_copy(update={"turn_priority": priority, "turn_threads": "lightest"})
     plan = plan.model_copy(update={"devices": [device]})

@@ -1,6 +1,6 @@
 """One rule from a share to what it means: cores, onnxruntime threads, a CFS quota or a cgroup weight, and
-how instances that take turns with a device share it. Rendering, the latency model, the simulator, the
-policies and the runtimes all follow it."""
+how instances that take turns with a device share it (their threads and priority ranks). Rendering, the latency
+model, the simulator, the policies and the runtimes all follow it."""
 
 from __future__ import annotations
 
@@ -73,46 +73,53 @@ def turn_slots(device: Device, sharing: int) -> float:
     return max(1.0, min(sharing, device.cores / turn_threads(device, sharing)))
 
 
-PRIORITY_STEP = 10  # a tighter SLO's instances weigh this many times the next looser SLO's
+# How the runtime ranks instances taking turns with a CPU (`deploy.share`): each rank below the first runs in a cgroup
+# nested in one marked idle (`cpu.idle`). The kernel weighs an idle group 3 against a default group's 1024 and
+# preempts it at once for a waking task that is not in one, so a rank runs on what the ranks above it leave.
+IDLE_STEP = 1024 / 3
 MAX_WEIGHT = 10_000  # cgroup v2's largest cpu.weight
 
 
-def turn_weights(device: Device, slos: list[float]) -> list[int] | None:
-    """The cgroup CPU weights of instances taking turns with a CPU device, by their models' SLOs (None: all
-    alike, the kernel's default). Deadline-monotonic priority (`turn_priority: slo`): the tightest SLO weighs
-    10000, each looser one a tenth of the next tighter, one at least; equal SLOs weigh alike. When more
-    instances are busy than the cores hold, the kernel runs the heavier first, so a model whose SLO leaves a few
-    milliseconds over its batch is not queued behind a model with time to spare."""
+def turn_ranks(device: Device, slos: list[float]) -> list[int] | None:
+    """The priority ranks of instances taking turns with a CPU device, by their models' SLOs (None: all alike,
+    the kernel's default). Deadline-monotonic (`turn_priority: slo`): 0 for the tightest SLO, one more for each
+    looser one, equal SLOs alike. When more instances are busy than the cores hold, the kernel runs the higher
+    rank first, so a model whose SLO leaves a few milliseconds over its batch is not queued behind a model with
+    time to spare."""
     if device.kind != "cpu" or device.turn_priority != "slo" or len(set(slos)) < 2:
         return None
     ranks = sorted(set(slos))
-    return [max(1, MAX_WEIGHT // PRIORITY_STEP ** ranks.index(slo)) for slo in slos]
+    return [ranks.index(slo) for slo in slos]
+
+
+def rank_weight(rank: int | None) -> float:
+    """An instance's CPU weight against a rank-0 one while both are busy (1 where unranked)."""
+    return 1.0 if rank is None else IDLE_STEP**-rank
 
 
 @dataclass(frozen=True)
 class Turn:
     """How one instance taking turns with a device runs: its onnxruntime threads (a CPU's; 1 on a GPU), the share
-    it runs like while it runs (`turn_share`'s, or its own threads' cores), and its cgroup CPU weight (None: the
-    kernel's)."""
+    it runs like while it runs (`turn_share`'s, or its own threads' cores), and its priority rank (None: none)."""
 
     threads: int
     share: int
-    weight: int | None
+    rank: int | None
 
 
 def turn_layout(device: Device, slos: list[float]) -> list[Turn]:
     """How each instance (its model's SLO) taking turns with `device` runs. Every instance on `turn_threads`,
-    weighing `turn_weights`, except with `device.turn_threads: lightest` the one instance that weighs least,
-    where only one does: it runs on a thread per core. It only takes the cores the heavier instances leave it
-    (the kernel runs them first), so its threads do not stall theirs, and while they are idle a long batch of a
+    ranked by `turn_ranks`, except with `device.turn_threads: lightest` the one instance of the lowest rank,
+    where only one is: it runs on a thread per core. It only takes the cores the higher ranks leave it (the
+    kernel runs them first), so its threads do not stall theirs, and while they are idle a long batch of a
     loose SLO runs on every core instead of one."""
     if device.kind != "cpu":
         return [Turn(1, device.units, None)] * len(slos)
-    weights = turn_weights(device, slos)
+    ranks = turn_ranks(device, slos)
     threads = [turn_threads(device, len(slos))] * len(slos)
-    if device.turn_threads == "lightest" and weights is not None and weights.count(min(weights)) == 1:
-        threads[weights.index(min(weights))] = threads_for_cores(device.cores)
-    return [Turn(k, _threads_share(device, k), None if weights is None else weights[i]) for i, k in enumerate(threads)]
+    if device.turn_threads == "lightest" and ranks is not None and ranks.count(max(ranks)) == 1:
+        threads[ranks.index(max(ranks))] = threads_for_cores(device.cores)
+    return [Turn(k, _threads_share(device, k), None if ranks is None else ranks[i]) for i, k in enumerate(threads)]
 
 
 def cpu_weight(device: Device, share: int) -> int:

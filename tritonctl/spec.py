@@ -79,12 +79,13 @@ class DeviceGroup(_Strict):
     units of the remaining cores; the profiler never measures beyond them.
 
     `turn_priority` (CPU only): how instances taking turns with a device share its cores when more are busy
-    than it holds: `slo`, the tighter a model's SLO the heavier its cgroup CPU weight (deadline-monotonic,
-    `shares.turn_weights`), or `equal`, alike (what a hand-written deployment gets).
+    than it holds: `slo`, the tighter a model's SLO the higher its priority rank, each rank running on what
+    the higher ones leave (deadline-monotonic, `shares.turn_ranks`), or `equal`, alike (what a hand-written
+    deployment gets).
 
     `turn_threads` (CPU only): the onnxruntime threads of instances taking turns with a device: `even`, cores /
-    instances each (one at least), or `lightest`, the same but the one instance that weighs least under
-    `turn_priority: slo` on a thread per core (`shares.turn_layout`): it takes only the cores the heavier ones
+    instances each (one at least), or `lightest`, the same but the one instance of the lowest rank under
+    `turn_priority: slo` on a thread per core (`shares.turn_layout`): it takes only the cores the higher ranks
     leave, so a long batch of a loose SLO runs on every core while they are idle; they may start a little later
     when they wake beside it (the kernel's preemption).
     """
@@ -114,7 +115,7 @@ class DeviceGroup(_Strict):
         if self.kind == "gpu" and self.turn_threads != "even":
             raise ValueError("`turn_threads` is for cpu devices only")
         if self.turn_threads == "lightest" and self.turn_priority != "slo":
-            raise ValueError("`turn_threads: lightest` needs `turn_priority: slo` (the lightest weighs by its SLO)")
+            raise ValueError("`turn_threads: lightest` needs `turn_priority: slo` (the lowest rank goes by its SLO)")
         if self.kind == "cpu" and self.usable_units < 1:
             raise ValueError(
                 f"reserved_cores {self.reserved_cores:g} of {self.cores:g} cores leaves nothing to plan with: "

@@ -88,13 +88,14 @@ def _plan(
             if pred.joules_per_request is not None:
                 line += f", {1000 * pred.joules_per_request:.1f} mJ/request at {device.clock_mhz} MHz"
         say(line)
-    weighted = {name: turn for name, turn in plan.turn_layout().items() if turn.weight is not None}
-    if weighted:
+    ranked = {name: turn for name, turn in plan.turn_layout().items() if turn.rank is not None}
+    if ranked:
         say(
-            "instances taking turns with a CPU weigh by their SLO (the tighter first when the cores are busy): "
+            "instances taking turns with a CPU run by their SLO's rank (0 first; a rank runs on the cores "
+            "the higher ones leave): "
             + ", ".join(
-                f"{name} {turn.weight}" + (f" on {turn.threads} threads" if turn.threads > 1 else "")
-                for name, turn in weighted.items()
+                f"{name} {turn.rank}" + (f" on {turn.threads} threads" if turn.threads > 1 else "")
+                for name, turn in ranked.items()
             )
         )
     for model in simulated_misses(plan):

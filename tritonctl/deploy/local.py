@@ -250,12 +250,15 @@ class LocalRuntime:
         mechanism = "none"
         if launch.kind == "cpu":
             try:
-                cgroup = share.create(uid, launch.cpu_quota_us, launch.cpu_period_us, launch.cpu_weight)
+                cgroup = share.create(
+                    uid, launch.cpu_quota_us, launch.cpu_period_us, launch.cpu_weight, launch.cpu_rank
+                )
             except OSError as exc:
                 raise StartError(f"{launch.instance}: cannot set its CPU quota ({exc})") from None
             if cgroup is not None:
                 parts = [f"quota {launch.cpu_quota_us}/{launch.cpu_period_us} us"] if launch.cpu_quota_us else []
                 parts += [f"weight {launch.cpu_weight}"] if launch.cpu_weight is not None else []
+                parts += [f"rank {launch.cpu_rank}"] if launch.cpu_rank is not None else []
                 mechanism = f"{share.mechanism()} {', '.join(parts)}"
         else:
             mechanism = f"MPS {launch.env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%"
@@ -430,7 +433,7 @@ class LocalRuntime:
     def _proxy_group(self) -> Path | None:
         """HAProxy's own cgroup, of the largest CPU weight (None where cgroups are not writable). Every request
         passes through it, so it must not wait behind the instances it feeds (at the default weight, beside instances
-        weighed by their SLOs, the small models' p99 was up to 4.7 ms longer: bench/proxy_priority.py)."""
+        given weights by their SLOs, the small models' p99 was up to 4.7 ms longer: bench/proxy_priority.py)."""
         name = "haproxy." + hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
         try:
             return share.create(name, None, None, MAX_WEIGHT)

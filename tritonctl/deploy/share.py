@@ -4,6 +4,12 @@ Each instance gets its own cgroup with a CFS quota (`cores x period`). The proce
 the group before it execs tritonserver, so every thread and child (the Python backend
 stubs) is limited too. Where no cgroup is writable the share is not enforced, and callers
 say so.
+
+Instances taking turns with a CPU are ranked (`shares.turn_ranks`): rank r's group sits r levels down a ladder
+of groups marked idle (`cpu.idle`, Linux 5.15 on), `tritonctl/below/below/<group>` for rank 2. At each level
+the kernel weighs the idle group 3 against the others' 1024 and preempts it at once for a waking task of a
+group that is not idle: a rank runs on what the ranks above it leave, and a tight SLO's request does not wait
+for a loose one's slice. Where the kernel has no `cpu.idle`, ranks fall back to weights a tenth apart.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import contextlib
 import os
 import time
 from pathlib import Path
+
+from tritonctl.shares import MAX_WEIGHT
 
 V1_ROOT = Path("/sys/fs/cgroup/cpu")
 V2_ROOT = Path("/sys/fs/cgroup")
@@ -31,24 +39,29 @@ def mechanism() -> str:
     return "none"
 
 
-def create(group: str, quota_us: int | None, period_us: int | None, weight: int | None = None) -> Path | None:
-    """Create cgroup `tritonctl/<group>` with the quota (none where None) and, given `weight`, that CPU weight
-    (1-10000 on cgroup v2's scale); None where cgroups are not writable.
+def create(
+    group: str, quota_us: int | None, period_us: int | None, weight: int | None = None, rank: int | None = None
+) -> Path | None:
+    """Create cgroup `tritonctl/<group>` with the quota (none where None), given `weight` that CPU weight
+    (1-10000 on cgroup v2's scale), given `rank` that far down the idle ladder; None where cgroups are not
+    writable.
 
     Raises OSError when the kernel refuses the quota, after removing the cgroup it created for it.
     """
     kind = mechanism()
     if kind == "none":
         return None
-    if kind == "cgroup-v1":
-        path = V1_ROOT / "tritonctl" / group
-        path.parent.mkdir(parents=True, exist_ok=True)
-    else:
-        parent = V2_ROOT / "tritonctl"
-        parent.mkdir(exist_ok=True)
+    parent = (V1_ROOT if kind == "cgroup-v1" else V2_ROOT) / "tritonctl"
+    parent.mkdir(exist_ok=True)
+    if kind == "cgroup-v2":
         (V2_ROOT / "cgroup.subtree_control").write_text("+cpu")
         (parent / "cgroup.subtree_control").write_text("+cpu")
-        path = parent / group
+    for _ in range(rank or 0):
+        if not (parent / "cpu.idle").exists():  # a kernel before 5.15: weights a tenth apart instead
+            weight = max(1, MAX_WEIGHT // 10**rank)
+            break
+        parent = _below(parent, kind)
+    path = parent / group
     created = not path.exists()
     path.mkdir(exist_ok=True)
     try:
@@ -61,6 +74,16 @@ def create(group: str, quota_us: int | None, period_us: int | None, weight: int 
             with contextlib.suppress(OSError):
                 path.rmdir()
         raise
+    return path
+
+
+def _below(parent: Path, kind: str) -> Path:
+    """The idle group one rank down the ladder under `parent`."""
+    path = parent / "below"
+    path.mkdir(exist_ok=True)
+    (path / "cpu.idle").write_text("1")
+    if kind == "cgroup-v2":
+        (path / "cgroup.subtree_control").write_text("+cpu")
     return path
 
 
@@ -112,7 +135,7 @@ def members(path: Path) -> set[int]:
 
 
 def remove(path: Path | None, timeout_s: float = 5.0) -> None:
-    """Remove the cgroup once its processes are gone."""
+    """Remove the cgroup once its processes are gone, and the ladder's idle groups above it left empty."""
     if path is None:
         return
     deadline = time.monotonic() + timeout_s
@@ -123,3 +146,8 @@ def remove(path: Path | None, timeout_s: float = 5.0) -> None:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
+    for below in (p for p in path.parents if p.name == "below"):
+        try:
+            below.rmdir()
+        except OSError:  # another rank still runs in it
+            return

@@ -14,9 +14,9 @@ whole device each. A GPU gives it to one batch at a time: the instances share on
 and take turns. A CPU runs every instance's batch at once and the kernel's scheduler shares
 the cores among them: processor sharing, each instance on its threads of `shares.turn_layout`,
 all at full speed while their threads fit the cores; beyond, the cores go by the instances'
-cgroup weights (`shares.turn_weights`: the tighter SLO first), or in proportion to the
-threads where they weigh alike. A short batch that starts beside a long one is slowed,
-not queued behind it.
+priority ranks (`shares.turn_ranks`: the tighter SLO first, each rank weighing
+`shares.IDLE_STEP` times the next), or in proportion to the threads where they are not
+ranked. A short batch that starts beside a long one is slowed, not queued behind it.
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served (knowing the batch's drawn latency, or under processor sharing its time
@@ -60,7 +60,7 @@ import numpy as np
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.plan import Plan, PlannedModel
-from tritonctl.shares import Turn
+from tritonctl.shares import Turn, rank_weight
 
 
 @dataclass
@@ -207,9 +207,9 @@ def _serve(inst: _Instance, take: int, start: float, exec_ms: float, drop: bool)
 
 def _speeds(weights: list[float], threads: list[int], cores: float) -> list[float]:
     """Each running batch's speed (a part of its speed alone, on its threads) while the kernel shares `cores`
-    among the batches by their cgroup weights: in proportion to the weights, none more cores than its threads,
-    what a capped one leaves going to the others (water-filling; alike weights and k threads each:
-    min(1, cores / (k n)) each)."""
+    among the batches by their weights (`shares.rank_weight`): in proportion to the weights, none more cores
+    than its threads, what a capped one leaves going to the others (water-filling; alike weights and k threads
+    each: min(1, cores / (k n)) each)."""
     speeds = [0.0] * len(weights)
     left, rest = cores, sum(weights)
     for i in sorted(range(len(weights)), key=lambda i: threads[i] / weights[i]):  # the first capped come first
@@ -226,10 +226,10 @@ def _share_cores(
     drop: bool,
     cores: float,
     threads: list[int],
-    weights: list[int],
+    weights: list[float],
 ) -> None:
     """One CPU device of `cores` in turns: every instance's batch runs at once on its `threads`, at the speed
-    `_speeds` gives it by the instances' cgroup `weights` among the batches in flight (all at full speed while
+    `_speeds` gives it by the instances' `weights` among the batches in flight (all at full speed while
     their threads fit the cores). A batch's work is its time alone; it ends when the speeds it ran at have
     done it."""
     now = 0.0
@@ -346,7 +346,8 @@ def simulate(
         held = [turn_of[i] for i, inst in enumerate(instances) if inst.device == device]
         threads = [turn.threads for turn in held]
         cores = max(plan.device(device).cores, *threads)  # fewer cores than threads already slow each batch alone
-        _share_cores(by_device[device], draw, horizon_ms, drop, cores, threads, [turn.weight or 1 for turn in held])
+        weights = [rank_weight(turn.rank) for turn in held]
+        _share_cores(by_device[device], draw, horizon_ms, drop, cores, threads, weights)
     heap = [
         (t, i)
         for i, inst in enumerate(instances)

@@ -55,6 +55,7 @@ class Launch:
     cpu_quota_us: int | None
     cpu_period_us: int | None
     cpu_weight: int | None  # a cgroup CPU weight (1-10000, cgroup v2's scale): with a quota, or instead of one
+    cpu_rank: int | None  # taking turns with a CPU: its priority rank (`shares.turn_ranks`)
     config_hash: str  # everything about the instance: any change needs at least a reload
     process_hash: str  # what the process is started with: a change needs a new process (a swap)
 
@@ -132,10 +133,10 @@ def launch_for(
     cpu_share: str = "quota",
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
-    priority: int | None = None,
+    rank: int | None = None,
 ) -> Launch:
-    """How the instance's process is started. `priority`: the cgroup weight of an instance taking turns with a
-    CPU (`shares.turn_weights`), beside its quota."""
+    """How the instance's process is started. `rank`: the priority rank of an instance taking turns with a CPU
+    (`shares.turn_ranks`), beside its quota."""
     env: dict[str, str] = {}
     quota = period = weight = None
     if device.kind == "gpu":
@@ -161,7 +162,6 @@ def launch_for(
         if cpu_share == "weight":
             quota = period = None
             weight = cpu_weight(device, placement.share)
-        weight = priority or weight
     # What the process is started with. Batch size, queue delay and refusing late requests are left out (the
     # config rendered at batch 1, without delay or refusal): Triton reloads a model with them changed in place.
     batchless = render_config(
@@ -175,6 +175,8 @@ def launch_for(
     process = [batchless, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period]
     if weight is not None:
         process.append(weight)
+    if rank is not None:
+        process.append({"rank": rank})
     return Launch(
         instance=placement.instance,
         model=model.name,
@@ -187,6 +189,7 @@ def launch_for(
         cpu_quota_us=quota,
         cpu_period_us=period,
         cpu_weight=weight,
+        cpu_rank=rank,
         config_hash=_digest(config, process),
         process_hash=_digest(process),
     )
@@ -220,11 +223,11 @@ def render_instance(
     cpu_share: str = "quota",
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
-    priority: int | None = None,
+    rank: int | None = None,
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device, reject_late, threads, gpu_backend)
-    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend, priority)
+    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend, rank)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / MODEL_VERSION
@@ -278,7 +281,7 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
             plan.runtime.cpu_share,
             turn.threads if turn and device.kind == "cpu" else None,
             plan.runtime.gpu_backend,
-            turn.weight if turn else None,
+            turn.rank if turn else None,
         )
 
     reject_late = plan.runtime.reject_late

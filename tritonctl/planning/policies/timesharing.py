@@ -21,7 +21,7 @@ from tritonctl.latency.queueing import goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import memory_at
-from tritonctl.shares import Turn, turn_layout, turn_share, turn_slots
+from tritonctl.shares import Turn, rank_weight, turn_layout, turn_share, turn_slots
 
 STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances taking turns are and how long they take
 
@@ -72,14 +72,14 @@ def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device
     instances' threads are more than the cores (`_stretch`), and at least to what the cores
     the others leave it on average allow (`_left`), each other instance busy for the
     part of the time its own rate and stretched batches keep it so (a fixed point, a few rounds
-    from the times alone). Under deadline-monotonic weights (`shares.turn_weights`) a batch is
-    stretched only by the instances that weigh at least as much as its own: the kernel runs the
-    heavier first."""
+    from the times alone). Under deadline-monotonic ranks (`shares.turn_ranks`) a batch is
+    stretched only by the instances of its own rank or a higher one: the kernel runs the
+    higher ranks first."""
     layout = turn_layout(device, [slo for *_, slo in members])
     alone = [lm.t_inf(model, batch, turn.share) for (model, batch, _, _), turn in zip(members, layout, strict=True)]
     if device.kind != "cpu":
         return [sum(alone)] * len(members)
-    weights = [turn.weight or 1 for turn in layout]
+    weights = [rank_weight(turn.rank) for turn in layout]
     held = alone
     for _ in range(STRETCH_ROUNDS):
         busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate, _), t in zip(members, held, strict=True)]

@@ -1,0 +1,132 @@
+"""Do the priority ranks of instances taking turns with a CPU hold under load? One plan, loaded with its
+instances as `apply` starts them (each rank a level down the ladder of idle cgroups), then with the same
+instances moved into flat cgroups weighing a tenth apart by rank (what a kernel without `cpu.idle` gets), then
+into flat cgroups of the kernel's default weight (unranked), each with its quota, in turn.
+
+    python bench/turn_ladder.py CLUSTER --latency-model LM --out DIR [--scale 1] [--rounds 3]
+        [--duration 20] [--tools perf_analyzer tritonctl]
+
+Plans the cluster at its rates x `--scale` with `search` (as real_load.py's `best-replan`), applies it, then
+runs `--rounds` rounds; in each, every arrangement is loaded in turn by every tool (open-loop Poisson, all
+models at once), the instances' processes moved between cgroups just before its runs. Per arrangement, tool
+and model: p99 and the share of requests within the SLO, each round, beside the plan's simulated p99, to
+DIR/results.json and DIR/summary.md. Needs writable cgroups (root); run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from real_load import plan_for, predicted_p99, run_once, targets_of
+
+from tritonctl.cli import main as tritonctl
+from tritonctl.deploy import share
+from tritonctl.deploy.state import load_state
+from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.planning.plan import load_plan
+from tritonctl.shares import MAX_WEIGHT
+from tritonctl.triton.perf_analyzer import find_perf_analyzer
+
+ARRANGEMENTS = ("ladder", "weights", "alike")
+DEFAULT_WEIGHT = 100  # cgroup v2's default cpu.weight (v1: cpu.shares 1024)
+
+
+def move(pids: set[int], group: Path) -> None:
+    for pid in pids:
+        (group / "cgroup.procs").write_text(str(pid))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cluster", type=Path)
+    parser.add_argument("--latency-model", type=Path, required=True, help="profiled on this CPU")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scale", type=float, default=1.0, help="the cluster's rates times this")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
+    parser.add_argument("--tools", nargs="+", default=["perf_analyzer", "tritonctl"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = Path(tempfile.mkdtemp(prefix="turn-ladder."))  # perf_analyzer's logs and exports: not kept
+    cpu = cpu_fingerprint()
+    print(f"CPU: {cpu['model']} (id {cpu['id']})")
+    pa = find_perf_analyzer() if "perf_analyzer" in args.tools else None
+    plan_path = plan_for("best", args.cluster, args.latency_model, args.out, args.scale)
+    layout = load_plan(plan_path).plan.turn_layout()
+    if not any(turn.rank for turn in layout.values()):
+        raise SystemExit(f"{plan_path}: no instance takes turns below rank 0: nothing to compare")
+    predicted = predicted_p99(plan_path)
+    assert tritonctl(["apply", str(plan_path), "--accept-misses"]) == 0
+    rows: list[dict] = []
+    ladder: dict[str, Path] = {}  # instance -> its cgroup as applied
+    flat: dict[str, Path] = {}  # instance -> its flat cgroup
+    try:
+        ladder = {r.instance: Path(r.cgroup) for r in load_state(load_plan(plan_path).state_dir).instances.values()}
+        if not all(ladder.values()):
+            raise SystemExit("the instances run outside cgroups here (cgroups not writable): nothing to compare")
+        weights = {name: max(1, MAX_WEIGHT // 10 ** (layout[name].rank or 0)) for name in ladder}
+        flat = {name: share.create(f"{group.name}.flat", *share.quota(group)) for name, group in ladder.items()}
+        targets = targets_of("best", plan_path, args.scale)
+        for rnd in range(args.rounds):
+            for arrangement in ARRANGEMENTS:
+                for name, group in ladder.items():
+                    if arrangement == "ladder":
+                        move(share.members(flat[name]), group)
+                        continue
+                    share.set_weight(flat[name], weights[name] if arrangement == "weights" else DEFAULT_WEIGHT)
+                    move(share.members(group), flat[name])
+                for tool in args.tools:
+                    for r in run_once(arrangement, tool, args.scale, targets, predicted, args, pa, raw):
+                        rows.append({**asdict(r), "round": rnd})
+    finally:
+        for name, group in flat.items():
+            move(share.members(group), ladder[name])
+        tritonctl(["down", str(plan_path)])
+        for group in flat.values():
+            share.remove(group)
+        shutil.rmtree(raw, ignore_errors=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "summary.md").write_text(summary(rows, f"{cpu['model']} (id {cpu['id']})", args))
+    print((args.out / "summary.md").read_text())
+
+
+def summary(rows: list[dict], cpu: str, args) -> str:
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    slo = {r["model"]: r["slo_ms"] for r in rows}
+    simulated = {r["model"]: r["simulated_p99_ms"] for r in rows}
+    lines = [
+        f"CPU: {cpu}; {args.cluster.name} at {args.scale:g}x its rates, {args.rounds} rounds of {args.duration:g} s",
+        "",
+        "Per model: p99 ms (median over the rounds, each round's in brackets), % within the SLO over all rounds;",
+        "a round where perf_analyzer stopped at a refused request counts 0% and no p99",
+        "",
+        "| arrangement | tool | " + " | ".join(f"{m} (SLO {slo[m]:g})" for m in models) + " |",
+        "|" + "---|" * (2 + len(models)),
+        "| the plan's simulation | | " + " | ".join(_ms(simulated[m]) for m in models) + " |",
+    ]
+    for arrangement in ARRANGEMENTS:
+        for tool in args.tools:
+            cells = []
+            for m in models:
+                mine = [r for r in rows if (r["deployment"], r["tool"], r["model"]) == (arrangement, tool, m)]
+                p99s = [r["p99_ms"] for r in mine if r["p99_ms"] == r["p99_ms"]]  # not NaN: measured
+                within = sum(r["in_slo"] * r["offered_rps"] for r in mine) / sum(r["offered_rps"] for r in mine)
+                rounds = ", ".join(f"{p:.0f}" if p == p else "-" for p in (r["p99_ms"] for r in mine))
+                median = f"{statistics.median(p99s):.1f}" if p99s else "-"
+                cells.append(f"{median} ({rounds}) {100 * within:.1f}%")
+            lines.append(f"| {arrangement} | {tool} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+if __name__ == "__main__":
+    main()
