@@ -293,15 +293,16 @@ def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
 
 
 def test_deadline_monotonic_ranks_and_what_they_predict(lm):
-    """The tightest SLO ranks 0, each looser one a rank lower; equal SLOs alike; all alike or on a GPU, no ranks.
+    """The tightest SLO ranks 0, and in SLO order one at least 1.5 times its rank's tightest starts the next rank;
+    all in one rank or on a GPU, no ranks.
     Ranked, a batch is stretched only by instances of its rank or higher: the tightest runs as if alone, the
     loosest is stretched by every other one (which are busy for less time)."""
     from tritonctl.planning.policies.timesharing import turn_service_ms
     from tritonctl.shares import turn_ranks
 
     (cpu,) = cpus(1)
-    assert turn_ranks(cpu, [30, 10, 20, 10, 80, 90, 100]) == [2, 0, 1, 0, 3, 4, 5]
-    assert turn_ranks(cpu, [50, 50]) is None
+    assert turn_ranks(cpu, [30, 10, 20, 10, 80, 90, 100, 120]) == [2, 0, 1, 0, 3, 3, 3, 4]
+    assert turn_ranks(cpu, [50, 50]) is None and turn_ranks(cpu, [50, 60]) is None
     assert turn_ranks(cpu.model_copy(update={"turn_priority": "equal"}), [10, 20]) is None
     gpu = Device(id="gpu0", kind="gpu", index=0, memory_mb=4096, units=100)
     assert turn_ranks(gpu, [10, 20]) is None

@@ -78,18 +78,25 @@ def turn_slots(device: Device, sharing: int) -> float:
 # preempts it at once for a waking task that is not in one, so a rank runs on what the ranks above it leave.
 IDLE_STEP = 1024 / 3
 MAX_WEIGHT = 10_000  # cgroup v2's largest cpu.weight
+# SLOs closer than this share a rank: a strict order between 75 and 76 ms would queue one behind the other for
+# nothing (measured: bench/turn_ladder.py).
+RANK_RATIO = 1.5
 
 
 def turn_ranks(device: Device, slos: list[float]) -> list[int] | None:
     """The priority ranks of instances taking turns with a CPU device, by their models' SLOs (None: all alike,
-    the kernel's default). Deadline-monotonic (`turn_priority: slo`): 0 for the tightest SLO, one more for each
-    looser one, equal SLOs alike. When more instances are busy than the cores hold, the kernel runs the higher
-    rank first, so a model whose SLO leaves a few milliseconds over its batch is not queued behind a model with
-    time to spare."""
-    if device.kind != "cpu" or device.turn_priority != "slo" or len(set(slos)) < 2:
+    the kernel's default). Deadline-monotonic (`turn_priority: slo`): 0 for the tightest SLO; in SLO order, an
+    SLO at least `RANK_RATIO` times its rank's tightest starts the next rank. When more instances are busy than
+    the cores hold, the kernel runs the higher rank first, so a model whose SLO leaves a few milliseconds over
+    its batch is not queued behind a model with time to spare."""
+    if device.kind != "cpu" or device.turn_priority != "slo":
         return None
-    ranks = sorted(set(slos))
-    return [ranks.index(slo) for slo in slos]
+    rank_of, rank, first = {}, -1, 0.0
+    for slo in sorted(set(slos)):
+        if rank < 0 or slo >= RANK_RATIO * first:
+            rank, first = rank + 1, slo
+        rank_of[slo] = rank
+    return None if rank == 0 else [rank_of[slo] for slo in slos]
 
 
 def rank_weight(rank: int | None) -> float:
