@@ -78,8 +78,8 @@ def turn_slots(device: Device, sharing: int) -> float:
 # preempts it at once for a waking task that is not in one, so a rank runs on what the ranks above it leave.
 IDLE_STEP = 1024 / 3
 MAX_WEIGHT = 10_000  # cgroup v2's largest cpu.weight
-# SLOs closer than this share a rank: a strict order between 75 and 76 ms would queue one behind the other for
-# nothing (measured: bench/turn_ladder.py).
+# SLOs closer than this share a rank: a strict order between 75 and 76 ms queued one behind the other for nothing
+# (bench/results/turn-ladder/random-1-1-every-slo-a-rank.md).
 RANK_RATIO = 1.5
 
 
