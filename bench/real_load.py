@@ -296,6 +296,25 @@ def cpu_table(before: dict, after: dict, seconds: float) -> str:
     return "\n".join(f"{name:40} {value / seconds:6.2f} cores" for name, value in sorted(used.items()))
 
 
+def rounds_bench(doc: str, scale: float, prefix: str) -> tuple[argparse.Namespace, Path, dict, Path | None]:
+    """What a bench that loads one applied plan of a cluster in rounds starts from (proxy_priority.py,
+    turn_ladder.py): its arguments, a folder for perf_analyzer's logs (not kept), the CPU, perf_analyzer."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cluster", type=Path)
+    parser.add_argument("--latency-model", type=Path, required=True, help="profiled on this CPU")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scale", type=float, default=scale, help="the cluster's rates times this")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
+    parser.add_argument("--tools", nargs="+", default=["perf_analyzer", "tritonctl"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cpu = cpu_fingerprint()
+    print(f"CPU: {cpu['model']} (id {cpu['id']})")
+    pa = find_perf_analyzer() if "perf_analyzer" in args.tools else None
+    return args, Path(tempfile.mkdtemp(prefix=prefix)), cpu, pa
+
+
 def run_once(name: str, tool: str, scale: float, targets, predicted, args, pa, folder: Path) -> list[Row]:
     """One deployment loaded at one scale by one tool: its rows (and, at 1x under perf_analyzer, CPU by process)."""
     before, started = every_process(), time.monotonic()

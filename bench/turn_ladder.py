@@ -15,23 +15,19 @@ DIR/results.json and DIR/summary.md. Needs writable cgroups (root); run it on a 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from real_load import plan_for, predicted_p99, run_once, targets_of
+from real_load import plan_for, predicted_p99, rounds_bench, run_once, targets_of
 
 from tritonctl.cli import main as tritonctl
 from tritonctl.deploy import share
 from tritonctl.deploy.state import load_state
-from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.planning.plan import load_plan
 from tritonctl.shares import MAX_WEIGHT
-from tritonctl.triton.perf_analyzer import find_perf_analyzer
 
 ARRANGEMENTS = ("ladder", "weights", "alike")
 DEFAULT_WEIGHT = 100  # cgroup v2's default cpu.weight (v1: cpu.shares 1024)
@@ -43,20 +39,7 @@ def move(pids: set[int], group: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("cluster", type=Path)
-    parser.add_argument("--latency-model", type=Path, required=True, help="profiled on this CPU")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--scale", type=float, default=1.0, help="the cluster's rates times this")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of traffic per run")
-    parser.add_argument("--tools", nargs="+", default=["perf_analyzer", "tritonctl"])
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    raw = Path(tempfile.mkdtemp(prefix="turn-ladder."))  # perf_analyzer's logs and exports: not kept
-    cpu = cpu_fingerprint()
-    print(f"CPU: {cpu['model']} (id {cpu['id']})")
-    pa = find_perf_analyzer() if "perf_analyzer" in args.tools else None
+    args, raw, cpu, pa = rounds_bench(__doc__, 1.0, "turn-ladder.")  # perf_analyzer's logs in raw: not kept
     plan_path = plan_for("best", args.cluster, args.latency_model, args.out, args.scale)
     layout = load_plan(plan_path).plan.turn_layout()
     if not any(turn.rank for turn in layout.values()):
