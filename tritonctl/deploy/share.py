@@ -56,11 +56,11 @@ def create(
     if kind == "cgroup-v2":
         (V2_ROOT / "cgroup.subtree_control").write_text("+cpu")
         (parent / "cgroup.subtree_control").write_text("+cpu")
-    for _ in range(rank or 0):
-        if not (parent / "cpu.idle").exists():  # a kernel before 5.15: weights a tenth apart instead
-            weight = max(1, MAX_WEIGHT // 10**rank)
-            break
-        parent = _below(parent, kind)
+    if rank is not None and not (parent / "cpu.idle").exists():  # a kernel before 5.15: weights a tenth apart
+        weight = max(1, MAX_WEIGHT // 10**rank)
+    else:
+        for _ in range(rank or 0):
+            parent = _below(parent, kind)
     path = parent / group
     created = not path.exists()
     path.mkdir(exist_ok=True)
