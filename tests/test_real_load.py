@@ -443,6 +443,23 @@ def test_applied_instances_taking_turns_run_in_cgroups_down_the_idle_ladder_by_r
     assert not groups["beta"].parent.exists()
 
 
+def test_ranks_go_down_the_idle_ladder_or_without_cpu_idle_become_weights_a_tenth_apart(tmp_path, monkeypatch):
+    """A kernel before 5.15 has no cpu.idle: rank r then weighs 10000 / 10^r beside the others, rank 0 the
+    heaviest. (A folder laid out as cgroup v1 stands in for the kernel this machine does not run.)"""
+    from tritonctl.deploy import share
+
+    (tmp_path / "cpu.cfs_quota_us").write_text("-1")
+    monkeypatch.setattr(share, "V1_ROOT", tmp_path)
+    for rank, weight in ((0, 10000), (1, 1000), (2, 100)):
+        path = share.create(f"g{rank}", None, None, rank=rank)
+        assert path == tmp_path / "tritonctl" / f"g{rank}"
+        assert (path / "cpu.shares").read_text() == str(round(weight * 10.24))
+    (tmp_path / "tritonctl" / "cpu.idle").write_text("0")
+    path = share.create("h", None, None, rank=2)
+    assert path == tmp_path / "tritonctl" / "below" / "below" / "h" and not (path / "cpu.shares").exists()
+    assert (path.parent / "cpu.idle").read_text() == (path.parent.parent / "cpu.idle").read_text() == "1"
+
+
 def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within_every_slo(synthetic_lm, mlp_cluster):
     from tritonctl.export import materialize
     from tritonctl.latency.model import load_latency_model
