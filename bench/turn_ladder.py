@@ -1,7 +1,9 @@
 """Do the priority ranks of instances taking turns with a CPU hold under load? One plan, loaded with its
-instances as `apply` starts them (each rank a level down the ladder of idle cgroups), then with the same
-instances moved into flat cgroups weighing a tenth apart by rank (what a kernel without `cpu.idle` gets), then
-into flat cgroups of the kernel's default weight (unranked), each with its quota, in turn.
+instances as `apply` starts them (each rank a level down the ladder of idle cgroups), then with each instance's
+Triton server process (its front end) moved out of the ladder into one top-level cgroup and only its Python
+backend stubs (the model) left ranked, then with the instances moved into flat cgroups weighing a tenth apart
+by rank (what a kernel without `cpu.idle` gets), then into flat cgroups of the kernel's default weight
+(unranked), each with its quota, in turn.
 
     python bench/turn_ladder.py CLUSTER --latency-model LM --out DIR [--scale 1] [--rounds 3]
         [--duration 20] [--tools perf_analyzer tritonctl]
@@ -29,7 +31,7 @@ from tritonctl.deploy.state import load_state
 from tritonctl.planning.plan import load_plan
 from tritonctl.shares import MAX_WEIGHT
 
-ARRANGEMENTS = ("ladder", "weights", "alike")
+ARRANGEMENTS = ("ladder", "fronts", "weights", "alike")
 DEFAULT_WEIGHT = 100  # cgroup v2's default cpu.weight (v1: cpu.shares 1024)
 
 
@@ -47,31 +49,38 @@ def main() -> None:
     predicted = predicted_p99(plan_path)
     assert tritonctl(["apply", str(plan_path), "--accept-misses"]) == 0
     rows: list[dict] = []
-    ladder: dict[str, Path] = {}  # instance -> its cgroup as applied
+    records = {r.instance: r for r in load_state(load_plan(plan_path).state_dir).instances.values()}
+    ladder = {name: Path(r.cgroup) if r.cgroup else None for name, r in records.items()}  # as applied
     flat: dict[str, Path] = {}  # instance -> its flat cgroup
+    fronts = None  # the Triton server processes' top-level cgroup
+    stubs = {name: share.members(group) - {records[name].pid} for name, group in ladder.items() if group}
+
+    def arrange(arrangement: str) -> None:
+        for name, group in ladder.items():
+            home = group if arrangement in ("ladder", "fronts") else flat[name]
+            if arrangement in ("weights", "alike"):
+                share.set_weight(home, weights[name] if arrangement == "weights" else DEFAULT_WEIGHT)
+            move(stubs[name], home)
+            move({records[name].pid}, fronts if arrangement == "fronts" else home)
+
     try:
-        ladder = {r.instance: Path(r.cgroup) for r in load_state(load_plan(plan_path).state_dir).instances.values()}
         if not all(ladder.values()):
             raise SystemExit("the instances run outside cgroups here (cgroups not writable): nothing to compare")
         weights = {name: max(1, MAX_WEIGHT // 10 ** (layout[name].rank or 0)) for name in ladder}
         flat = {name: share.create(f"{group.name}.flat", *share.quota(group)) for name, group in ladder.items()}
+        fronts = share.create(f"fronts.{load_plan(plan_path).plan.cluster}", None, None)
         targets = targets_of("best", plan_path, args.scale)
         for rnd in range(args.rounds):
             for arrangement in ARRANGEMENTS:
-                for name, group in ladder.items():
-                    if arrangement == "ladder":
-                        move(share.members(flat[name]), group)
-                        continue
-                    share.set_weight(flat[name], weights[name] if arrangement == "weights" else DEFAULT_WEIGHT)
-                    move(share.members(group), flat[name])
+                arrange(arrangement)
                 for tool in args.tools:
                     for r in run_once(arrangement, tool, args.scale, targets, predicted, args, pa, raw):
                         rows.append({**asdict(r), "round": rnd})
     finally:
-        for name, group in flat.items():
-            move(share.members(group), ladder[name])
+        if flat and fronts:
+            arrange("ladder")
         tritonctl(["down", str(plan_path)])
-        for group in flat.values():
+        for group in [*flat.values(), fronts]:
             share.remove(group)
         shutil.rmtree(raw, ignore_errors=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
