@@ -294,9 +294,8 @@ def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
 
 def test_deadline_monotonic_ranks_and_what_they_predict(lm):
     """The tightest SLO ranks 0, and in SLO order one at least 1.5 times its rank's tightest starts the next rank;
-    all in one rank or on a GPU, no ranks.
-    Ranked, a batch is stretched only by instances of its rank or higher: the tightest runs as if alone, the
-    loosest is stretched by every other one (which are busy for less time)."""
+    all in one rank or on a GPU, no ranks. Ranked, a batch is stretched only by instances of its rank or higher:
+    the tightest runs as if alone, the loosest is stretched by every other one (which are busy for less time)."""
     from tritonctl.planning.policies.timesharing import turn_service_ms
     from tritonctl.shares import turn_ranks
 

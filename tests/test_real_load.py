@@ -384,7 +384,7 @@ def turn_plan(tmp_path: Path, synthetic_lm: Path, priority: str, threads: str = 
     return tmp_path / "plan.yaml"
 
 
-def test_instances_taking_turns_weigh_by_their_slo_beside_their_quota(tmp_path, synthetic_lm):
+def test_instances_taking_turns_are_ranked_by_their_slo_beside_their_quota(tmp_path, synthetic_lm):
     """Deadline-monotonic: the tighter SLO's instance ranks 0 and the looser one 1, each with its quota, and a
     thread each, or with turn_threads: lightest the lower rank a thread per core; alike
     (devices[].turn_priority: equal), no ranks."""
