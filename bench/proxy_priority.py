@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from real_load import plan_for, rounds_bench, run_once, targets_of
+from real_load import plan_for, rounds_bench, rounds_cell, run_once, targets_of, write_rounds
 
 from tritonctl.cli import main as tritonctl
 from tritonctl.deploy import share
@@ -52,9 +51,7 @@ def main() -> None:
     finally:
         tritonctl(["down", str(plan_path)])
         shutil.rmtree(raw, ignore_errors=True)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (args.out / "summary.md").write_text(summary(rows, f"{cpu['model']} (id {cpu['id']})", args))
-    print((args.out / "summary.md").read_text())
+    write_rounds(args, rows, summary(rows, f"{cpu['model']} (id {cpu['id']})", args))
 
 
 def summary(rows: list[dict], cpu: str, args) -> str:
@@ -69,13 +66,7 @@ def summary(rows: list[dict], cpu: str, args) -> str:
     ]
     for name in PATHS:
         for tool in args.tools:
-            cells = []
-            for m in models:
-                mine = [r for r in rows if (r["deployment"], r["tool"], r["model"]) == (name, tool, m)]
-                p99s = [r["p99_ms"] for r in mine]
-                within = sum(r["in_slo"] * r["offered_rps"] for r in mine) / sum(r["offered_rps"] for r in mine)
-                rounds = ", ".join(f"{p:.0f}" for p in p99s)
-                cells.append(f"{statistics.median(p99s):.1f} ({rounds}) {100 * within:.1f}%")
+            cells = [rounds_cell(rows, name, tool, m) for m in models]
             lines.append(f"| {name} | {tool} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -313,6 +314,24 @@ def rounds_bench(doc: str, scale: float, prefix: str) -> tuple[argparse.Namespac
     print(f"CPU: {cpu['model']} (id {cpu['id']})")
     pa = find_perf_analyzer() if "perf_analyzer" in args.tools else None
     return args, Path(tempfile.mkdtemp(prefix=prefix)), cpu, pa
+
+
+def rounds_cell(rows: list[dict], name: str, tool: str, model: str) -> str:
+    """One model's cell of a rounds bench's summary: its p99 (median over the rounds, each round's in brackets,
+    "-" where perf_analyzer stopped) and its share of requests within the SLO over all rounds."""
+    mine = [r for r in rows if (r["deployment"], r["tool"], r["model"]) == (name, tool, model)]
+    p99s = [r["p99_ms"] for r in mine if r["p99_ms"] == r["p99_ms"]]  # not NaN: measured
+    within = sum(r["in_slo"] * r["offered_rps"] for r in mine) / sum(r["offered_rps"] for r in mine)
+    rounds = ", ".join(f"{p:.0f}" if p == p else "-" for p in (r["p99_ms"] for r in mine))
+    median = f"{statistics.median(p99s):.1f}" if p99s else "-"
+    return f"{median} ({rounds}) {100 * within:.1f}%"
+
+
+def write_rounds(args: argparse.Namespace, rows: list[dict], summary: str) -> None:
+    """A rounds bench's rows to OUT/results.json and its summary to OUT/summary.md, and the summary printed."""
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "summary.md").write_text(summary)
+    print(summary)
 
 
 def run_once(name: str, tool: str, scale: float, targets, predicted, args, pa, folder: Path) -> list[Row]:

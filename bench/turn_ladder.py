@@ -17,13 +17,11 @@ DIR/results.json and DIR/summary.md. Needs writable cgroups (root); run it on a 
 
 from __future__ import annotations
 
-import json
 import shutil
-import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from real_load import plan_for, predicted_p99, rounds_bench, run_once, targets_of
+from real_load import plan_for, predicted_p99, rounds_bench, rounds_cell, run_once, targets_of, write_rounds
 
 from tritonctl.cli import main as tritonctl
 from tritonctl.deploy import share
@@ -83,9 +81,7 @@ def main() -> None:
         for group in [*flat.values(), fronts]:
             share.remove(group)
         shutil.rmtree(raw, ignore_errors=True)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (args.out / "summary.md").write_text(summary(rows, f"{cpu['model']} (id {cpu['id']})", args))
-    print((args.out / "summary.md").read_text())
+    write_rounds(args, rows, summary(rows, f"{cpu['model']} (id {cpu['id']})", args))
 
 
 def summary(rows: list[dict], cpu: str, args) -> str:
@@ -104,14 +100,7 @@ def summary(rows: list[dict], cpu: str, args) -> str:
     ]
     for arrangement in ARRANGEMENTS:
         for tool in args.tools:
-            cells = []
-            for m in models:
-                mine = [r for r in rows if (r["deployment"], r["tool"], r["model"]) == (arrangement, tool, m)]
-                p99s = [r["p99_ms"] for r in mine if r["p99_ms"] == r["p99_ms"]]  # not NaN: measured
-                within = sum(r["in_slo"] * r["offered_rps"] for r in mine) / sum(r["offered_rps"] for r in mine)
-                rounds = ", ".join(f"{p:.0f}" if p == p else "-" for p in (r["p99_ms"] for r in mine))
-                median = f"{statistics.median(p99s):.1f}" if p99s else "-"
-                cells.append(f"{median} ({rounds}) {100 * within:.1f}%")
+            cells = [rounds_cell(rows, arrangement, tool, m) for m in models]
             lines.append(f"| {arrangement} | {tool} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
