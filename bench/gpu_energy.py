@@ -13,11 +13,10 @@ in-place reloads); `down` resets the clock. Writes OUT/summary.json and OUT/log.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
-from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, start
+from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, gpu_description, start
 
 ENERGY_MODEL = REPO / "profiles" / "gpu-energy" / "energy-model.json"
 
@@ -40,11 +39,7 @@ def main() -> None:
         return
 
     def clock() -> str:
-        query = ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.draw", "--format=csv,noheader"]
-        try:
-            return subprocess.run(query, capture_output=True, text=True).stdout.strip()
-        except FileNotFoundError:
-            return "no nvidia-smi"
+        return gpu_description("clocks.sm,clocks.max.sm,power.draw")
 
     def applied_and_loaded(name: str):
         t0 = time.monotonic()

@@ -164,6 +164,15 @@ def standin_p50(model: str, share: int, batch: int) -> float | None:
     return None
 
 
+def gpu_description(fields: str = "name,driver_version,memory.total,clocks.max.sm") -> str:
+    """What nvidia-smi says of the GPU(s): by default name, driver, memory and top SM clock."""
+    query = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"]
+    try:
+        return subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    except FileNotFoundError:
+        return "no nvidia-smi"
+
+
 def start(budget_s: float, work: str) -> tuple[argparse.Namespace, Path, Run, Path]:
     """What a GPU bench script starts with: its arguments (-o, --budget, --duration), its output folder and Run,
     and its work folder under /tmp (plans and their variants side by side: their paths are relative)."""
@@ -182,15 +191,10 @@ def start(budget_s: float, work: str) -> tuple[argparse.Namespace, Path, Run, Pa
 def main() -> None:
     args, out, run, work = start(480, "gpu-triton-work")
     plan_path = work / "plan.yaml"
-    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"]
-    try:
-        smi = subprocess.run(query, capture_output=True, text=True).stdout.strip()
-    except FileNotFoundError:
-        smi = "no nvidia-smi"
     import torch
 
     run.summary["host"] = {
-        "gpu": smi,
+        "gpu": gpu_description(),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),

@@ -7,6 +7,7 @@
 Deployments:
 - handwritten: what a user writes by hand: one tritonserver, one Python-backend instance per
   model running onnxruntime on 1 thread, no batching, no quotas (rendered from the same exports);
+  for a GPU cluster one instance per model on the whole GPU (no MPS), dynamic batching up to 32;
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: tritonctl's default plan with the latency model (`search`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-serveall`
@@ -57,7 +58,7 @@ from tritonctl.deploy.state import straight_to_instances
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.ablation import linear_running_time, no_interference, no_wake
-from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.latency.device import cpu_fingerprint, gpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import without_queueing
 from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
@@ -70,6 +71,7 @@ from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from tritonctl.triton.render import MODEL_VERSION, place_file, python_glue, render_config
 
 ANSWERED_IN_SLO = 0.99  # a scale is served when every model answers this part of its requests within the SLO
+HANDWRITTEN_GPU_BATCH = 32  # the largest batch a hand-written GPU deployment lets Triton's dynamic batcher form
 
 
 @dataclass
@@ -123,18 +125,26 @@ def stopped_row(deployment: str, scale: float, target: Endpoint, predicted: Pred
 
 @contextlib.contextmanager
 def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
-    """One tritonserver serving every model of the plan's exports: 1 onnxruntime thread each, batch 1, no quota."""
+    """One tritonserver serving every model of the plan's exports, no quota or MPS share: on a CPU 1 onnxruntime
+    thread each and batch 1; on a GPU the whole GPU each, Triton's dynamic batching up to HANDWRITTEN_GPU_BATCH,
+    served by tritonctl's GPU glue where this tritonserver has no onnxruntime backend."""
     loaded = load_plan(plan_path)
-    one_thread = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=1, cores=1.0)
+    binary = find_tritonserver()
+    if loaded.plan.target == "gpu":
+        device = Device(id="gpu0", kind="gpu", index=0, memory_mb=1, units=100)
+        batch, backend = HANDWRITTEN_GPU_BATCH, "onnxruntime" if "onnxruntime" in binary.backends() else "python"
+    else:
+        device, batch, backend = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=1, cores=1.0), 1, "python"
     repo = folder / "models"
     for model in loaded.plan.models:
-        placement = Placement(instance=f"{model.name}-0", device="cpu", share=1, batch=1)
+        placement = Placement(instance=f"{model.name}-0", device=device.id, share=device.units, batch=batch)
         version = repo / model.name / MODEL_VERSION
         version.mkdir(parents=True, exist_ok=True)
-        (repo / model.name / "config.pbtxt").write_text(render_config("handwritten", model, placement, one_thread))
+        config = render_config("handwritten", model, placement, device, gpu_backend=backend)
+        (repo / model.name / "config.pbtxt").write_text(config)
         place_file(loaded.resolve(model.onnx), version / "model.onnx")
-        (version / "model.py").write_text(python_glue())
-    binary = find_tritonserver()
+        if backend == "python":
+            (version / "model.py").write_text(python_glue(device.kind))
     grpc, http, metrics = free_ports("127.0.0.1", 3)
     cmd = [str(binary.path), f"--model-repository={repo}", f"--grpc-port={grpc}", f"--http-port={http}",
            f"--metrics-port={metrics}", "--grpc-address=127.0.0.1", "--http-address=127.0.0.1",
@@ -374,6 +384,8 @@ def main() -> None:
     pa = find_perf_analyzer()
     raw = Path(tempfile.mkdtemp(prefix="real-load-"))
     cpu = cpu_fingerprint()["model"]
+    if load_cluster(args.cluster).kind == "gpu":
+        cpu += f"; GPU: {gpu_fingerprint()['model']}"
     print(f"CPU: {cpu}")
     rows: list[Row] = []
     if args.add:

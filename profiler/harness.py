@@ -1,10 +1,13 @@
 """Measure models through the serving path: real Triton instances under real shares.
 
 Each model runs in a Triton instance rendered exactly as `tritonctl render` renders it
-(same backend glue, same onnxruntime thread count for the share), inside its own cgroup.
-The thread count is fixed when an instance starts, so instances are pooled per (model,
-thread count) and the share is changed by rewriting the cgroup quota, which takes effect
-at once. A closed-loop client sends whole batches (one request of batch b at a time, so
+(same backend glue, same onnxruntime thread count for the share). On a CPU each instance
+runs in its own cgroup; the thread count is fixed when an instance starts, so instances are
+pooled per (model, thread count) and the share is changed by rewriting the cgroup quota,
+which takes effect at once. On a GPU an instance's MPS active thread percentage is fixed
+when it starts, so instances are pooled per (model, share), under an MPS control daemon of
+the harness's own (`start` brings up a set of them in parallel: a GPU instance captures its
+CUDA graphs at load, seconds each). A closed-loop client sends whole batches (one request of batch b at a time, so
 Triton's dynamic batcher executes each at once); the client measures end-to-end latency and
 Triton's statistics give the server-side compute and queue time of exactly those batches.
 """
@@ -14,12 +17,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from tritonctl.deploy import mps
 from tritonctl.deploy import share as cgroups
 from tritonctl.deploy.local import LocalRuntime, cpu_seconds, free_port
 from tritonctl.deploy.runtime import InstanceRecord
@@ -80,33 +85,53 @@ class Harness:
         self.warm_batches = warm_batches
         self.server_version = ""
         self.memory: list[MemoryPoint] = []  # footprint by batch, from each instance's warm-up
+        self.gpu_backend = "onnxruntime"
+        if device.kind == "gpu":
+            mps.ensure(runtime.state_dir)  # stopped by `close` (the runtime's shutdown) if started here
+            if runtime.binary is not None and "onnxruntime" not in runtime.binary.backends():
+                self.gpu_backend = "python"  # the PyTorch CUDA-graph glue, as `apply` serves it
+
+    def _key(self, model: str, share: int) -> tuple[str, int]:
+        """Which pooled instance serves `model` at `share`: per thread count on a CPU, per share on a GPU."""
+        return (model, share if self.device.kind == "gpu" else threads_for(self.device, share))
+
+    def start(self, members: list[tuple[str, int]]) -> None:
+        """Start and warm the instances for these (model, share) pairs at once, those not pooled yet."""
+        keys = {self._key(*m): m for m in members if self._key(*m) not in self.pool}
+        with ThreadPoolExecutor(max_workers=max(1, len(keys))) as pool:
+            for future in [pool.submit(self.instance, *m) for m in keys.values()]:
+                future.result()
 
     def instance(self, model: str, share: int) -> InstanceRecord:
-        """The model's instance for this share's thread count, with its quota set to the share."""
-        threads = threads_for(self.device, share)
-        key = (model, threads)
+        """The model's instance for this share (its thread count on a CPU, with its quota set to the share)."""
+        key = self._key(model, share)
         if key not in self.pool:
             planned, onnx_path = self.models[model]
             planned = planned.model_copy(update={"port": free_port(self.host)})
-            placement = Placement(instance=f"{model}-t{threads}", device=self.device.id, share=share, batch=MAX_BATCH)
+            tag = f"s{share}" if self.device.kind == "gpu" else f"t{key[1]}"
+            placement = Placement(instance=f"{model}-{tag}", device=self.device.id, share=share, batch=MAX_BATCH)
             folder = self.work_dir / "instances" / placement.instance
-            launch = render_instance(folder, "profile", planned, placement, self.device, onnx_path)
-            self.pool[key] = self.runtime.start(launch, folder, self.host, self.work_dir / "logs", timeout_s=120)
-            self._warm(self.pool[key], model, threads)
+            launch = render_instance(
+                folder, "profile", planned, placement, self.device, onnx_path, gpu_backend=self.gpu_backend
+            )
+            record = self.runtime.start(launch, folder, self.host, self.work_dir / "logs", timeout_s=240)
+            self._warm(record, model, key[1])
+            self.pool[key] = record
         record = self.pool[key]
         if record.cgroup:
             cgroups.set_quota(Path(record.cgroup), round(cpu_cores(self.device, share) * CFS_PERIOD_US), CFS_PERIOD_US)
         return record
 
-    def _warm(self, record: InstanceRecord, model: str, threads: int) -> None:
+    def _warm(self, record: InstanceRecord, model: str, pooled: int) -> None:
         """Run every batch size once at the instance's full speed, smallest first, before measuring.
 
         Without it the first configurations measured on a fresh instance pay for growing
         onnxruntime's arena and touching new pages, and measured visibly slower. The
-        resident memory after each batch size is the model's footprint by batch.
+        resident memory after each batch size is the model's footprint by batch, recorded under
+        `pooled` (the instance's thread count on a CPU, its share on a GPU).
         """
         if record.cgroup:
-            cgroups.set_quota(Path(record.cgroup), threads * CFS_PERIOD_US, CFS_PERIOD_US)
+            cgroups.set_quota(Path(record.cgroup), pooled * CFS_PERIOD_US, CFS_PERIOD_US)
         with grpcclient.InferenceServerClient(self._url(record)) as client:
             if not self.server_version:
                 self.server_version = client.get_server_metadata().version
@@ -114,7 +139,7 @@ class Harness:
                 request = self._request(model, batch)
                 for _ in range(2):
                     client.infer(model, [request])
-                self.memory.append(MemoryPoint(model, threads, batch, round(self._rss_mb(record), 2)))
+                self.memory.append(MemoryPoint(model, pooled, batch, round(self._rss_mb(record), 2)))
 
     def wake(self, model: str, gaps_ms: tuple[float, ...], requests: int) -> list[WakePoint]:
         """Median latency of single batch-1 requests with the whole device, each sent a gap after the previous

@@ -56,10 +56,12 @@ def _tensors(sigs) -> list[Tensor]:
     return [Tensor(name=t.name, dtype=t.dtype, shape=list(t.shape)) for t in sigs]
 
 
-def planned_for_profile(name: str, artifact: Artifact) -> PlannedModel:
-    """The plan entry the renderer needs to serve `artifact` (SLO, rate and port are unused here)."""
+def planned_for_profile(name: str, artifact: Artifact, source: str | None = None) -> PlannedModel:
+    """The plan entry the renderer needs to serve `artifact` (SLO, rate and port are unused here); `source`: the
+    torchvision architecture the GPU glue builds, where the model has one."""
     return PlannedModel(
         name=name,
+        source=source,
         onnx=str(artifact.path),
         onnx_sha256=artifact.sha256,
         inputs=_tensors(artifact.inputs),

@@ -97,7 +97,7 @@ def test_a_triton_without_onnxruntime_serves_gpu_plans_with_the_torch_glue(gpu_o
 def test_gpu_plans_are_refused_on_a_host_without_gpus_or_mps(tmp_path, monkeypatch):
     with pytest.raises(TritonctlError, match="NVML sees no GPU"):
         mps.check_host(None, 1)
-    with pytest.raises(TritonctlError, match="GPU index 3; this host has 2"):
+    with pytest.raises(TritonctlError, match="GPU index 3 is named; this host has 2"):
         mps.check_host(2, 4)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(mps, "CONTROL_PATHS", ())
@@ -384,3 +384,57 @@ def test_a_dry_run_rehearses_a_gpu_plan_on_a_host_without_gpus(gpu_one, capsys):
     assert "would change 4 instance(s)" in said and not (loaded.state_dir / "mps").exists()
     assert main(["apply", str(loaded.path)]) == 2  # for real: refused here, nothing started
     assert "NVML sees no GPU" in capsys.readouterr().err
+
+
+def test_calibrating_a_gpu_model_adds_what_serving_costs_per_batch_and_image(gpu_one):
+    """Batch times that are the stand-in's plus 1.5 ms plus 0.6 ms per image (what Triton and the glue add on the
+    host) give back c0 = 1.5 and c1 = 0.6, and the carried model predicts held-out batches and shares with them.
+    SYNTHETIC: the measured times are made from the model itself."""
+    from tritonctl.latency.model import scaled
+    from tritonctl.profiler.calibrate import Point, added_of
+
+    _, _, lm, _ = gpu_one
+    truth = lambda batch, share: lm.t_inf("mobilenet", batch, share) + 1.5 + 0.6 * batch  # noqa: E731
+    points = [
+        Point("mobilenet", batch, share, True, truth(batch, share), lm.t_inf("mobilenet", batch, share))
+        for batch, share in ((1, 25), (8, 25), (32, 25), (1, 50), (16, 50))
+    ]
+    assert added_of(points)["mobilenet"] == pytest.approx((1.5, 0.6), abs=1e-3)
+    one = {name: (1.0, 0.0, 0.0) for name in lm.models}
+    costs = {name: 0.0 for name in lm.models}
+    carried = scaled(lm, one, {"id": "here"}, {}, costs, {"mobilenet": added_of(points)["mobilenet"]})
+    for batch, share in ((4, 25), (8, 50), (16, 100)):
+        assert carried.t_inf("mobilenet", batch, share) == pytest.approx(truth(batch, share), rel=0.05)
+    assert carried.t_inf("resnet18", 8, 25) == lm.t_inf("resnet18", 8, 25)  # no term given: unchanged
+
+
+def test_calibrating_a_gpu_cluster_is_refused_without_a_gpu_or_for_a_cpu_model(gpu_one, synthetic_lm, capsys):
+    cluster, _, _, _ = gpu_one
+    assert main(["calibrate", str(cluster.path), "--latency-model", str(GPU_LM)]) == 2
+    assert "NVML sees no GPU on this host" in capsys.readouterr().err
+    assert not list(GPU_LM.parent.glob("latency-model.*.json"))  # nothing written
+    assert main(["calibrate", str(cluster.path), "--latency-model", str(synthetic_lm)]) == 2
+    err = capsys.readouterr().err
+    assert "a cpu latency model cannot be carried to a gpu cluster" in err and "Traceback" not in err
+
+
+def test_the_profiling_harness_pools_gpu_instances_per_share_under_its_own_mps_daemon(tmp_path, monkeypatch):
+    """On a GPU the harness starts an MPS daemon of its own (stopped at close), keys instances by share (the MPS
+    percentage is fixed at start; on a CPU by thread count), and serves with the torch glue where the tritonserver
+    has no onnxruntime backend."""
+    from tritonctl.planning.plan import Device
+    from tritonctl.profiler.harness import Harness
+
+    _script(tmp_path / "bin", "nvidia-cuda-mps-control", FAKE_MPS)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    gpu = Device(id="gpu0", kind="gpu", index=0, memory_mb=1, units=100)
+    runtime = LocalRuntime(_binary(tmp_path, ("python",)), tmp_path / "work")
+    (tmp_path / "work").mkdir()
+    harness = Harness(runtime, gpu, {}, tmp_path / "work", [1])
+    assert harness.gpu_backend == "python" and mps.answers(runtime.mps)
+    assert harness._key("m", 25) != harness._key("m", 50)
+    harness.close()
+    assert not mps.answers(runtime.mps)
+    cpu = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=100, cores=2.0)
+    on_cpu = Harness(LocalRuntime(None, tmp_path / "cpu"), cpu, {}, tmp_path / "cpu", [1])
+    assert on_cpu._key("m", 25) == on_cpu._key("m", 40)  # one onnxruntime thread each: one instance, two quotas

@@ -169,14 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "calibrate",
         "measure.cmd_calibrate",
-        "carry a CPU latency model profiled on another CPU to this one: a short measurement through Triton "
-        "(about 40 s a model), running time x k * batch^gamma * share^delta per model, its error on held-out points "
-        "printed",
+        "carry a latency model profiled on another device to this one: a short measurement through Triton "
+        "(about 40 s a model). CPU: running time x k * batch^gamma * share^delta per model; GPU (a profile of the "
+        "models' CUDA graphs alone): running time + c0 + c1 * batch, what serving them through Triton adds. Its error "
+        "on held-out points printed",
     )
     p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
     p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")
     p.add_argument(
-        "-o", "--output", type=_output_file, help="where to write it (default: beside it, named after this CPU's id)"
+        "-o", "--output", type=_output_file, help="where to write it (default: beside it, named after this device's id)"
     )
     p = add("fit", "measure.cmd_fit", "fit the interference-aware latency model (InSS section 4) to a profile")
     p.add_argument("profile", help="profile folder (tritonctl profile)")

@@ -26,26 +26,30 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _calibrated_path(source: Path, folder: Path) -> Path:
-    """Where `source` calibrated to this CPU goes in `folder`: named after this CPU's fingerprint."""
-    return folder / f"{source.stem}.{cpu_fingerprint()['id']}.json"
+def _calibrated_path(source: Path, folder: Path, fingerprint: dict | None = None) -> Path:
+    """Where `source` calibrated to a device goes in `folder`: named after its fingerprint (by default this CPU's)."""
+    return folder / f"{source.stem}.{(fingerprint or cpu_fingerprint())['id']}.json"
 
 
-def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
-    """Calibrate `source` to this CPU for the cluster's models, write it to `output` and print its errors."""
+def _calibrate(cluster_arg: str, source: Path, output: Path | None) -> Path:
+    """Calibrate `source` to this device for the cluster's models, write it to `output` (by default beside it,
+    named after this device) and print its errors."""
     cluster = load_cluster(cluster_arg)
     model = load_latency_model(source)
     if model.mlp is not None:
-        say("note: the MLP predictor is the other CPU's and is not carried over: the calibrated model predicts by the "
-            "InSS formula (profile here and fit --predictor mlp for an MLP of this CPU)")  # fmt: skip
+        say("note: the MLP predictor is the other device's and is not carried over: the calibrated model predicts "
+            "by the InSS formula (profile here and fit --predictor mlp for an MLP of this device)")  # fmt: skip
     calibrated, points = calibrate(cluster, model, source, log=say)
+    output = output or _calibrated_path(source, source.parent, calibrated.device.fingerprint)
     calibrated.save(output)
     checks = [p for p in points if not p.fitted]
     factors = calibrated.meta["calibrated"]["factors"]
-    say(
-        "running time x "
-        + ", ".join(f"{name} {k:.2f} * batch^{g:.2f} * share^{d:.2f}" for name, (k, g, d) in factors.items())
-    )
+    added = calibrated.meta["calibrated"].get("added_ms")
+    if added:
+        say("running time + " + ", ".join(f"{name} {c0:.2f} + {c1:.3f} * batch ms" for name, (c0, c1) in added.items()))
+    else:
+        say("running time x " + ", ".join(
+            f"{name} {k:.2f} * batch^{g:.2f} * share^{d:.2f}" for name, (k, g, d) in factors.items()))  # fmt: skip
     say(
         f"held-out points ({len(checks)}): median |error| {100 * median_abs([p.error_before for p in checks]):.1f}% "
         f"before, {100 * median_abs([p.error_after for p in checks]):.1f}% after; worst after "
@@ -57,7 +61,7 @@ def _calibrate(cluster_arg: str, source: Path, output: Path) -> Path:
 
 def cmd_calibrate(args) -> int:
     source = Path(args.latency_model)
-    _calibrate(args.cluster, source, Path(args.output) if args.output else _calibrated_path(source, source.parent))
+    _calibrate(args.cluster, source, Path(args.output) if args.output else None)
     return 0
 
 

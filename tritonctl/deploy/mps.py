@@ -61,11 +61,11 @@ def control_binary() -> str:
 
 
 def check_host(gpus: int | None, needed: int) -> None:
-    """Refuse a GPU plan on a host without the GPUs it names (NVML's count) or without MPS."""
+    """Refuse a GPU plan (or calibration) on a host without the GPUs it names (NVML's count) or without MPS."""
     if not gpus:
-        raise TritonctlError("this plan targets GPUs and NVML sees no GPU on this host (no driver, or no GPU)")
+        raise TritonctlError("this needs a GPU, and NVML sees no GPU on this host (no driver, or no GPU)")
     if needed > gpus:
-        raise TritonctlError(f"the plan uses GPU index {needed - 1}; this host has {gpus} GPU(s)")
+        raise TritonctlError(f"GPU index {needed - 1} is named; this host has {gpus} GPU(s)")
     control_binary()
 
 

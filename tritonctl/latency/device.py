@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
+
+from tritonctl.errors import TritonctlError
 
 
 def _cpu_model() -> str:
@@ -65,3 +68,19 @@ def software_versions(tritonserver: str) -> dict[str, str]:
         "kernel": platform.release(),
         "tritonctl": __version__,
     }
+
+
+def gpu_fingerprint(index: int = 0) -> dict:
+    """What identifies a GPU of this host for latency purposes (nvidia-smi's name, driver and memory); `id` is a
+    short hash of the rest."""
+    query = ["nvidia-smi", f"--id={index}", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        done = subprocess.run(query, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TritonctlError(f"cannot read GPU {index}'s name with nvidia-smi: {exc}") from None
+    fields = [f.strip() for f in done.stdout.strip().split(",")]
+    if done.returncode != 0 or len(fields) != 3:
+        raise TritonctlError(f"nvidia-smi could not describe GPU {index}: {(done.stderr or done.stdout).strip()[:200]}")
+    info = {"kind": "gpu", "model": fields[0], "driver": fields[1], "memory": fields[2]}
+    info["id"] = hashlib.sha256(repr(sorted(info.items())).encode()).hexdigest()[:12]
+    return info

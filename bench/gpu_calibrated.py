@@ -1,0 +1,70 @@
+"""A GPU latency model carried to real Triton by `tritonctl calibrate`, and the plans made on it, under perf_analyzer.
+
+    bash bench/gpu_host.sh gpu_calibrated.py OUT [--duration 15]     # on the GPU host
+
+The committed GPU profile (profiles/inss-gpu) measured the models' CUDA graphs alone on an H100,
+without Triton. Stages, each timed and logged to OUT/log.txt as it ends; everything else goes
+into OUT/results.tar.gz, rewritten after each stage:
+1. `tritonctl calibrate examples/gpu-one` with that profile: each model at MPS share 25 and 50
+   through real Triton, the running time plus c0 + c1 * batch fitted, two held-out points each;
+2. bench/real_load.py on the calibrated model: search's plan (`best`) and the hand-written
+   deployment (one tritonserver, the whole GPU each, dynamic batching up to 32), loaded by
+   perf_analyzer at 0.5x and 1x the cluster's rates, the plans' predictions beside;
+3. the same for search's plan on the uncalibrated profile, at 1x (what the GPU runs measured
+   before calibration existed).
+Then `python bench/gpu_report.py` reads the unpacked folder.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import time
+
+from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, gpu_description, start
+
+
+def main() -> None:
+    args, out, run, work = start(540, "gpu-calibrated-work")
+    calibrated = work / "latency-model.calibrated.json"
+    run.summary["host"] = {"gpu": gpu_description()}
+    run.save()
+
+    def pack() -> None:
+        with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+            tar.add(work, arcname="gpu-calibrated")
+
+    def calibrate():
+        text = run.cli("calibrate", str(CLUSTER), "--latency-model", str(LATENCY_MODEL), "-o", str(calibrated))
+        (work / "calibrate.txt").write_text(text)
+        pack()
+        return text.strip().splitlines()[-4:]
+
+    run.stage("calibrate", calibrate, min_left_s=200)
+
+    def real_load(name: str, model, deployments: list[str], scales: list[str]):
+        left = run.deadline - time.monotonic() - 10
+        cmd = [sys.executable, str(REPO / "bench" / "real_load.py"), str(CLUSTER), "--latency-model", str(model),
+               "--out", str(work / name), "--deployments", *deployments, "--scales", *scales,
+               "--tools", "perf_analyzer", "--duration", f"{args.duration:g}"]  # fmt: skip
+        run.log("$ " + " ".join(cmd[1:]))
+        try:
+            done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=left)
+            output, rc = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            parts = [p.decode() if isinstance(p, bytes) else p for p in (exc.stdout, exc.stderr) if p]
+            output, rc = "".join(parts) + "\nstopped at the budget", -1
+        (work / f"{name}.txt").write_text(output)
+        pack()
+        return {"rc": rc, "tail": output.strip().splitlines()[-14:]}
+
+    if calibrated.exists():
+        run.stage("calibrated", lambda: real_load("calibrated", calibrated, ["best", "handwritten"], ["0.5", "1"]))
+    run.stage("uncalibrated", lambda: real_load("uncalibrated", LATENCY_MODEL, ["best"], ["1"]), min_left_s=90)
+    pack()
+    run.log("done")
+
+
+if __name__ == "__main__":
+    main()
