@@ -1,18 +1,18 @@
 """A GPU latency model carried to real Triton by `tritonctl calibrate`, and the plans made on it, under perf_analyzer.
 
-    bash bench/gpu_host.sh gpu_calibrated.py OUT [--duration 15]     # on the GPU host
+    bash bench/gpu_host.sh gpu_calibrated.py OUT [--calibrated LM] [--scales 0.5 1] [--baseline] [--duration 15]
 
 The committed GPU profile (profiles/inss-gpu) measured the models' CUDA graphs alone on an H100,
 without Triton. Stages, each timed and logged to OUT/log.txt as it ends; everything else goes
 into OUT/results.tar.gz, rewritten after each stage:
 1. `tritonctl calibrate examples/gpu-one` with that profile: each model at MPS share 25 and 50
-   through real Triton, the running time plus c0 + c1 * batch fitted, two held-out points each;
+   through real Triton, the running time plus c0 + c1 * batch fitted, two held-out points each
+   (skipped with --calibrated: a model calibrated on this kind of GPU before);
 2. bench/real_load.py on the calibrated model: search's plan (`best`) and the hand-written
    deployment (one tritonserver, the whole GPU each, dynamic batching up to 32), loaded by
-   perf_analyzer at 0.5x and 1x the cluster's rates, the plans' predictions beside;
-3. the same for search's plan on the uncalibrated profile, at 1x (what the GPU runs measured
-   before calibration existed).
-Then `python bench/gpu_report.py` reads the unpacked folder.
+   perf_analyzer at each scale of the cluster's rates, the plans' predictions beside;
+3. with --baseline, the same for search's plan on the uncalibrated profile, at 1x.
+`python bench/gpu_report.py` reads the unpacked folders.
 """
 
 from __future__ import annotations
@@ -21,13 +21,20 @@ import subprocess
 import sys
 import tarfile
 import time
+from pathlib import Path
 
 from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, gpu_description, start
 
 
+def options(parser) -> None:
+    parser.add_argument("--calibrated", type=Path, help="a model calibrated on this kind of GPU: no calibration")
+    parser.add_argument("--scales", nargs="+", default=["0.5", "1"], help="x the cluster's rates")
+    parser.add_argument("--baseline", action="store_true", help="also search's plan on the uncalibrated profile")
+
+
 def main() -> None:
-    args, out, run, work = start(540, "gpu-calibrated-work")
-    calibrated = work / "latency-model.calibrated.json"
+    args, out, run, work = start(540, "gpu-calibrated-work", options)
+    calibrated = args.calibrated.resolve() if args.calibrated else work / "latency-model.calibrated.json"
     run.summary["host"] = {"gpu": gpu_description()}
     run.save()
 
@@ -41,7 +48,8 @@ def main() -> None:
         pack()
         return text.strip().splitlines()[-4:]
 
-    run.stage("calibrate", calibrate, min_left_s=200)
+    if not args.calibrated:
+        run.stage("calibrate", calibrate, min_left_s=200)
 
     def real_load(name: str, model, deployments: list[str], scales: list[str]):
         left = run.deadline - time.monotonic() - 10
@@ -60,8 +68,9 @@ def main() -> None:
         return {"rc": rc, "tail": output.strip().splitlines()[-14:]}
 
     if calibrated.exists():
-        run.stage("calibrated", lambda: real_load("calibrated", calibrated, ["best", "handwritten"], ["0.5", "1"]))
-    run.stage("uncalibrated", lambda: real_load("uncalibrated", LATENCY_MODEL, ["best"], ["1"]), min_left_s=90)
+        run.stage("calibrated", lambda: real_load("calibrated", calibrated, ["best", "handwritten"], args.scales))
+    if args.baseline:
+        run.stage("uncalibrated", lambda: real_load("uncalibrated", LATENCY_MODEL, ["best"], ["1"]), min_left_s=90)
     pack()
     run.log("done")
 

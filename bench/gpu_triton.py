@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -173,13 +174,18 @@ def gpu_description(fields: str = "name,driver_version,memory.total,clocks.max.s
         return "no nvidia-smi"
 
 
-def start(budget_s: float, work: str) -> tuple[argparse.Namespace, Path, Run, Path]:
-    """What a GPU bench script starts with: its arguments (-o, --budget, --duration), its output folder and Run,
-    and its work folder under /tmp (plans and their variants side by side: their paths are relative)."""
+def start(
+    budget_s: float, work: str, more: Callable[[argparse.ArgumentParser], None] | None = None
+) -> tuple[argparse.Namespace, Path, Run, Path]:
+    """What a GPU bench script starts with: its arguments (-o, --budget, --duration and what `more` adds), its
+    output folder and Run, and its work folder under /tmp (plans and their variants side by side: their paths are
+    relative)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--budget", type=float, default=budget_s, help="seconds for the whole run")
     parser.add_argument("--duration", type=float, default=20, help="seconds of each load")
+    if more is not None:
+        more(parser)
     args = parser.parse_args()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
