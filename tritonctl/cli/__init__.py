@@ -156,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs --latency-model and --energy-model)",
     )
     p.add_argument("--energy-model", help="energy: batch time and energy per image over batch x clock (fit-energy)")
+    p.add_argument(
+        "--batching",
+        choices=["fill", "prompt"],
+        default="fill",
+        help="fill: each instance serves the largest batch that meets its SLO (InSS's BDA), Triton's queue delay "
+        "filling it: the most requests a share serves, each waiting up to the SLO's slack (default); prompt: the "
+        "batch of least predicted p99 that still meets the SLO at 1.5x the rate: answers sooner, less headroom "
+        "(docs/gpu.md). Needs --latency-model",
+    )
     add_margin(p)
     p = add(
         "fit-energy",

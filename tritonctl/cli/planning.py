@@ -49,6 +49,7 @@ def _plan(
     margin: float = 0.0,
     minimise: str | None = None,
     energy_model: str | None = None,
+    batching: str = "fill",
 ) -> Path:
     cluster = cluster_arg if isinstance(cluster_arg, Cluster) else load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
@@ -67,8 +68,9 @@ def _plan(
         plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained)
     else:
         plan = make_plan(
-            cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained, energy=energy
-        )
+            cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained, energy=energy,
+            batching=batching,
+        )  # fmt: skip
     if lm is not None:
         clock = plan.devices[0].clock_mhz
         plan = with_simulation(plan, lm if clock is None else clocked(lm, energy, clock, sources_of(cluster)))
@@ -133,6 +135,11 @@ def cmd_plan(args) -> int:
             "--objective energy and --energy-model go together (tritonctl fit-energy writes an energy model)",
             field="--energy-model",
         )
+    if args.batching == "prompt" and (not args.latency_model or args.objective == "energy"):
+        raise TritonctlError(
+            "--batching prompt needs a latency model and the throughput objective (energy sizes batches itself)",
+            field="--batching",
+        )
     if args.objective == "energy" and (args.minimise or not args.latency_model):
         raise TritonctlError(
             "--objective energy needs a latency model and plans the devices it is given (no --minimise)",
@@ -141,7 +148,7 @@ def cmd_plan(args) -> int:
     policy = args.policy or ("search" if args.latency_model else "spread")
     out = _plan(
         args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin,
-        args.minimise, args.energy_model,
+        args.minimise, args.energy_model, args.batching,
     )  # fmt: skip
     if output.JSON:
         emit({"path": str(out), "plan": load_plan(out).plan.model_dump(mode="json")})

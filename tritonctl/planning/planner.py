@@ -29,6 +29,7 @@ from tritonctl.planning.plan import (
     relative_to,
 )
 from tritonctl.planning.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
+from tritonctl.planning.policies.bda import prompted
 from tritonctl.planning.policies.inss import default_policy_file, load_trained
 from tritonctl.planning.policies.timesharing import turn_service_ms
 from tritonctl.planning.simulate import simulated_misses, with_simulation
@@ -375,6 +376,7 @@ def make_plan(
     policy_file: Path | None = None,
     only: frozenset[str] | None = None,
     energy: EnergyModel | None = None,
+    batching: str = "fill",
 ) -> Plan:
     """Run `policy` on the cluster (on the devices `only` names, else all) and return the plan to be saved at
     `plan_path`.
@@ -384,6 +386,7 @@ def make_plan(
     their prediction and in a warning. With `strict`, either is an error instead. A policy
     that needs training (inss) reads `policy_file`, by default rl/policies/<cluster name>.pt. With an `energy`
     model, the placement's SM clock and batch sizes are then chosen for the fewest joules (`planning.energy`).
+    `batching` "prompt" serves each split placement at `bda.prompt_batch` instead of the largest batch BDA allows.
     """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -416,6 +419,10 @@ def make_plan(
     except PolicyLimit as exc:
         raise TritonctlError(str(exc), file=cluster.path, field="models") from None
     unserved.update(shed)
+    if batching == "prompt" and POLICIES[policy].sharing == "spatial" and choices:
+        if lm is None or energy is not None:
+            raise TritonctlError("prompt batching needs a latency model and no energy objective (which sizes batches)")
+        choices = prompted(choices, demands, lm)
     joules: dict[str, float] = {}
     if energy is not None and choices:
         if lm is None:

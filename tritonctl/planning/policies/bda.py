@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -191,15 +191,10 @@ def throughput(placement: dict[str, Choice], batches: dict[str, int], lm: Latenc
 
 
 def prompt_batch(name: str, share: int, largest: int, others: tuple, demand: Demand, lm: LatencyModel) -> int:
-    """The batch a model is served at, of 1 .. `largest` (BDA's): of those that would still meet the SLO at
-    HEADROOM times its rate (where none would, of those that meet it at the rate), the one with the least p99 at
-    its rate by eq. 2, the largest within PROMPT_TIE of it; `largest` itself where it misses the SLO (a partial
-    service keeps the batch that serves most in time).
-
-    BDA's largest batch buys the most throughput for the share, and with the queue delay that fills it every
-    request waits up to the SLO's slack for its batch. Where the rate is below what the share serves, a smaller
-    batch that fills sooner answers sooner: on a GPU, four models at 400 requests/s at MPS share 25 measured p99
-    65-79 ms at BDA's batches 11-21 (SLOs 40-80 ms) against 7-8 ms for Triton serving each on the whole GPU."""
+    """The batch a model is served at with `plan --batching prompt`, of 1 .. `largest` (BDA's): of those that
+    would still meet the SLO at HEADROOM times its rate by eq. 2 (where none would, of those that meet it at the
+    rate), the one with the least p99 at its rate, the largest within PROMPT_TIE of it; `largest` itself where it
+    misses the SLO (a partial service keeps the batch that serves most in time)."""
     times = lm.t_infs(name, share, others)[:largest]
     p99, stable = p99s(demand.rate, times)
     if not stable[largest - 1] or p99[largest - 1] > demand.slo_ms:
@@ -213,15 +208,34 @@ def prompt_batch(name: str, share: int, largest: int, others: tuple, demand: Dem
 def with_batches(
     placement: dict[str, Choice], batches: dict[str, int], demands: list[Demand], lm: LatencyModel
 ) -> dict[str, list[Choice]]:
-    """The placement as a policy's answer: each model served at `prompt_batch` of BDA's, with the queue delay that
-    fills it within the SLO."""
+    """The placement as a policy's answer: BDA's batches, and queue delays that fill them within the SLO."""
     out = {}
     for demand in demands:
-        choice, others = placement[demand.name], corunners(demand.name, placement, batches)
-        batch = prompt_batch(demand.name, choice.share, batches[demand.name], others, demand, lm)
-        exec_ms = lm.t_inf(demand.name, batch, choice.share, others)
+        choice, batch = placement[demand.name], batches[demand.name]
+        exec_ms = lm.t_inf(demand.name, batch, choice.share, corunners(demand.name, placement, batches))
         delay = queue_delay_us(batch, demand.rate, demand.slo_ms, exec_ms)
         out[demand.name] = [Choice(choice.device, choice.share, batch, delay)]
+    return out
+
+
+def prompted(choices: dict[str, list[Choice]], demands: list[Demand], lm: LatencyModel) -> dict[str, list[Choice]]:
+    """`choices` served at `prompt_batch` instead of the largest batch BDA allows: every placement that splits its
+    device (not one taking turns), at its part of the model's rate, with the queue delay that fills it.
+
+    The largest batch buys the most throughput for the share, and with the queue delay that fills it every
+    request waits up to the SLO's slack for its batch. Where the rate is below what the share serves, a smaller
+    batch that fills sooner answers sooner, at the cost of that throughput (docs/gpu.md has both measured)."""
+    by_name = {d.name: d for d in demands}
+    split = [(name, k, c) for name, cs in choices.items() for k, c in enumerate(cs) if not c.turns]
+    out = {name: list(cs) for name, cs in choices.items()}
+    for name, k, c in split:
+        others = tuple((m, o.share, o.batch) for m, j, o in split if o.device == c.device and (m, j) != (name, k))
+        weights = sum(x.weight for x in choices[name])
+        d = by_name[name]
+        demand = Demand(name, d.slo_ms, d.rate * c.weight / weights, d.memory_mb)
+        batch = prompt_batch(name, c.share, c.batch, others, demand, lm)
+        delay = queue_delay_us(batch, demand.rate, demand.slo_ms, lm.t_inf(name, batch, c.share, others))
+        out[name][k] = replace(c, batch=batch, queue_delay_us=delay)
     return out
 
 
