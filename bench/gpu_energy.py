@@ -4,7 +4,8 @@ the GPU's energy counter read around each load.
 
     bash bench/gpu_host.sh gpu_energy.py OUT [--duration 20]     # on the GPU host
 
-Both plans use search's placement and the H100 stand-in latency model; the energy plan then takes the SM clock
+Both plans use search's placement and the H100 stand-in latency model calibrated to Triton on this GPU first
+(`tritonctl calibrate`, about two minutes); the energy plan then takes the SM clock
 and batch sizes of least predicted power (profiles/gpu-energy/energy-model.json, `tritonctl fit-energy`), and
 its apply locks that clock. The energy plan is applied over the running throughput plan (a clock lock and
 in-place reloads); `down` resets the clock. Writes OUT/summary.json and OUT/log.txt, and the two plans.
@@ -16,18 +17,18 @@ import json
 import sys
 import time
 
-from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, gpu_description, start
+from gpu_triton import CLUSTER, REPO, calibrated, gpu_description, start
 
 ENERGY_MODEL = REPO / "profiles" / "gpu-energy" / "energy-model.json"
 
 
 def main() -> None:
-    args, out, run, work = start(300, "gpu-energy-work")
+    args, out, run, work = start(420, "gpu-energy-work")
     plans = {"throughput": work / "plan-throughput.yaml", "energy": work / "plan-energy.yaml"}
 
     def plan():
         run.cli("export", str(CLUSTER))
-        common = ["--policy", "search", "--latency-model", str(LATENCY_MODEL)]
+        common = ["--policy", "search", "--latency-model", str(calibrated(run, work))]
         said = {"throughput": run.cli("plan", str(CLUSTER), *common, "-o", str(plans["throughput"]))}
         energy = ["--objective", "energy", "--energy-model", str(ENERGY_MODEL)]
         said["energy"] = run.cli("plan", str(CLUSTER), *common, *energy, "-o", str(plans["energy"]))

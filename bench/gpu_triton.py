@@ -3,7 +3,8 @@
     bash bench/gpu_host.sh gpu_triton.py OUT     # on the GPU host: unpacks what travels, then runs this
 
 Stages, each timed and written to OUT as it ends (a stage that fails is recorded and the next runs):
-1. export + plan examples/gpu-one (search, with the H100 stand-in latency model profiles/inss-gpu);
+1. export, calibrate the H100 stand-in latency model (profiles/inss-gpu) to Triton on this GPU, plan
+   examples/gpu-one on it (search);
 2. apply through the local runtime: an MPS control daemon under the state folder, one tritonserver per
    instance with its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the PyTorch CUDA-graph glue, HAProxy in front;
 3. perf_analyzer at the planned rates, then tritonctl's own client (same rates, same duration), each with what
@@ -165,6 +166,15 @@ def standin_p50(model: str, share: int, batch: int) -> float | None:
     return None
 
 
+def calibrated(run: Run, work: Path) -> Path:
+    """The committed GPU profile carried to real Triton on this GPU (`tritonctl calibrate`), once per work folder:
+    a GPU host refuses to plan on a model not measured through Triton on its GPU."""
+    path = work / "latency-model.calibrated.json"
+    if not path.exists():
+        run.cli("calibrate", str(CLUSTER), "--latency-model", str(LATENCY_MODEL), "-o", str(path), timeout_s=400)
+    return path
+
+
 def gpu_description(fields: str = "name,driver_version,memory.total,clocks.max.sm") -> str:
     """What nvidia-smi says of the GPU(s): by default name, driver, memory and top SM clock."""
     query = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"]
@@ -195,7 +205,7 @@ def start(
 
 
 def main() -> None:
-    args, out, run, work = start(480, "gpu-triton-work")
+    args, out, run, work = start(560, "gpu-triton-work")
     plan_path = work / "plan.yaml"
     import torch
 
@@ -209,9 +219,8 @@ def main() -> None:
 
     def plan():
         run.cli("export", str(CLUSTER))
-        text = run.cli(
-            "plan", str(CLUSTER), "--policy", "search", "--latency-model", str(LATENCY_MODEL), "-o", str(plan_path)
-        )
+        lm = str(calibrated(run, work))
+        text = run.cli("plan", str(CLUSTER), "--policy", "search", "--latency-model", lm, "-o", str(plan_path))
         (out / "plan.yaml").write_text(plan_path.read_text())
         return text.strip().splitlines()[-8:]
 

@@ -152,7 +152,7 @@ def calibrate(
     if kind == "cpu" and share.mechanism() == "none":
         raise TritonctlError("calibrating needs enforceable shares, and no cgroup is writable here (run as root)")
     if kind == "gpu":
-        mps.check_host(gpu_count(), device.index + 1)
+        mps.check_host(gpu_count(), device.index + 1, "calibrating a GPU cluster")
     artifacts = materialize(cluster, log=log)
     # the torchvision architectures the GPU glue builds with PyTorch
     sources = {m.name: None if m.is_onnx_file else m.source for m in cluster.spec.models}

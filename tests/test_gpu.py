@@ -9,6 +9,7 @@ sweeps here are SYNTHETIC: curves of a known form, not measurements.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import stat
@@ -410,9 +411,10 @@ def test_calibrating_a_gpu_model_adds_what_serving_costs_per_batch_and_image(gpu
 
 def test_calibrating_a_gpu_cluster_is_refused_without_a_gpu_or_for_a_cpu_model(gpu_one, synthetic_lm, capsys):
     cluster, _, _, _ = gpu_one
+    before = set(GPU_LM.parent.iterdir())
     assert main(["calibrate", str(cluster.path), "--latency-model", str(GPU_LM)]) == 2
-    assert "NVML sees no GPU on this host" in capsys.readouterr().err
-    assert not list(GPU_LM.parent.glob("latency-model.*.json"))  # nothing written
+    assert "calibrating a GPU cluster needs a GPU, and NVML sees no GPU" in capsys.readouterr().err
+    assert set(GPU_LM.parent.iterdir()) == before  # nothing written
     assert main(["calibrate", str(cluster.path), "--latency-model", str(synthetic_lm)]) == 2
     err = capsys.readouterr().err
     assert "a cpu latency model cannot be carried to a gpu cluster" in err and "Traceback" not in err
@@ -438,3 +440,50 @@ def test_the_profiling_harness_pools_gpu_instances_per_share_under_its_own_mps_d
     cpu = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=100, cores=2.0)
     on_cpu = Harness(LocalRuntime(None, tmp_path / "cpu"), cpu, {}, tmp_path / "cpu", [1])
     assert on_cpu._key("m", 25) == on_cpu._key("m", 40)  # one onnxruntime thread each: one instance, two quotas
+
+
+def test_prompt_batching_serves_smaller_batches_sooner_and_keeps_the_slo_at_headroom(gpu_one, tmp_path, capsys):
+    """`plan --batching prompt`: each split placement at a batch no larger than BDA's, of lower predicted p99 at its
+    rate, still within its SLO at HEADROOM x the rate by eq. 2, with the queue delay that fills it."""
+    from tritonctl.latency.queueing import task_latency
+    from tritonctl.planning.policies.bda import HEADROOM
+
+    cluster = gpu_one[0]
+    calibrated = REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json"
+    for batching in ("fill", "prompt"):
+        args = ["plan", str(cluster.path), "--policy", "search", "--latency-model", str(calibrated)]
+        assert main([*args, "--batching", batching, "-o", str(tmp_path / f"{batching}.yaml")]) == 0
+    fill, prompt = (load_plan(tmp_path / f"{b}.yaml").plan for b in ("fill", "prompt"))
+    calibrated_lm = load_latency_model(calibrated)
+    for a, b in zip(fill.models, prompt.models, strict=True):
+        pa, pb = a.placements[0], b.placements[0]
+        assert pb.share == pa.share and pb.batch < pa.batch and pb.queue_delay_us < pa.queue_delay_us
+        assert pb.predicted.latency_ms < pa.predicted.latency_ms
+        others = tuple((m.name, m.placements[0].share, m.placements[0].batch) for m in prompt.models if m is not b)
+        exec_ms = calibrated_lm.t_inf(b.name, pb.batch, pb.share, others)
+        assert task_latency(b.rate * HEADROOM, pb.batch, exec_ms).p99_ms <= b.slo_ms
+    capsys.readouterr()
+    assert main(["plan", str(cluster.path), "--batching", "prompt", "-o", str(tmp_path / "x.yaml")]) == 2
+    assert "--batching prompt needs a latency model" in capsys.readouterr().err
+
+
+def test_a_gpu_host_refuses_to_plan_on_a_model_not_measured_through_triton_on_its_gpu(
+    gpu_one, tmp_path, monkeypatch, capsys
+):
+    """Where nvidia-smi names a GPU, `plan` takes only a latency model made or calibrated on that GPU; elsewhere
+    (planning for another host) it takes any."""
+    from tritonctl.latency.device import gpu_fingerprint
+
+    cluster = gpu_one[0]
+    _script(tmp_path / "bin", "nvidia-smi", 'echo "NVIDIA H200, 580.159.04, 143771 MiB"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    plan = ["plan", str(cluster.path), "--policy", "search", "-o", str(tmp_path / "plan.yaml"), "--latency-model"]
+    assert main([*plan, str(GPU_LM)]) == 2
+    err = capsys.readouterr().err
+    assert "not measured through Triton on this GPU (NVIDIA H200" in err and "tritonctl calibrate" in err
+    calibrated = json.loads((REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json").read_text())
+    calibrated["device"]["fingerprint"] = gpu_fingerprint()
+    (tmp_path / "here.json").write_text(json.dumps(calibrated))
+    assert main([*plan, str(tmp_path / "here.json")]) == 0
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(":", 1)[1])  # no GPU here: planning for another host
+    assert main([*plan, str(GPU_LM)]) == 0

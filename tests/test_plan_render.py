@@ -199,7 +199,7 @@ def test_gpu_plan_is_refused_by_the_local_runtime(inss_plan, capsys):
     from tritonctl.cli import main
 
     assert main(["apply", str(inss_plan.path)]) == 2
-    assert "targets GPUs" in capsys.readouterr().err
+    assert "this plan needs a GPU, and NVML sees no GPU" in capsys.readouterr().err
 
 
 def test_device_sets_try_fewest_devices_first_keeping_the_hosts_numbering(tmp_path):

@@ -60,10 +60,11 @@ def control_binary() -> str:
     return found
 
 
-def check_host(gpus: int | None, needed: int) -> None:
-    """Refuse a GPU plan (or calibration) on a host without the GPUs it names (NVML's count) or without MPS."""
+def check_host(gpus: int | None, needed: int, what: str = "this plan") -> None:
+    """Refuse `what` (a GPU plan, a calibration) on a host without the GPUs it names (NVML's count) or without
+    MPS."""
     if not gpus:
-        raise TritonctlError("this needs a GPU, and NVML sees no GPU on this host (no driver, or no GPU)")
+        raise TritonctlError(f"{what} needs a GPU, and NVML sees no GPU on this host (no driver, or no GPU)")
     if needed > gpus:
         raise TritonctlError(f"GPU index {needed - 1} is named; this host has {gpus} GPU(s)")
     control_binary()

@@ -84,3 +84,11 @@ def gpu_fingerprint(index: int = 0) -> dict:
     info = {"kind": "gpu", "model": fields[0], "driver": fields[1], "memory": fields[2]}
     info["id"] = hashlib.sha256(repr(sorted(info.items())).encode()).hexdigest()[:12]
     return info
+
+
+def visible_gpu() -> dict | None:
+    """`gpu_fingerprint` of this host's first GPU; None where nvidia-smi is missing or sees none."""
+    try:
+        return gpu_fingerprint(0)
+    except TritonctlError:
+        return None

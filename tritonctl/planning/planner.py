@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tritonctl.errors import TritonctlError
 from tritonctl.export import Artifact, inspect_onnx, materialize
-from tritonctl.latency.device import cpu_fingerprint
+from tritonctl.latency.device import cpu_fingerprint, visible_gpu
 from tritonctl.latency.energy import EnergyModel
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, task_latency
@@ -132,7 +132,9 @@ def check_latency_model(
     """Refuse a latency model that cannot speak for this cluster; warn where it is only doubtful.
 
     A CPU cluster deploys on this machine: a model profiled on another CPU is refused unless
-    the caller only simulates (`deploys_here=False`), where it speaks for the CPU it was made on."""
+    the caller only simulates (`deploys_here=False`), where it speaks for the CPU it was made on.
+    A GPU plan may be made anywhere; on a host with a GPU, a model not made (or calibrated) on that GPU
+    through Triton is refused the same way."""
     group, usable = cluster.spec.devices[0], devices_of(cluster)[0]
     same_units = lm.device.kind == group.kind and (
         lm.device.units == group.units
@@ -146,6 +148,16 @@ def check_latency_model(
             file=lm_path,
             field="device",
         )
+    if group.kind == "gpu":
+        gpu = visible_gpu() if deploys_here else None
+        if gpu is not None and lm.device.fingerprint.get("id") != gpu["id"]:
+            raise TritonctlError(
+                f"not measured through Triton on this GPU ({gpu['model']}, id {gpu['id']}; the model speaks for "
+                f"{lm.device.fingerprint.get('model')}, id {lm.device.fingerprint.get('id')}): calibrate it "
+                f"(tritonctl calibrate {cluster.path} --latency-model {lm_path}, about two minutes)",
+                file=lm_path,
+                field="device.fingerprint",
+            )
     here = cpu_fingerprint()
     elsewhere = group.kind == "cpu" and lm.device.fingerprint.get("id") != here["id"]
     if elsewhere and not deploys_here:
