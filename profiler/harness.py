@@ -7,9 +7,10 @@ pooled per (model, thread count) and the share is changed by rewriting the cgrou
 which takes effect at once. On a GPU an instance's MPS active thread percentage is fixed
 when it starts, so instances are pooled per (model, share), under an MPS control daemon of
 the harness's own (`start` brings up a set of them in parallel: a GPU instance captures its
-CUDA graphs at load, seconds each). A closed-loop client sends whole batches (one request of batch b at a time, so
-Triton's dynamic batcher executes each at once); the client measures end-to-end latency and
-Triton's statistics give the server-side compute and queue time of exactly those batches.
+CUDA graphs at load, seconds each). A closed-loop client sends whole batches (one request of
+batch b at a time, so Triton's dynamic batcher executes each at once); the client measures
+end-to-end latency and Triton's statistics give the server-side compute and queue time of
+exactly those batches.
 """
 
 from __future__ import annotations

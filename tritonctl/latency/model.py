@@ -379,8 +379,8 @@ def scaled(
 ) -> LatencyModel:
     """`lm` carried to another device of the same kind: each model's running time at batch b with c of the
     device's C cores times k * b^gamma * (c / C)^delta, (k, gamma, delta) its factors measured there
-    (`tritonctl calibrate`), plus c0 + c1 * b where `added_ms` gives (c0, c1) (what serving adds on a GPU, never
-    less than a twentieth of the running time), and the CPU a request costs outside it as measured there; upload,
+    (`tritonctl calibrate`), plus c0 + c1 * b where `added_ms` gives (c0, c1) (what serving adds on a GPU; the sum
+    kept above a twentieth of the running time), and the CPU a request costs outside it as measured there; upload,
     interference and spread terms kept, the new device's fingerprint. An MLP predictor is not carried: its weights
     are the other device's, and the calibrated model predicts by the InSS formula."""
     full = lm.eff(lm.device.units)
