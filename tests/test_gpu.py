@@ -486,4 +486,6 @@ def test_a_gpu_host_refuses_to_plan_on_a_model_not_measured_through_triton_on_it
     (tmp_path / "here.json").write_text(json.dumps(calibrated))
     assert main([*plan, str(tmp_path / "here.json")]) == 0
     monkeypatch.setenv("PATH", os.environ["PATH"].split(":", 1)[1])  # no GPU here: planning for another host
+    capsys.readouterr()
     assert main([*plan, str(GPU_LM)]) == 0
+    assert "speaks for NVIDIA H100 80GB HBM3; on another GPU" in capsys.readouterr().out

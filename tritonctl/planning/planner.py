@@ -150,7 +150,10 @@ def check_latency_model(
         )
     if group.kind == "gpu":
         gpu = visible_gpu() if deploys_here else None
-        if gpu is not None and lm.device.fingerprint.get("id") != gpu["id"]:
+        if gpu is None:
+            log(f"note: {lm_path} speaks for {lm.device.fingerprint.get('model')}; on another GPU, or without Triton "
+                "in its profile, calibrate it there first (tritonctl calibrate)")  # fmt: skip
+        elif lm.device.fingerprint.get("id") != gpu["id"]:
             raise TritonctlError(
                 f"not measured through Triton on this GPU ({gpu['model']}, id {gpu['id']}; the model speaks for "
                 f"{lm.device.fingerprint.get('model')}, id {lm.device.fingerprint.get('id')}): calibrate it "
