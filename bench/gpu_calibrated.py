@@ -1,6 +1,6 @@
 """A GPU latency model carried to real Triton by `tritonctl calibrate`, and the plans made on it, under perf_analyzer.
 
-    bash bench/gpu_host.sh gpu_calibrated.py OUT [--calibrated LM] [--scales 0.5 1] [--batching prompt]
+    bash bench/gpu_host.sh gpu_calibrated.py OUT [--calibrated LM] [--scales 0.5 1] [--batching fill eager]
         [--baseline] [--duration 15] [--budget 540]
 
 The committed GPU profile (profiles/inss-gpu) measured the models' CUDA graphs alone on an H100,
@@ -9,10 +9,10 @@ into OUT/results.tar.gz, rewritten after each stage:
 1. `tritonctl calibrate examples/gpu-one` with that profile: each model at MPS share 25 and 50
    through real Triton, the running time plus c0 + c1 * batch fitted, two held-out points each
    (skipped with --calibrated: a model calibrated on this kind of GPU before);
-2. bench/real_load.py on the calibrated model: search's plan (`best`, or `best-prompt` at the
-   batches of `plan --batching prompt`) and the hand-written deployment (one tritonserver, the
-   whole GPU each, dynamic batching up to 32), loaded by perf_analyzer at each scale of the
-   cluster's rates, the plans' predictions beside;
+2. bench/real_load.py on the calibrated model: search's plan (`best`; `best-prompt`, `best-eager`
+   served as `plan --batching prompt` or `eager`) and the hand-written deployment (one
+   tritonserver, the whole GPU each, dynamic batching up to 32), loaded by perf_analyzer at each
+   scale of the cluster's rates, the plans' predictions beside;
 3. with --baseline, the same for search's plan on the uncalibrated profile, at 1x.
 `python bench/gpu_report.py` reads the unpacked folders.
 """
@@ -32,7 +32,8 @@ def options(parser) -> None:
     parser.add_argument("--calibrated", type=Path, help="a model calibrated on this kind of GPU: no calibration")
     parser.add_argument("--scales", nargs="+", default=["0.5", "1"], help="x the cluster's rates")
     parser.add_argument("--baseline", action="store_true", help="also search's plan on the uncalibrated profile")
-    parser.add_argument("--batching", choices=["fill", "prompt"], default="fill", help="search's plan: plan --batching")
+    ways = ["fill", "prompt", "eager"]
+    parser.add_argument("--batching", nargs="+", choices=ways, default=["fill"], help="search's plans: --batching")
 
 
 def main() -> None:
@@ -71,8 +72,8 @@ def main() -> None:
         return {"rc": rc, "tail": output.strip().splitlines()[-14:]}
 
     if calibrated.exists():
-        best = "best" if args.batching == "fill" else "best-prompt"
-        run.stage("calibrated", lambda: real_load("calibrated", calibrated, [best, "handwritten"], args.scales))
+        best = ["best" if b == "fill" else f"best-{b}" for b in args.batching]
+        run.stage("calibrated", lambda: real_load("calibrated", calibrated, [*best, "handwritten"], args.scales))
     if args.baseline:
         run.stage("uncalibrated", lambda: real_load("uncalibrated", LATENCY_MODEL, ["best"], ["1"]), min_left_s=90)
     pack()

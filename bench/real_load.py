@@ -20,8 +20,8 @@ Deployments:
   wake-up term, its LWR or the queueing model (latency/ablation.py), `-direct` sends the
   requests straight to the instances' own ports instead of the model ports (HAProxy), `-replan`
   plans for each scale's rates and applies that plan before loading it (a shadow swap, as the
-  controller does when rates move), where other deployments keep the plan for 1x; `-prompt` serves
-  the batches of `plan --batching prompt`.
+  controller does when rates move), where other deployments keep the plan for 1x; `-prompt` and
+  `-eager` serve the batches of `plan --batching prompt` or `eager`.
 
 Each deployment is loaded at every rate scale (x the cluster's rates, all models at once,
 open-loop Poisson) with every tool in turn, never two at once. Printed and written to
@@ -207,7 +207,7 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
                         "serveall": {"reject_late": False}, "late": {"reject_late": "always"}, "direct": {},
-                        "replan": {}, "noqueue": {}, "equal": {}, "lightest": {}, "prompt": {},
+                        "replan": {}, "noqueue": {}, "equal": {}, "lightest": {}, "prompt": {}, "eager": {},
                         **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
     device_changes = {"equal": {"turn_priority": "equal"}, "lightest": {"turn_threads": "lightest"}}
@@ -225,7 +225,8 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     policy = "search" if base == "best" else "spread"
     path = out / (f"plan-{name}.yaml" if scale == 1.0 else f"plan-{name}-x{scale:g}.yaml")
     with without_queueing() if "noqueue" in options else contextlib.nullcontext():
-        artifacts, batching = materialize(cluster, log=lambda _: None), "prompt" if "prompt" in options else "fill"
+        batching = next((o for o in options if o in ("prompt", "eager")), "fill")
+        artifacts = materialize(cluster, log=lambda _: None)
         plan = make_plan(cluster, artifacts, policy, path, lm, log=print, batching=batching)
         plan = with_simulation(plan, lm) if lm is not None else plan
     save_plan(plan, path)

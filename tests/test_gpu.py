@@ -489,3 +489,18 @@ def test_a_gpu_host_refuses_to_plan_on_a_model_not_measured_through_triton_on_it
     capsys.readouterr()
     assert main([*plan, str(GPU_LM)]) == 0
     assert "speaks for NVIDIA H100 80GB HBM3; on another GPU" in capsys.readouterr().out
+
+
+def test_eager_batching_keeps_bdas_batches_as_the_cap_and_waits_for_none(gpu_one, tmp_path):
+    """`plan --batching eager`: the fill plan's shares and batches, no queue delay, so batches form of what is
+    queued; the simulator (which runs Triton's batcher so) answers sooner than the fill plan at the same rates."""
+    cluster = gpu_one[0]
+    calibrated = str(REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json")
+    for batching in ("fill", "eager"):
+        args = ["plan", str(cluster.path), "--policy", "search", "--latency-model", calibrated]
+        assert main([*args, "--batching", batching, "-o", str(tmp_path / f"{batching}.yaml")]) == 0
+    fill, eager = (load_plan(tmp_path / f"{b}.yaml").plan for b in ("fill", "eager"))
+    for a, b in zip(fill.models, eager.models, strict=True):
+        pa, pb = a.placements[0], b.placements[0]
+        assert (pb.share, pb.batch) == (pa.share, pa.batch) and pa.queue_delay_us > 0 and pb.queue_delay_us == 0
+        assert b.simulated_p99_ms < 0.5 * a.simulated_p99_ms and b.simulated_in_slo >= 0.99

@@ -158,12 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--energy-model", help="energy: batch time and energy per image over batch x clock (fit-energy)")
     p.add_argument(
         "--batching",
-        choices=["fill", "prompt"],
+        choices=["fill", "prompt", "eager"],
         default="fill",
         help="fill: each instance serves the largest batch that meets its SLO (InSS's BDA), Triton's queue delay "
         "filling it: the most requests a share serves, each waiting up to the SLO's slack (default); prompt: the "
-        "batch of least predicted p99 that still meets the SLO at 1.5x the rate: answers sooner, less headroom "
-        "(docs/gpu.md). Needs --latency-model",
+        "batch of least predicted p99 that still meets the SLO at 1.5x the rate: answers sooner, less headroom; "
+        "eager: BDA's batch as the largest, no queue delay: batches grow with the load (docs/gpu.md). Needs "
+        "--latency-model",
     )
     add_margin(p)
     p = add(

@@ -135,9 +135,10 @@ def cmd_plan(args) -> int:
             "--objective energy and --energy-model go together (tritonctl fit-energy writes an energy model)",
             field="--energy-model",
         )
-    if args.batching == "prompt" and (not args.latency_model or args.objective == "energy"):
+    if args.batching != "fill" and (not args.latency_model or args.objective == "energy"):
         raise TritonctlError(
-            "--batching prompt needs a latency model and the throughput objective (energy sizes batches itself)",
+            f"--batching {args.batching} needs a latency model and the throughput objective (energy sizes batches "
+            "itself)",
             field="--batching",
         )
     if args.objective == "energy" and (args.minimise or not args.latency_model):

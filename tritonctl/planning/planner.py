@@ -29,7 +29,7 @@ from tritonctl.planning.plan import (
     relative_to,
 )
 from tritonctl.planning.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
-from tritonctl.planning.policies.bda import prompted
+from tritonctl.planning.policies.bda import eager, prompted
 from tritonctl.planning.policies.inss import default_policy_file, load_trained
 from tritonctl.planning.policies.timesharing import turn_service_ms
 from tritonctl.planning.simulate import simulated_misses, with_simulation
@@ -401,7 +401,8 @@ def make_plan(
     their prediction and in a warning. With `strict`, either is an error instead. A policy
     that needs training (inss) reads `policy_file`, by default rl/policies/<cluster name>.pt. With an `energy`
     model, the placement's SM clock and batch sizes are then chosen for the fewest joules (`planning.energy`).
-    `batching` "prompt" serves each split placement at `bda.prompt_batch` instead of the largest batch BDA allows.
+    `batching` "prompt" serves each split placement at `bda.prompt_batch` instead of the largest batch BDA allows;
+    "eager" keeps BDA's batch as the largest and waits for none (`bda.eager`).
     """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -434,10 +435,10 @@ def make_plan(
     except PolicyLimit as exc:
         raise TritonctlError(str(exc), file=cluster.path, field="models") from None
     unserved.update(shed)
-    if batching == "prompt" and POLICIES[policy].sharing == "spatial" and choices:
+    if batching != "fill" and POLICIES[policy].sharing == "spatial" and choices:
         if lm is None or energy is not None:
-            raise TritonctlError("prompt batching needs a latency model and no energy objective (which sizes batches)")
-        choices = prompted(choices, demands, lm)
+            raise TritonctlError(f"{batching} batching needs a latency model and no energy objective (its own batches)")
+        choices = prompted(choices, demands, lm) if batching == "prompt" else eager(choices)
     joules: dict[str, float] = {}
     if energy is not None and choices:
         if lm is None:

@@ -218,6 +218,13 @@ def with_batches(
     return out
 
 
+def eager(choices: dict[str, list[Choice]]) -> dict[str, list[Choice]]:
+    """`choices` with no queue delay on any placement that splits its device: Triton's dynamic batcher then starts
+    a batch as soon as the instance is free, of what is queued up to BDA's batch, so batches grow only with the
+    load (the simulator runs them so; eq. 2, which fills every batch, bounds their latency from above)."""
+    return {name: [c if c.turns else replace(c, queue_delay_us=0) for c in cs] for name, cs in choices.items()}
+
+
 def prompted(choices: dict[str, list[Choice]], demands: list[Demand], lm: LatencyModel) -> dict[str, list[Choice]]:
     """`choices` served at `prompt_batch` instead of the largest batch BDA allows: every placement that splits its
     device (not one taking turns), at its part of the model's rate, with the queue delay that fills it.
