@@ -14,7 +14,8 @@ into OUT/results.tar.gz, rewritten after each stage:
    tritonserver, the whole GPU each, dynamic batching up to 32), loaded by perf_analyzer at each
    scale of the cluster's rates, the plans' predictions beside;
 3. with --baseline, the same for search's plan on the uncalibrated profile, at 1x.
-`python bench/gpu_report.py` reads the unpacked folders.
+Unpacked, each stage's folder holds real_load's summary.md, results.json, plans and CPU use by
+process (bench/results/gpu-calibrated/ keeps those of the runs the docs cite).
 """
 
 from __future__ import annotations
