@@ -26,7 +26,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, gpu_description, start
+from gpu_triton import CLUSTER, LATENCY_MODEL, REPO, calibrated, gpu_description, start
 
 
 def options(parser) -> None:
@@ -39,7 +39,6 @@ def options(parser) -> None:
 
 def main() -> None:
     args, out, run, work = start(540, "gpu-calibrated-work", options)
-    calibrated = args.calibrated.resolve() if args.calibrated else work / "latency-model.calibrated.json"
     run.summary["host"] = {"gpu": gpu_description()}
     run.save()
 
@@ -47,14 +46,12 @@ def main() -> None:
         with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
             tar.add(work, arcname="gpu-calibrated")
 
-    def calibrate():
-        text = run.cli("calibrate", str(CLUSTER), "--latency-model", str(LATENCY_MODEL), "-o", str(calibrated))
-        (work / "calibrate.txt").write_text(text)
+    def calibrate() -> Path:
+        path = calibrated(run, work)  # what calibrate printed: calibrate.txt beside it
         pack()
-        return text.strip().splitlines()[-4:]
+        return path
 
-    if not args.calibrated:
-        run.stage("calibrate", calibrate, min_left_s=200)
+    model = args.calibrated.resolve() if args.calibrated else run.stage("calibrate", calibrate, min_left_s=200)
 
     def real_load(name: str, model, deployments: list[str], scales: list[str]):
         left = run.deadline - time.monotonic() - 10
@@ -72,9 +69,9 @@ def main() -> None:
         pack()
         return {"rc": rc, "tail": output.strip().splitlines()[-14:]}
 
-    if calibrated.exists():
+    if model is not None:
         best = ["best" if b == "fill" else f"best-{b}" for b in args.batching]
-        run.stage("calibrated", lambda: real_load("calibrated", calibrated, [*best, "handwritten"], args.scales))
+        run.stage("calibrated", lambda: real_load("calibrated", model, [*best, "handwritten"], args.scales))
     if args.baseline:
         run.stage("uncalibrated", lambda: real_load("uncalibrated", LATENCY_MODEL, ["best"], ["1"]), min_left_s=90)
     pack()

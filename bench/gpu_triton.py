@@ -167,11 +167,13 @@ def standin_p50(model: str, share: int, batch: int) -> float | None:
 
 
 def calibrated(run: Run, work: Path) -> Path:
-    """The committed GPU profile carried to real Triton on this GPU (`tritonctl calibrate`), once per work folder:
-    a GPU host refuses to plan on a model not measured through Triton on its GPU."""
+    """The committed GPU profile carried to real Triton on this GPU (`tritonctl calibrate`, what it printed kept in
+    calibrate.txt beside), once per work folder: a GPU host refuses to plan on a model not measured through Triton
+    on its GPU."""
     path = work / "latency-model.calibrated.json"
     if not path.exists():
-        run.cli("calibrate", str(CLUSTER), "--latency-model", str(LATENCY_MODEL), "-o", str(path), timeout_s=400)
+        text = run.cli("calibrate", str(CLUSTER), "--latency-model", str(LATENCY_MODEL), "-o", str(path), timeout_s=400)
+        (work / "calibrate.txt").write_text(text)
     return path
 
 

@@ -133,7 +133,7 @@ def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
     binary = find_tritonserver()
     if loaded.plan.target == "gpu":
         device = Device(id="gpu0", kind="gpu", index=0, memory_mb=1, units=100)
-        batch, backend = HANDWRITTEN_GPU_BATCH, "onnxruntime" if "onnxruntime" in binary.backends() else "python"
+        batch, backend = HANDWRITTEN_GPU_BATCH, binary.gpu_backend()
     else:
         device, batch, backend = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=1, cores=1.0), 1, "python"
     repo = folder / "models"

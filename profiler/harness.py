@@ -86,11 +86,11 @@ class Harness:
         self.warm_batches = warm_batches
         self.server_version = ""
         self.memory: list[MemoryPoint] = []  # footprint by batch, from each instance's warm-up
-        self.gpu_backend = "onnxruntime"
+        self.gpu_backend = "onnxruntime"  # what serves a GPU instance, as `apply` would serve it
         if device.kind == "gpu":
             mps.ensure(runtime.state_dir)  # stopped by `close` (the runtime's shutdown) if started here
-            if runtime.binary is not None and "onnxruntime" not in runtime.binary.backends():
-                self.gpu_backend = "python"  # the PyTorch CUDA-graph glue, as `apply` serves it
+            if runtime.binary is not None:
+                self.gpu_backend = runtime.binary.gpu_backend()
 
     def _key(self, model: str, share: int) -> tuple[str, int]:
         """Which pooled instance serves `model` at `share`: per thread count on a CPU, per share on a GPU."""

@@ -190,7 +190,7 @@ class LocalRuntime:
         haproxy_binary()
         if loaded.plan.target != "gpu":
             return loaded
-        if self.binary is not None and "onnxruntime" not in self.binary.backends():
+        if self.binary is not None and self.binary.gpu_backend() == "python":
             runtime = loaded.plan.runtime.model_copy(update={"gpu_backend": "python"})
             loaded = LoadedPlan(loaded.plan.model_copy(update={"runtime": runtime}), loaded.path)
         if write:

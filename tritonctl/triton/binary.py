@@ -35,6 +35,11 @@ class TritonBinary:
         folder = self.backend_dir or self.path.resolve().parent.parent / "backends"
         return {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
 
+    def gpu_backend(self) -> str:
+        """What serves a GPU instance here: Triton's onnxruntime backend where this tritonserver has it, else the
+        Python backend with tritonctl's PyTorch glue (the Triton in nvidia-pytriton has only that one)."""
+        return "onnxruntime" if "onnxruntime" in self.backends() else "python"
+
 
 def cache_dir() -> Path:
     """tritonctl's folder in the user's cache."""
