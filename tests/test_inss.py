@@ -192,6 +192,26 @@ def test_inss_keeps_the_current_placement_where_it_is_predicted_to_serve_more(lm
     assert out["alpha"][0].batch > 1
 
 
+def test_of_level_proposals_inss_deploys_the_one_serving_most_with_the_model_slower(lm, tmp_path, monkeypatch):
+    """Two proposals predicted to serve alike; the first misses some requests with every model HEADROOM slower, the
+    second none: the second is deployed, and the plan's note says why."""
+    devices = cpus(4096)
+    demands = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 40, 100)]
+    fragile = {"alpha": Spot("cpu0", 80), "beta": Spot("cpu0", 20)}
+    robust = {"alpha": Spot("cpu0", 75), "beta": Spot("cpu0", 25)}
+    judge, slower = Judge(demands, devices, lm), Judge(demands, devices, lm.with_margin(HEADROOM))
+    assert sum(judge(fragile).served.values()) == pytest.approx(sum(judge(robust).served.values()))
+    assert sum(slower(fragile).served.values()) < sum(slower(robust).served.values()) == pytest.approx(340)
+    layout = Layout.of("test", demands, devices, levels=4)
+    forced_policy(tmp_path / "p.pt", layout, [0, 2, 0, 0])
+    trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], devices)
+    module = sys.modules["tritonctl.planning.policies.inss"]
+    monkeypatch.setattr(module, "proposals", lambda *_: [fragile, robust])
+    chosen = module.decide(demands, devices, lm, trained)
+    assert (chosen.source, chosen.placement) == ("actor", robust)
+    assert "proposal 2 is deployed" in chosen.why and "serves most with every model 10% slower (340.0)" in chosen.why
+
+
 def test_inss_falls_back_to_search_where_the_actor_and_the_current_placement_leave_a_model_unserved(
     lm, tmp_path, monkeypatch
 ):

@@ -1,27 +1,30 @@
 """The InSS two-layer scheduler TS (section 5): a trained actor for placement and shares, BDA for batch sizes;
 and the pieces of its MDP (section 5.2) that training (`rl/`) shares with it.
 
-Online (section 5.5, Workflow): BDA runs first on the current placement (spread's, the one a fresh
-deployment starts from); only when BDA reports failure does the actor choose placement and shares, and
-batches are decided on its choice: BDA's on devices it splits, the duty cycle's on devices whose models
-take turns (as `search` decides them, `search.Judge`). The actor proposes up to PROPOSALS placements, its
-greedy one and draws from its policy (no more once one serves every request within its SLO), and the one
-predicted to serve most within the SLOs is kept (each judged device by device, and given up once it cannot
-serve more than the best so far, the current placement at first: `search.Judge.beats`): a factorised actor
-chooses each model's device and share on its own, and a draw often mends what the greedy choices of two
-models get wrong together. The actor's placement is deployed unless the current one is predicted to serve
-more. Where the one kept leaves some model unserved, search's placement is deployed instead (the fallback).
-The actor places one replica a model: where its placement is deployed and serves every model but some short
-of its rate, search's replica moves add (or give up) replicas on other devices, every model staying where the
-actor put it (`search.grow_replicas`). The plan's notes say which was deployed and why.
+Online (section 5.5, Workflow): BDA runs first on the current placement (spread's, the one a fresh deployment
+starts from); only when BDA reports failure does the actor choose placement and shares, and batches are
+decided on its choice: BDA's on devices it splits, the duty cycle's on devices whose models take turns (as
+`search` decides them, `search.Judge`). The actor proposes up to PROPOSALS placements, its greedy one and
+draws from its policy (no more once one serves every request within its SLO even with every model HEADROOM
+slower): a factorised actor chooses each model's device and share on its own, and a draw often mends what the
+greedy choices of two models get wrong together. Each is judged device by device and given up once it cannot
+come within LEVEL of the offered load of the best so far, the current placement at first
+(`search.Judge.beats`). The actor's placement is deployed unless the current one is predicted to serve more
+than every proposal. Of the proposals predicted within LEVEL of the best and to serve as much as the current
+one, the one that serves most within the SLOs with every model HEADROOM slower is deployed (then the predicted
+score, then the order): two placements predicted alike can differ widely in what a latency model that is off
+costs them. Where the one kept leaves some model unserved, search's placement is deployed instead (the
+fallback). The actor places one replica a model: where its placement is deployed and serves every model but
+some short of its rate, search's replica moves add (or give up) replicas on other devices, every model staying
+where the actor put it (`search.grow_replicas`). The plan's notes say which was deployed and why.
 
 The action space is search's: per model a device and either a share level or taking turns with the
 device's other models with all of it (on a CPU with one instance or more). A trained actor is therefore
 compared with `search` decision for decision, and can learn from it (`rl/imitate.py`).
 
-One addition to the paper, for robustness to a latency model that is off: the deployed batches are those
-chosen for every model running HEADROOM (10%) slower than predicted, where they serve as much; otherwise
-the prediction's own. The placement decision itself uses the prediction.
+Two additions to the paper, for robustness to a latency model that is off: level placements are ranked by
+what they serve with every model HEADROOM (10%) slower (above), and the deployed batches are those chosen for
+the model running HEADROOM slower, where they serve as much; otherwise the prediction's own.
 
 The MDP, for N models and K devices:
 
@@ -84,6 +87,9 @@ PROPOSALS = 16
 # Batches are chosen to meet their SLOs with the model this much slower than predicted, where they serve as
 # much; placements are still judged on the prediction itself.
 HEADROOM = 0.1
+# Placements predicted to serve within this part of the offered load of the best are level: of those, the one that
+# serves most with every model HEADROOM slower is deployed
+LEVEL = 0.005
 FORMAT = "tritonctl-inss-policy/2"
 
 
@@ -399,14 +405,25 @@ def _served(judged: Judged) -> float:
     return sum(judged.served.values())
 
 
-def robust_choices(placement: Placement, judge: Judge) -> dict[str, list[Choice]]:
-    """The plan of `placement` with batches chosen for every model HEADROOM slower than predicted, where those
-    are predicted to serve as much as the prediction's own (`judge`'s); else the prediction's."""
+def slower_judge(judge: Judge) -> Judge:
+    """`judge` with every model HEADROOM slower than its latency model predicts."""
     lm = judge.lm
-    slower = Judge(judge.demands, judge.devices, lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1)))
+    return Judge(judge.demands, judge.devices, lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1)))
+
+
+def robust_choices(placement: Placement, judge: Judge, slower: Judge) -> dict[str, list[Choice]]:
+    """The plan of `placement` with batches chosen for every model HEADROOM slower than predicted (`slower`), where
+    those are predicted to serve as much as the prediction's own (`judge`'s); else the prediction's."""
     if _served(slower(placement)) >= _served(judge(placement)) - judge.quantum:
         return slower.choices(placement)
     return judge.choices(placement)
+
+
+def most_robust(level: list[tuple[Placement, Judged]], slower: Judge) -> int:
+    """Which of `level` (placements predicted level, in order of preference) serves most within the SLOs with
+    every model HEADROOM slower; the predicted score, then the order, break ties."""
+    held = [-round(_served(slower(p)) / slower.quantum) for p, _ in level]
+    return min(range(len(level)), key=lambda k: (held[k], level[k][1].score, k))
 
 
 def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, trained: Trained | None) -> Decision:
@@ -415,44 +432,58 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
     current = current_placement(demands, devices, lm)
     as_spots = {n: Spot(c.device, c.share) for n, c in current.items()}
     judge = Judge(demands, devices, lm)
+    slower = slower_judge(judge)
     if bda(current, demands, devices, lm).ok:
         why = "BDA finds batches that meet every SLO on the current (spread) placement"
-        return Decision(as_spots, "current", why, robust_choices(as_spots, judge))
+        return Decision(as_spots, "current", why, robust_choices(as_spots, judge, slower))
     if trained is None:
         raise PlacementError("BDA fails on the current placement and inss has no trained policy (tritonctl train)")
-    candidates, offered, theirs = [], sum(d.rate for d in demands), judge(as_spots)
-    proposal, mine = None, None  # the actor's best so far (the first of equals: the greedy one where it ties)
+    offered, theirs = sum(d.rate for d in demands), judge(as_spots)
+    window = LEVEL * offered
+    candidates: list[Placement] = []
+    judged: list[tuple[Placement, Judged]] = []  # proposals that may be level with the best (the others given up)
+    best = theirs
     for candidate in proposals(trained, current, demands, devices, lm):
         candidates.append(candidate)
-        judged = judge.beats(candidate, theirs if mine is None else mine)  # None: cannot beat the best so far
-        if judged is not None and (mine is None or judged.score < mine.score):
-            proposal, mine = candidate, judged
-        if mine is not None and _served(mine) >= offered - judge.quantum:
-            break  # serves every request within its SLO: no proposal serves more
-    if mine is None:
+        verdict = judge.beats(candidate, best, slack=window)
+        if verdict is None:
+            continue
+        judged.append((candidate, verdict))
+        best = min(best, verdict, key=lambda j: j.score)
+        if _served(slower(candidate)) >= offered - judge.quantum:
+            break  # serves every request within its SLO even with the model slower: none serves more
+    ahead = min((j for _, j in judged), key=lambda j: j.score, default=None)  # the actor's best predicted
+    if ahead is None:
         why = (
             f"none of the actor's {len(candidates)} placements is predicted to serve as many requests within the "
             f"SLOs as the current one ({_served(theirs):,.1f}/s): the current one is kept"
         )
         placement, source = as_spots, "current"
-    elif theirs.score < mine.score:
+    elif theirs.score < ahead.score:
         why = (
-            f"the actor's best placement is predicted to serve {_served(mine):,.1f} requests/s within the SLOs, "
+            f"the actor's best placement is predicted to serve {_served(ahead):,.1f} requests/s within the SLOs, "
             f"the current one {_served(theirs):,.1f}: the current one is kept"
         )
         placement, source = as_spots, "current"
     else:
+        level = [(p, j) for p, j in judged if _served(j) >= _served(ahead) - window and j.score <= theirs.score]
+        proposal, mine = level[most_robust(level, slower)]
         if len(candidates) == 1 and _served(mine) >= offered - judge.quantum:
             which = "the actor's greedy placement serves every request in time"
         elif len(candidates) == 1:
             which = "the actor proposes one placement"
         else:
             rank = "its greedy one" if proposal == candidates[0] else f"proposal {candidates.index(proposal) + 1}"
-            which = f"of the actor's {len(candidates)} placements judged, {rank} serves most"
+            which = f"of the actor's {len(candidates)} placements judged, {rank} is deployed"
         why = (
             f"BDA fails on the current placement; {which}: {_served(mine):,.1f} requests/s within the SLOs "
             f"predicted (the current one {_served(theirs):,.1f})"
         )
+        if len(level) > 1:
+            why += (
+                f"; of the {len(level)} predicted within {LEVEL:.1%} of the offered load of the best, it serves most "
+                f"with every model {HEADROOM:.0%} slower ({_served(slower(proposal)):,.1f})"
+            )
         if _served(mine) < _served(theirs):
             why += "; level within search's tie margin, where search's tie-breaks favour the actor's"
         placement, source = proposal, "actor"
@@ -470,7 +501,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
             f"{why}; but it leaves {', '.join(unserved)} unserved: search's placement is deployed, "
             f"{_served(judge(fallback)):,.1f} requests/s within the SLOs predicted"
         )
-        placement, source = fallback, "search"
+        placement, source, slower = fallback, "search", slower_judge(judge)
     elif source == "actor":
         grown = grow_replicas(judge, placement)
         if grown != placement:
@@ -480,7 +511,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
                 f"{_served(judge(grown)):,.1f} requests/s within the SLOs predicted"
             )
             placement = grown
-    return Decision(placement, source, why, robust_choices(placement, judge))
+    return Decision(placement, source, why, robust_choices(placement, judge, slower))
 
 
 def inss(

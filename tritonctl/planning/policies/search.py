@@ -420,10 +420,11 @@ class Judge:
             out[key] = d if count[d.name] == 1 else Demand(d.name, d.slo_ms, d.rate / count[d.name], d.memory_mb)
         return out
 
-    def beats(self, placement: Placement, best: Judged) -> Judged | None:
-        """The placement's judgement, or None where it cannot score better than `best`: judged device by device,
-        those with the most requests first (where most can be lost), it is given up once its goodput with every
-        device not yet judged serving its whole rate ranks below `best`'s (the score's first term)."""
+    def beats(self, placement: Placement, best: Judged, slack: float = 0.0) -> Judged | None:
+        """The placement's judgement, or None where it cannot score better than `best` with `slack` requests/s
+        more: judged device by device, those with the most requests first (where most can be lost), it is given up
+        once its goodput with every device not yet judged serving its whole rate ranks below `best`'s less `slack`
+        (the score's first term)."""
         key = tuple(sorted(placement.items()))
         if key in self._judged:
             return self._judged[key]
@@ -435,7 +436,7 @@ class Judge:
             for k in members:
                 unjudged -= pieces[k].rate
                 served += outcome.served[model_of(k)]
-            if -round((served + unjudged) / self.quantum) > best.score[0]:
+            if -round((served + unjudged) / self.quantum) > best.score[0] + round(slack / self.quantum):
                 return None
         return self(placement)
 
