@@ -450,7 +450,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
             continue
         judged.append((candidate, verdict))
         best = min(best, verdict, key=lambda j: j.score)
-        if _served(slower(candidate)) >= offered - judge.quantum:
+        if _served(verdict) >= offered - judge.quantum and _served(slower(candidate)) >= offered - judge.quantum:
             break  # serves every request within its SLO even with the model slower: none serves more
     ahead = min((j for _, j in judged), key=lambda j: j.score, default=None)  # the actor's best predicted
     if ahead is None:
