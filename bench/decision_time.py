@@ -7,7 +7,8 @@ the SCALED latency model): the one-time cost of the queueing tables, BDA per cal
 spread placement, and each policy's warm planning time (median of 3; a policy that finds
 no plan for all eight models is timed to its failure, as the planner's first attempt). For
 `inss` (with the trained rl/policies/inss-eight-4.pt) also its online decision alone (`inss.decide`:
-BDA on the current placement, the actor's proposals judged; median of 50).
+BDA on the current placement, the actor's proposals judged, search's replica moves tried on the one deployed;
+median of 50), and the same without the replica moves.
 Simulator: requests simulated per second of wall time for the CPU demo's batch-1 plans
 (the slowest case: one batch per request), the CPU split into quotas
 (bench/results/cpu-demo/plan-spread.yaml) and in turns (plan-search.yaml: processor
@@ -18,6 +19,7 @@ machine.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -66,6 +68,14 @@ def main() -> None:
         print(f"  {name:13} {statistics.median(runs):8.1f} ms")
     runs = [timed(lambda: decide(demands, devices, lm, trained)) for _ in range(50)]
     print(f"inss online decision (BDA, the actor's proposals judged), eight models: {statistics.median(runs):.2f} ms")
+    inss_module = sys.modules[decide.__module__]
+    grow = inss_module.grow_replicas
+    inss_module.grow_replicas = lambda judge, placement: placement
+    try:
+        runs = [timed(lambda: decide(demands, devices, lm, trained)) for _ in range(50)]
+    finally:
+        inss_module.grow_replicas = grow
+    print(f"  the same without search's replica moves: {statistics.median(runs):.2f} ms")
     demo_lm = load_latency_model(REPO / "profiles/cpu-demo/latency-model.json")
     for policy, sharing in (("spread", "split"), ("search", "in turns")):
         demo = load_plan(REPO / f"bench/results/cpu-demo/plan-{policy}.yaml").plan
