@@ -85,7 +85,7 @@ RATE_HEADROOM = 1.5  # rates observe as rate / (RATE_HEADROOM x the cluster's ra
 # serve most within the SLOs is deployed
 PROPOSALS = 16
 # Batches are chosen to meet their SLOs with the model this much slower than predicted, where they serve as
-# much; placements are still judged on the prediction itself.
+# much; placements are judged on the prediction itself, and those level (LEVEL) ranked with the model this much slower.
 HEADROOM = 0.1
 # Placements predicted to serve within this part of the offered load of the best are level: of those, the one that
 # serves most with every model HEADROOM slower is deployed
