@@ -2,6 +2,7 @@
 slower or faster than predicted (`simulate --latency-error`), for the InSS setups.
 
     python bench/latency_error.py [--error 0.10] [--seeds 5] [--policies inss igniter search] [--margins 0 0.1]
+        [--vectors N]
 
 Each policy plans each setup once with the exact (SCALED) latency model, and once more per latency
 margin (`tritonctl plan --latency-margin`: batches planned as if they ran 1 + margin times as long as
@@ -10,6 +11,11 @@ predicted); each plan is then simulated
 Reported per setup and policy: SLO violations (late, dropped and never-served requests, those of
 unserved models included, as `tritonctl bench` counts them) without errors, and their mean and worst
 over the seeds with errors, and how many seeds miss more than 1% of requests.
+
+With `--vectors N`, each setup is planned at N rate vectors nobody picked instead of its own rates (every
+model's rate times a draw in [0.5, 1.2], seeded as bench/inss_choice.py's held-out vectors), and the figures
+are over all N plans: the exact violations' mean, and the mean, worst and count over 1% of the N x seeds
+draws with errors.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import argparse
 import statistics
 from pathlib import Path
+
+import numpy as np
 
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -28,6 +36,7 @@ from tritonctl.spec import load_cluster
 REPO = Path(__file__).resolve().parent.parent
 SETUPS = ("six-4", "eight-4", "eight-5")
 DURATION_S = 60.0
+VECTOR_SEED = 20_261_126  # bench/inss_choice.py's held-out rate vectors
 
 
 def violations(plan, cluster, lm, seed: int, error: float) -> tuple[float, float]:
@@ -42,6 +51,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5, help="error draws per plan (default 5)")
     parser.add_argument("--policies", nargs="+", default=["inss", "igniter", "search"])
     parser.add_argument("--margins", nargs="+", type=float, default=[0.0], help="latency margins to plan with")
+    parser.add_argument("--vectors", type=int, default=0, help="plan at this many drawn rate vectors per setup")
     args = parser.parse_args()
     lm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
     print(
@@ -52,18 +62,34 @@ def main() -> None:
     for setup in SETUPS:
         cluster = load_cluster(REPO / f"examples/inss-scaled/{setup}.yaml")
         artifacts = materialize(cluster, log=lambda _: None)
+        clusters = rate_vectors(cluster, args.vectors) if args.vectors else [cluster]
         for policy in args.policies:
             for margin in args.margins:
-                plan = make_plan(
-                    cluster, artifacts, policy, Path("plan.yaml"), lm.with_margin(margin), log=lambda _: None
-                )
-                goodput, exact = violations(plan, cluster, lm, 0, 0.0)
-                off = [violations(plan, cluster, lm, seed, args.error)[1] for seed in range(args.seeds)]
+                goodputs, exact, off = [], [], []
+                for workload in clusters:
+                    plan = make_plan(
+                        workload, artifacts, policy, Path("plan.yaml"), lm.with_margin(margin), log=lambda _: None
+                    )
+                    goodput, missed = violations(plan, workload, lm, 0, 0.0)
+                    goodputs.append(goodput)
+                    exact.append(missed)
+                    off += [violations(plan, workload, lm, seed, args.error)[1] for seed in range(args.seeds)]
                 print(
-                    f"| {setup} | {policy} | {100 * margin:g}% | {goodput:.1f} | {100 * exact:.2f}% | "
-                    f"{100 * statistics.mean(off):.2f}% | {100 * max(off):.2f}% | {sum(v > 0.01 for v in off)} |",
+                    f"| {setup} | {policy} | {100 * margin:g}% | {statistics.mean(goodputs):.1f} | "
+                    f"{100 * statistics.mean(exact):.2f}% | {100 * statistics.mean(off):.2f}% | "
+                    f"{100 * max(off):.2f}% | {sum(v > 0.01 for v in off)} |",
                     flush=True,
                 )
+
+
+def rate_vectors(cluster, count: int) -> list:
+    """`count` copies of `cluster`, every model's rate times a draw in [0.5, 1.2] (seeded)."""
+    rng = np.random.default_rng(VECTOR_SEED)
+    names, out = [m.name for m in cluster.spec.models], []
+    for _ in range(count):
+        factors = dict(zip(names, rng.uniform(0.5, 1.2, len(names)), strict=True))
+        out.append(cluster.with_rates(lambda m, factors=factors: round(m.rate * factors[m.name], 3)))
+    return out
 
 
 if __name__ == "__main__":
