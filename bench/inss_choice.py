@@ -102,6 +102,12 @@ def as_placement(choices: dict) -> Placement:
     return out
 
 
+def held_out_factors(count: int, models: int) -> list[np.ndarray]:
+    """`count` held-out rate vectors, each model's rate factor drawn uniformly in [0.5, 1.2] (seeded)."""
+    rng = np.random.default_rng(SEED)
+    return [rng.uniform(0.5, 1.2, models) for _ in range(count)]
+
+
 def setup_rows(cluster: Cluster, lm_file: str, workloads: int, policy_file: Path | None) -> tuple[str, str]:
     lm = load_latency_model(REPO / lm_file)
     devices, demands = devices_of(cluster), demands_of(cluster, {}, lm)
@@ -120,11 +126,10 @@ def setup_rows(cluster: Cluster, lm_file: str, workloads: int, policy_file: Path
         f"| {name} | {_source(chosen)} | {mine:,.1f} | {theirs:,.1f} | {best:,.1f} | {100 * mine / theirs:.2f}% | "
         f"{100 * mine / best:.2f}% | {_source(alone)}, {100 * alone_share:.2f}% | {chosen.why if chosen else ''} |"
     )
-    rng = np.random.default_rng(SEED)
     shares, greedy, actor, inss_ms, search_ms = [], [], 0, [], []
     plan_inss = partial(POLICIES["inss"].fn, trained=trained, log=lambda _: None)
-    for _ in range(workloads):
-        drawn = [replace(d, rate=d.rate * f) for d, f in zip(demands, rng.uniform(0.5, 1.2, len(demands)), strict=True)]
+    for factors in held_out_factors(workloads, len(demands)):
+        drawn = [replace(d, rate=d.rate * f) for d, f in zip(demands, factors, strict=True)]
         chosen, _ = timed(lambda drawn=drawn: decision(drawn, devices, lm, trained))
         _, ms = timed(lambda drawn=drawn: plan_inss(drawn, devices, lm))
         inss_ms.append(ms)

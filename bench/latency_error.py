@@ -24,7 +24,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-import numpy as np
+from inss_choice import held_out_factors
 
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -36,7 +36,6 @@ from tritonctl.spec import load_cluster
 REPO = Path(__file__).resolve().parent.parent
 SETUPS = ("six-4", "eight-4", "eight-5")
 DURATION_S = 60.0
-VECTOR_SEED = 20_261_126  # bench/inss_choice.py's held-out rate vectors
 
 
 def violations(plan, cluster, lm, seed: int, error: float) -> tuple[float, float]:
@@ -83,12 +82,11 @@ def main() -> None:
 
 
 def rate_vectors(cluster, count: int) -> list:
-    """`count` copies of `cluster`, every model's rate times a draw in [0.5, 1.2] (seeded)."""
-    rng = np.random.default_rng(VECTOR_SEED)
+    """`count` copies of `cluster` at bench/inss_choice.py's held-out rate vectors (rates rounded to 0.001/s)."""
     names, out = [m.name for m in cluster.spec.models], []
-    for _ in range(count):
-        factors = dict(zip(names, rng.uniform(0.5, 1.2, len(names)), strict=True))
-        out.append(cluster.with_rates(lambda m, factors=factors: round(m.rate * factors[m.name], 3)))
+    for factors in held_out_factors(count, len(names)):
+        factor = dict(zip(names, factors, strict=True))
+        out.append(cluster.with_rates(lambda m, factor=factor: round(m.rate * factor[m.name], 3)))
     return out
 
 

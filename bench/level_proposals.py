@@ -41,10 +41,9 @@ def level_proposals(demands, devices, lm, trained) -> tuple[list[tuple[int, dict
     current = inss_module.current_placement(demands, devices, lm)
     theirs = judge({n: Spot(c.device, c.share) for n, c in current.items()})
     proposals = inss_module.proposals(trained, current, demands, devices, lm)
-    judged = [(k, p, judge(p)) for k, p in enumerate(proposals, 1)]
-    best = max(sum(j.served.values()) for _, _, j in judged)
+    judged = [(p, judge(p)) for p in proposals]
     window = inss_module.LEVEL * sum(d.rate for d in demands)
-    level = [(k, p) for k, p, j in judged if sum(j.served.values()) >= best - window and j.score <= theirs.score]
+    level = [(proposals.index(p) + 1, p) for p, _ in inss_module.level_of(judged, theirs, window)]
     if inss_module.decide(demands, devices, lm, trained).source != "actor":
         return level, None
     pick = inss_module.most_robust([(p, judge(p)) for _, p in level], inss_module.slower_judge(judge))

@@ -444,9 +444,9 @@ def test_the_profiling_harness_pools_gpu_instances_per_share_under_its_own_mps_d
 
 def test_prompt_batching_serves_smaller_batches_sooner_and_keeps_the_slo_at_headroom(gpu_one, tmp_path, capsys):
     """`plan --batching prompt`: each split placement at a batch no larger than BDA's, of lower predicted p99 at its
-    rate, still within its SLO at HEADROOM x the rate by eq. 2, with the queue delay that fills it."""
+    rate, still within its SLO at PROMPT_RATE x the rate by eq. 2, with the queue delay that fills it."""
     from tritonctl.latency.queueing import task_latency
-    from tritonctl.planning.policies.bda import HEADROOM
+    from tritonctl.planning.policies.bda import PROMPT_RATE
 
     cluster = gpu_one[0]
     calibrated = REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json"
@@ -461,7 +461,7 @@ def test_prompt_batching_serves_smaller_batches_sooner_and_keeps_the_slo_at_head
         assert pb.predicted.latency_ms < pa.predicted.latency_ms
         others = tuple((m.name, m.placements[0].share, m.placements[0].batch) for m in prompt.models if m is not b)
         exec_ms = calibrated_lm.t_inf(b.name, pb.batch, pb.share, others)
-        assert task_latency(b.rate * HEADROOM, pb.batch, exec_ms).p99_ms <= b.slo_ms
+        assert task_latency(b.rate * PROMPT_RATE, pb.batch, exec_ms).p99_ms <= b.slo_ms
     capsys.readouterr()
     assert main(["plan", str(cluster.path), "--batching", "prompt", "-o", str(tmp_path / "x.yaml")]) == 2
     assert "--batching prompt needs a latency model" in capsys.readouterr().err

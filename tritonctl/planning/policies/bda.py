@@ -54,7 +54,7 @@ def broken_constraint(
 
 # `prompt_batch`: the rate a served batch should still keep the SLO at, x the model's; p99s within PROMPT_TIE of
 # the least tie, and the larger batch is served
-HEADROOM, PROMPT_TIE = 1.5, 0.1
+PROMPT_RATE, PROMPT_TIE = 1.5, 0.1
 
 # Every batch size's time, p99 and stability of a model at a share beside its co-runners, at a rate: what a
 # scan reads, kept by whoever scans the same layouts again (search's Judge). Keyed by `_scan_key`.
@@ -192,14 +192,14 @@ def throughput(placement: dict[str, Choice], batches: dict[str, int], lm: Latenc
 
 def prompt_batch(name: str, share: int, largest: int, others: tuple, demand: Demand, lm: LatencyModel) -> int:
     """The batch a model is served at with `plan --batching prompt`, of 1 .. `largest` (BDA's): of those that
-    would still meet the SLO at HEADROOM times its rate by eq. 2 (where none would, of those that meet it at the
+    would still meet the SLO at PROMPT_RATE times its rate by eq. 2 (where none would, of those that meet it at the
     rate), the one with the least p99 at its rate, the largest within PROMPT_TIE of it; `largest` itself where it
     misses the SLO (a partial service keeps the batch that serves most in time)."""
     times = lm.t_infs(name, share, others)[:largest]
     p99, stable = p99s(demand.rate, times)
     if not stable[largest - 1] or p99[largest - 1] > demand.slo_ms:
         return largest
-    ahead, _ = p99s(demand.rate * HEADROOM, times)
+    ahead, _ = p99s(demand.rate * PROMPT_RATE, times)
     fits = ahead <= demand.slo_ms
     candidates = np.where(fits if fits.any() else p99 <= demand.slo_ms, p99, np.inf)
     return int(np.flatnonzero(candidates <= candidates.min() * (1 + PROMPT_TIE))[-1]) + 1

@@ -419,6 +419,15 @@ def robust_choices(placement: Placement, judge: Judge, slower: Judge) -> dict[st
     return judge.choices(placement)
 
 
+def level_of(judged: list[tuple[Placement, Judged]], current: Judged, window: float) -> list[tuple[Placement, Judged]]:
+    """Of judged proposals, those level with the best (the least score): predicted to serve within `window`
+    requests/s of it, and to score at least as well as the `current` placement."""
+    if not judged:
+        return []
+    best = _served(min((j for _, j in judged), key=lambda j: j.score))
+    return [(p, j) for p, j in judged if _served(j) >= best - window and j.score <= current.score]
+
+
 def most_robust(level: list[tuple[Placement, Judged]], slower: Judge) -> int:
     """Which of `level` (placements predicted level, in order of preference) serves most within the SLOs with
     every model HEADROOM slower; the predicted score, then the order, break ties."""
@@ -466,7 +475,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
         )
         placement, source = as_spots, "current"
     else:
-        level = [(p, j) for p, j in judged if _served(j) >= _served(ahead) - window and j.score <= theirs.score]
+        level = level_of(judged, theirs, window)
         proposal, mine = level[most_robust(level, slower)]
         if len(candidates) == 1 and _served(mine) >= offered - judge.quantum:
             which = "the actor's greedy placement serves every request in time"
