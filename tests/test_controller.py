@@ -254,8 +254,10 @@ def start_controller(plan: Path, log: Path) -> subprocess.Popen:
 
 @pytest.mark.triton
 def test_controller_killed_mid_swap_converges_without_a_failed_request(tmp_path):
+    """An SLO no queue on a busy 2-core machine reaches: a request refused as late (runtime.reject_late) would be
+    counted here as one the swap lost."""
     make_mlp(tmp_path / "mlp.onnx")
-    cluster = write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")])
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", slo_ms=1000), mlp_model("beta", slo_ms=1000)])
     plan = tmp_path / "plan.yaml"
     assert main(["plan", str(cluster), "-o", str(plan)]) == 0
     state_dir = tmp_path / "state"
