@@ -50,10 +50,11 @@ def all_stopped(records) -> bool:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """Two ONNX models served by two real tritonserver instances sharing one CPU device."""
+    """Two ONNX models served by two real tritonserver instances sharing one CPU device. Their SLO is one no queue on
+    a busy 2-core machine reaches: a request refused as late (runtime.reject_late) is not one a swap lost."""
     folder = tmp_path_factory.mktemp("deploy")
     make_mlp(folder / "mlp.onnx")
-    cluster = write_cluster(folder, [mlp_model("alpha"), mlp_model("beta")])
+    cluster = write_cluster(folder, [mlp_model("alpha", slo_ms=1000), mlp_model("beta", slo_ms=1000)])
     plan = folder / "plan.yaml"
     assert main(["plan", str(cluster), "-o", str(plan)]) == 0
     assert main(["apply", str(plan)]) == 0
