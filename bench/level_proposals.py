@@ -7,9 +7,9 @@ For each setup, the actor's proposals that `inss.decide` counts as level (predic
 `inss.LEVEL` of the offered load of the best proposal, and as much as the current placement), each planned
 alone by `inss` (with its batches and the replicas `search`'s moves add, as if it were the one deployed) and
 simulated 60 s with a fixed +-10% error per model, `--seeds` draws (bench/latency_error.py): its predicted
-goodput, its goodput with every model `inss.HEADROOM` slower (what `inss` ranks level proposals by), the
-mean and worst share of requests missed, and how many draws miss more than 1%. The one `inss` deploys is
-marked. Simulation only, seeded: the figures do not depend on the CPU.
+goodput, its goodput with every model `inss.HEADROOM` slower (`inss.slower_judge`, what `inss` ranks level
+proposals by), the mean and worst share of requests missed, and how many draws miss more than 1%. The one
+`inss` deploys is marked. Simulation only, seeded: the figures do not depend on the CPU.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/level-proposals.md")
     args = parser.parse_args()
     lm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
-    slower = lm.with_margin(inss_module.HEADROOM)
     lines = [
         "# Level proposals of the trained actor under +-10% latency errors (SYNTHETIC scaled latency model)",
         "",
@@ -76,7 +75,8 @@ def main() -> None:
             inss_module.default_policy_file(name), name, [d.name for d in demands], devices
         )
         level, chosen = level_proposals(demands, devices, lm, trained)
-        judge, slow = Judge(demands, devices, lm), Judge(demands, devices, slower)
+        judge = Judge(demands, devices, lm)
+        slow = inss_module.slower_judge(judge)
         original = inss_module.proposals
         for k, placement in level:
             inss_module.proposals = lambda *_, placement=placement: [placement]

@@ -22,7 +22,7 @@ from tritonctl.planning.planner import replan_policy
 from tritonctl.planning.policies import POLICIES, Demand
 from tritonctl.planning.policies.base import Choice
 from tritonctl.planning.policies.bda import bda
-from tritonctl.planning.policies.inss import HEADROOM, Layout, decode, encode, inss, load_trained
+from tritonctl.planning.policies.inss import HEADROOM, Layout, decode, encode, inss, load_trained, slower_judge
 from tritonctl.planning.policies.search import TURNS, Judge, Spot
 from tritonctl.rl.env import EnvConfig, InssEnv
 from tritonctl.rl.imitate import ImitationConfig, imitate
@@ -210,6 +210,18 @@ def test_of_level_proposals_inss_deploys_the_one_serving_most_with_the_model_slo
     chosen = module.decide(demands, devices, lm, trained)
     assert (chosen.source, chosen.placement) == ("actor", robust)
     assert "proposal 2 is deployed" in chosen.why and "serves most with every model 10% slower (340.0)" in chosen.why
+
+
+def test_the_slower_judge_counts_what_a_cpu_in_turns_serves_once_an_instance_no_longer_keeps_up(lm):
+    """Taking turns with a CPU, alpha keeps up at no batch at 400 requests/s: search's judge (what to plan) counts the
+    device as serving nothing; the slower judge that inss ranks level proposals by counts what it serves: beta whole,
+    alpha in part."""
+    demands = [Demand("alpha", 150, 400, 100), Demand("beta", 400, 40, 100)]
+    both = {"alpha": Spot("cpu0", TURNS, 1), "beta": Spot("cpu0", TURNS, 1)}
+    judge = Judge(demands, cpus(4096), lm)
+    assert judge(both).served == {"alpha": 0.0, "beta": 0.0}
+    served = slower_judge(judge)(both).served
+    assert served["beta"] == pytest.approx(40) and 0 < served["alpha"] < 400
 
 
 def test_inss_falls_back_to_search_where_the_actor_and_the_current_placement_leave_a_model_unserved(

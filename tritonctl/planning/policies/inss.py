@@ -23,8 +23,10 @@ device's other models with all of it (on a CPU with one instance or more). A tra
 compared with `search` decision for decision, and can learn from it (`rl/imitate.py`).
 
 Two additions to the paper, for robustness to a latency model that is off: level placements are ranked by
-what they serve with every model HEADROOM (10%) slower (above), and the deployed batches are those chosen for
-the model running HEADROOM slower, where they serve as much; otherwise the prediction's own.
+what they serve with every model HEADROOM (10%) slower (above; a CPU taken in turns by an instance that then
+keeps up at no batch is counted for what it serves in part, where planning counts it as serving nothing), and
+the deployed batches are those chosen for the model running HEADROOM slower, where they serve as much;
+otherwise the prediction's own.
 
 The MDP, for N models and K devices:
 
@@ -406,9 +408,11 @@ def _served(judged: Judged) -> float:
 
 
 def slower_judge(judge: Judge) -> Judge:
-    """`judge` with every model HEADROOM slower than its latency model predicts."""
+    """`judge` with every model HEADROOM slower than its latency model predicts, judging what a placement then
+    serves: a CPU taken in turns by an instance that no longer keeps up serves it in part (`Judge`'s `in_part`)."""
     lm = judge.lm
-    return Judge(judge.demands, judge.devices, lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1)))
+    slower = lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1))
+    return Judge(judge.demands, judge.devices, slower, in_part=True)
 
 
 def robust_choices(placement: Placement, judge: Judge, slower: Judge) -> dict[str, list[Choice]]:

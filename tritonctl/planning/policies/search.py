@@ -391,10 +391,12 @@ class Judge:
     (`queueing.goodput` per model), then by the goodput if every request were served in its turn, then by the
     fewest instances, then by total throughput sum b / t_inf (problem (1)); see the module docstring.
 
-    A placement's keys are its replicas (`replica_key`): a model with several takes its rate in equal parts."""
+    A placement's keys are its replicas (`replica_key`): a model with several takes its rate in equal parts.
+    With `in_part`, a CPU taken in turns by an instance that keeps up at no batch is judged by what it serves in
+    part (`timesharing.schedule`), not as serving nothing: what a placement serves, rather than what to plan."""
 
-    def __init__(self, demands: list[Demand], devices: list[Device], lm: LatencyModel):
-        self.demands, self.devices, self.lm = demands, devices, lm
+    def __init__(self, demands: list[Demand], devices: list[Device], lm: LatencyModel, in_part: bool = False):
+        self.demands, self.devices, self.lm, self.in_part = demands, devices, lm, in_part
         self.by_name = {d.name: d for d in demands}
         self.order = {d.name: k for k, d in enumerate(demands)}  # BDA sizes a device's models in model order
         self.quantum = max(1e-3, GOODPUT_TIE * sum(d.rate for d in demands))
@@ -504,7 +506,7 @@ class Judge:
         return _Device(batches, served, in_turn, rates)
 
     def _judge_turns(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
-        outcome = turn_outcome([(d, spot.copies) for d, spot in members], device, self.lm)
+        outcome = turn_outcome([(d, spot.copies) for d, spot in members], device, self.lm, self.in_part)
         return _Device(outcome.batches, outcome.served, outcome.in_turn, {}, outcome)
 
     def choices(self, placement: Placement) -> dict[str, list[Choice]]:

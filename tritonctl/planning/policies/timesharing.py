@@ -26,16 +26,23 @@ from tritonctl.shares import Turn, rank_weight, turn_layout, turn_share, turn_sl
 STRETCH_ROUNDS = 3  # rounds of the fixed point between how busy instances taking turns are and how long they take
 
 
-def schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
+def schedule(
+    group: list[Demand], device: Device, lm: LatencyModel, in_part: bool = False
+) -> tuple[float, dict[str, int]] | None:
     """The duty cycle and batches that keep every model of `group` at its rate and SLO on `device`, or None.
 
     On a CPU each instance runs on its threads of `turn_layout` and `turn_slots` of them run at once, so a
     cycle is their batches' time over the slots, and batches do not wait for each other's turns: the SLO is left
-    to the queueing of `turn_service_ms` (a GPU's batch waits up to a cycle, so the cycle bounds it)."""
+    to the queueing of `turn_service_ms` (a GPU's batch waits up to a cycle, so the cycle bounds it). With
+    `in_part`, a CPU instance that keeps up at no batch runs the one serving the most requests per second (what
+    it then serves in time is its queueing's to say) rather than leaving the device without a schedule."""
     share, slots = turn_share(device, len(group)), turn_slots(device, len(group))
     if device.kind == "cpu":  # each instance keeps up on its own: the smallest batch that does
         shares = _shares(group, device)
-        batches = {d.name: _keeps_up(d, s, lm) for d, s in zip(group, shares, strict=True)}
+        batches = {
+            d.name: _keeps_up(d, s, lm) or (_fastest(d, s, lm) if in_part else None)
+            for d, s in zip(group, shares, strict=True)
+        }
         if any(b is None for b in batches.values()):
             return None
         return sum(lm.t_inf(d.name, batches[d.name], s) for d, s in zip(group, shares, strict=True)) / slots, batches
@@ -61,6 +68,11 @@ def _keeps_up(d: Demand, share: int, lm: LatencyModel) -> int | None:
         if d.rate * lm.t_inf(d.name, batch, share) < 0.9 * 1000 * batch:
             return batch
     return None
+
+
+def _fastest(d: Demand, share: int, lm: LatencyModel) -> int:
+    """The batch at which one instance at `share` serves the most requests per second."""
+    return max(range(1, MAX_BATCH + 1), key=lambda batch: batch / lm.t_inf(d.name, batch, share))
 
 
 def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device, lm: LatencyModel) -> list[float]:
@@ -110,12 +122,13 @@ class Turns:
     capacity: float
 
 
-def turn_outcome(members: list[tuple[Demand, int]], device: Device, lm: LatencyModel) -> Turns:
+def turn_outcome(members: list[tuple[Demand, int]], device: Device, lm: LatencyModel, in_part: bool = False) -> Turns:
     """Members (model, copies) taking turns with `device`, each copy at its part of the model's rate: a batch
     server holding its instance for `turn_service_ms` per batch, with its queueing (eq. 2). Nothing is served
-    where the schedule finds no batches or the batches do not fit the device's memory."""
+    where the schedule finds no batches (`schedule`, `in_part` as there) or the batches do not fit the device's
+    memory."""
     group = [Demand(d.name, d.slo_ms, d.rate / copies, d.memory_mb) for d, copies in members for _ in range(copies)]
-    plan = schedule(group, device, lm)
+    plan = schedule(group, device, lm, in_part)
     batches = plan[1] if plan is not None else {d.name: 1 for d in group}
     fits = plan is not None and sum(memory_at(d, batches[d.name], lm) for d in group) <= device.memory_mb
     if not fits:
