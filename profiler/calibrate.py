@@ -18,6 +18,9 @@ counts as its compute plus a request's way in and out (a batch-1 request's laten
 compute: a batch formed of single requests does not pay the way in once per image), and adds
 c0 + c1 * batch to the running time, fitted per model.
 
+On a CPU it also measures, as the profiler does, what each model's requests cost outside it and how much longer
+a request takes after the instance sat idle (the wake-up the simulator adds): both are this CPU's, not carried.
+
 Two further points per model are measured and never fitted: their error, before and after,
 is what the calibration is worth, and it is recorded in the calibrated model's metadata and
 printed.
@@ -42,6 +45,7 @@ from tritonctl.deploy.runtime import StartError
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.device import cpu_fingerprint, gpu_fingerprint
+from tritonctl.latency.fit import wake_curve
 from tritonctl.latency.model import LatencyModel, scaled
 from tritonctl.planning.planner import devices_of
 from tritonctl.spec import Cluster
@@ -49,7 +53,7 @@ from tritonctl.triton.binary import find_tritonserver
 
 from .grid import Member
 from .harness import Harness, Stats
-from .run import COST_GAP_MS, COST_REQUESTS, planned_for_profile
+from .run import COST_GAP_MS, COST_REQUESTS, WAKE_GAPS_MS, WAKE_REQUESTS, planned_for_profile
 
 # (batch, share as a fraction of the usable units), fitted and held out. CPU: both thread regimes of a 2-core CPU.
 # GPU: two MPS shares (an instance each, started at once), batches up to the largest a plan uses.
@@ -193,8 +197,11 @@ def calibrate(
             if kind == "cpu":
                 log(f"  CPU a request costs outside each model: {COST_REQUESTS} batch-1 requests through HAProxy")
                 costs = {name: harness.request_cost(name, COST_REQUESTS, COST_GAP_MS).cpu_ms for name in artifacts}
+                gaps = ", ".join(f"{gap:g}" for gap in WAKE_GAPS_MS)
+                log(f"  wake-up of each model: {WAKE_REQUESTS} single requests after idle gaps of {gaps} ms")
+                wakes = {name: wake_curve(harness.wake(name, WAKE_GAPS_MS, WAKE_REQUESTS)) for name in artifacts}
             else:  # the planner reserves CPU for requests on a CPU device only
-                costs = {name: lm.models[name].request_cpu_ms for name in artifacts}
+                costs, wakes = {name: lm.models[name].request_cpu_ms for name in artifacts}, {}
         except StartError as exc:
             raise TritonctlError(f"calibration stopped: {exc}") from None
         finally:
@@ -210,13 +217,16 @@ def calibrate(
     if kind == "cpu":
         factors, added = factors_of(lm, points), {}
         log("  " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in costs.items()))
+        log("  wake-up after the longest gap: " + ", ".join(
+            f"{name} +{wake[-1][1]:.1f} ms (source model +{lm.wake_ms(name, wake[-1][0]):.1f})"
+            for name, wake in wakes.items() if wake))  # fmt: skip
     else:
         factors, added = {name: (1.0, 0.0, 0.0) for name in artifacts}, added_of(points)
         log("  way in and out: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in ways.items()))
     meta = {"calibrated": {"from": str(source), "from_device": lm.device.fingerprint.get("model"), "factors": factors}}
     if added:
         meta["calibrated"]["added_ms"] = added
-    calibrated = scaled(lm, factors, fingerprint, meta, costs, added)
+    calibrated = scaled(lm, factors, fingerprint, meta, costs, added, wakes)
     points = [Point(**{**asdict(p), "after_ms": calibrated.t_inf(p.model, p.batch, p.share)}) for p in points]
     checks = [p for p in points if not p.fitted]
     calibrated.meta["calibrated"].update(

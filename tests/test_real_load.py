@@ -313,9 +313,13 @@ def test_calibration_recovers_a_speed_batching_and_share_factor(synthetic_lm):
     (k, gamma, delta) = factors_of(lm, points)["alpha"]
     assert (k, gamma, delta) == pytest.approx((1.6, 0.2, 0.3), abs=1e-6)
     factors = {"alpha": (k, gamma, delta), "beta": (1.0, 0.0, 0.0)}
-    carried = scaled(lm, factors, {"id": "here"}, {"calibrated": {}}, {"alpha": 1.25, "beta": 0.5})
+    woken = ((0.0, 0.0), (100.0, 1.5))
+    carried = scaled(
+        lm, factors, {"id": "here"}, {"calibrated": {}}, {"alpha": 1.25, "beta": 0.5}, wake={"alpha": woken}
+    )
     assert carried.t_inf("alpha", 4, 75) == pytest.approx(truth(4, 75), rel=0.02)
     assert carried.models["alpha"].request_cpu_ms == 1.25  # this CPU's, measured: not carried over
+    assert carried.wake_ms("alpha", 100) == 1.5 and carried.models["beta"].wake == lm.models["beta"].wake
     assert carried.t_inf("alpha", 3, 35) == pytest.approx(truth(3, 35), rel=0.02)
     assert carried.device.fingerprint == {"id": "here"} and carried.t_inf("beta", 4, 75) == lm.t_inf("beta", 4, 75)
     one_share = [p for p in points if p.share == 100]  # batch alone: no share term to fit

@@ -150,10 +150,8 @@ def _fit_model(
     log2b = np.array([math.log2(r.batch) for r in rows])
     sigma = np.log(np.maximum(np.array([r.p95_ms for r in rows]) / p50, 1.0)) / 1.645
     spread0, spread1 = _lstsq(np.c_[np.ones_like(log2b), log2b], sigma)
-    # Wake-up: what a request after an idle gap takes beyond one sent back to back (gap 0).
-    busy = next((w.p50_ms for w in wake if w.gap_ms == 0), None)
-    woken = () if busy is None else tuple(sorted((w.gap_ms, round(max(0.0, w.p50_ms - busy), 3)) for w in wake))
-    if wake and busy is None:
+    woken = wake_curve(wake)
+    if wake and not woken:
         log(f"  {feat.model}: wake.csv has no back-to-back point (gap 0): no wake-up fitted")
     log(
         f"  {feat.model}: LWR bandwidth {bandwidth} degree {degree}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
@@ -180,6 +178,15 @@ def _fit_model(
         spread=(round(float(spread0), 5), round(float(spread1), 5)),
         wake=woken,
     )
+
+
+def wake_curve(wake: list[WakePoint]) -> tuple[tuple[float, float], ...]:
+    """Per idle gap (ms), what a request after it takes beyond one sent back to back (gap 0); () without a
+    back-to-back point."""
+    busy = next((w.p50_ms for w in wake if w.gap_ms == 0), None)
+    if busy is None:
+        return ()
+    return tuple(sorted((w.gap_ms, round(max(0.0, w.p50_ms - busy), 3)) for w in wake))
 
 
 def _fit_interference(model: LatencyModel, rows: list[Measurement], log, relative: bool = True) -> None:

@@ -376,15 +376,17 @@ def scaled(
     meta: dict,
     request_cpu_ms: dict[str, float],
     added_ms: dict[str, tuple[float, float]] | None = None,
+    wake: dict[str, tuple[tuple[float, float], ...]] | None = None,
 ) -> LatencyModel:
     """`lm` carried to another device of the same kind: each model's running time at batch b with c of the
     device's C cores times k * b^gamma * (c / C)^delta, (k, gamma, delta) its factors measured there
     (`tritonctl calibrate`), plus c0 + c1 * b where `added_ms` gives (c0, c1) (what serving adds on a GPU; the sum
-    kept above a twentieth of the running time), and the CPU a request costs outside it as measured there; upload,
-    interference and spread terms kept, the new device's fingerprint. An MLP predictor is not carried: its weights
-    are the other device's, and the calibrated model predicts by the InSS formula."""
+    kept above a twentieth of the running time), the CPU a request costs outside it and, where `wake` gives it, its
+    wake-up curve, as measured there; upload, interference and spread terms kept, the new device's fingerprint. An
+    MLP predictor is not carried: its weights are the other device's, and the calibrated model predicts by the
+    InSS formula."""
     full = lm.eff(lm.device.units)
-    added_ms = added_ms or {}
+    added_ms, wake = added_ms or {}, wake or {}
 
     def times(name: str, p: ModelParams) -> ModelParams:
         k, gamma, delta = factors[name]
@@ -393,7 +395,8 @@ def scaled(
         for x, y in zip(p.lwr_X, p.lwr_y, strict=True):  # x: (log2 batch, log cores) of a training point
             run = y * k * 2 ** (gamma * x[0]) * (math.exp(x[1]) / full) ** delta
             lwr_y.append(max(run + c0 + c1 * 2 ** x[0], 0.05 * run))
-        return dataclasses.replace(p, lwr_y=lwr_y, request_cpu_ms=round(request_cpu_ms[name], 4))
+        woken = wake.get(name, p.wake)
+        return dataclasses.replace(p, lwr_y=lwr_y, request_cpu_ms=round(request_cpu_ms[name], 4), wake=woken)
 
     models = {name: times(name, p) for name, p in lm.models.items() if name in factors}
     device = dataclasses.replace(lm.device, fingerprint=fingerprint)
