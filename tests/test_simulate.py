@@ -17,7 +17,7 @@ from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
-from tritonctl.planning.simulate import read_trace, simulate, simulated_misses, with_simulation
+from tritonctl.planning.simulate import deal, read_trace, simulate, simulated_misses, with_simulation
 
 
 @pytest.fixture(scope="module")
@@ -310,3 +310,12 @@ def test_a_plans_simulation_adds_what_eq2_leaves_out_and_marks_an_overload(lm):
     (alpha,) = with_simulation(overloaded, lm).models
     assert alpha.simulated_p99_ms is None and alpha.simulated_in_slo < 0.7  # serves 1 in 1.5 at most
     assert simulated_misses(with_simulation(overloaded, lm)) == [alpha] and not simulated_misses(exact)
+
+
+def test_requests_are_dealt_to_replicas_in_turn_as_haproxy_deals_them():
+    """Alike weights take turns; weights 1 and 3 give every fourth request to the first, at even intervals (smooth
+    weighted round robin, HAProxy's roundrobin), not at random."""
+    assert deal([1.0, 1.0], 6).tolist() == [0, 1, 0, 1, 0, 1]
+    dealt = deal([1.0, 3.0], 400)
+    assert (dealt == 0).sum() == 100 and set(np.diff(np.flatnonzero(dealt == 0)).tolist()) == {4}
+    assert deal([2.0], 3).tolist() == [0, 0, 0]

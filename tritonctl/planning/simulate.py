@@ -27,7 +27,10 @@ requests for up to its queue delay). What is still queued then counts as arrived
 served nor dropped, so an overloaded plan shows its real throughput.
 
 Arrivals are Poisson at each model's rate, or replayed from a trace (CSV `model,time_s`);
-a model's requests go to its replicas at random in proportion to their weights.
+a model's requests are dealt to its replicas in turn, as HAProxy deals them: smooth weighted
+round robin, each replica taking its weight's part at even intervals (`deal`). HAProxy sends
+a model whose replicas weigh alike to the one with the fewest requests in progress
+(`deploy.proxy.balance`), which queues no longer than taking turns.
 
 `latency_error` X stands for a latency model that is off: every batch of model i runs (1 + e_i) times
 as long as predicted, e_i drawn once per model uniformly in [-X, X] from the seed (a stream of its own,
@@ -172,7 +175,7 @@ def _next_start(inst: _Instance) -> float | None:
 def _arrivals(
     plan: Plan, duration_s: float, rate_scale: float, trace: dict[str, np.ndarray] | None, seed: int
 ) -> dict[str, list[np.ndarray]]:
-    """Each model's arrivals (ms), dealt to its replicas at random in proportion to their weights."""
+    """Each model's arrivals (ms), dealt to its replicas in turn (`deal`)."""
     out = {}
     for model in plan.models:
         # one stream per model, named by it: every plan of a cluster sees the same arrivals (common random numbers)
@@ -182,9 +185,23 @@ def _arrivals(
         else:
             times = trace.get(model.name, np.empty(0))
             times = times[times < 1000.0 * duration_s]
-        weights = np.array([p.weight for p in model.placements])
-        replica = rng.choice(len(weights), size=len(times), p=weights / weights.sum())
-        out[model.name] = [times[replica == k] for k in range(len(weights))]
+        replica = deal([p.weight for p in model.placements], len(times))
+        out[model.name] = [times[replica == k] for k in range(len(model.placements))]
+    return out
+
+
+def deal(weights: list[float], count: int) -> np.ndarray:
+    """Which replica each of `count` requests in arrival order goes to: smooth weighted round robin (every
+    replica gains its weight, the one ahead takes the request and gives back the sum), so each takes its part
+    of the requests at even intervals; alike weights take turns."""
+    if len(set(weights)) <= 1:
+        return np.arange(count) % max(1, len(weights))
+    ahead, total, out = [0.0] * len(weights), sum(weights), np.empty(count, np.int64)
+    for i in range(count):
+        ahead = [a + w for a, w in zip(ahead, weights, strict=True)]
+        k = max(range(len(ahead)), key=ahead.__getitem__)
+        ahead[k] -= total
+        out[i] = k
     return out
 
 
