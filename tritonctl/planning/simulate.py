@@ -28,9 +28,9 @@ served nor dropped, so an overloaded plan shows its real throughput.
 
 Arrivals are Poisson at each model's rate, or replayed from a trace (CSV `model,time_s`);
 a model's requests are dealt to its replicas in turn, as HAProxy deals them: smooth weighted
-round robin, each replica taking its weight's part at even intervals (`deal`). HAProxy sends
-a model whose replicas weigh alike to the one with the fewest requests in progress
-(`deploy.proxy.balance`), which queues no longer than taking turns.
+round robin, each replica taking its weight's part at even intervals (`deal`). Where a model's
+replicas weigh alike, HAProxy sends each request to the one with the fewest in progress
+(`deploy.proxy.balance`), which queues them no longer than taking turns does.
 
 `latency_error` X stands for a latency model that is off: every batch of model i runs (1 + e_i) times
 as long as predicted, e_i drawn once per model uniformly in [-X, X] from the seed (a stream of its own,
