@@ -514,7 +514,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
             f"{why}; but it leaves {', '.join(unserved)} unserved: search's placement is deployed, "
             f"{_served(judge(fallback)):,.1f} requests/s within the SLOs predicted"
         )
-        placement, source, slower = fallback, "search", slower_judge(judge)
+        placement, source = fallback, "search"  # search's judge has these demands, devices and model: `slower` holds
     elif source == "actor":
         grown = grow_replicas(judge, placement)
         if grown != placement:
