@@ -14,6 +14,7 @@ import pytest
 
 from synthetic import synthetic_dataset
 from tritonctl.errors import TritonctlError
+from tritonctl.latency.ablation import no_interference
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
@@ -23,6 +24,12 @@ from tritonctl.planning.simulate import deal, read_trace, simulate, simulated_mi
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     return fit_latency_model(synthetic_dataset(tmp_path_factory.mktemp("p") / "profile"), log=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def cores_only(lm):
+    """The model without its interference terms: a CPU in turns is then the cores' sharing alone."""
+    return no_interference(lm)
 
 
 def plan_of(
@@ -107,14 +114,14 @@ def test_a_gpu_in_turns_runs_one_batch_at_a_time(lm):
 
 
 @pytest.mark.parametrize("kind", ["gpu", "cpu"])
-def test_a_short_batch_beside_a_long_one_in_turns(lm, kind):
+def test_a_short_batch_beside_a_long_one_in_turns(cores_only, kind):
     """Beta's batch of 8 starts at 0 ms, alpha's single request arrives at 1 ms. A GPU queues alpha behind
     beta; a 1-core CPU's scheduler runs both at half speed until alpha is done, then beta alone."""
     models = (("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0))
     plan = plan_of(*models, sharing="temporal", kind=kind, cores=1.0)
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
-    alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
-    t_alpha, t_beta = lm.t_inf("alpha", 1, 100), lm.t_inf("beta", 8, 100)
+    alpha, beta = simulate(plan, cores_only, duration_s=1, trace=trace).models
+    t_alpha, t_beta = cores_only.t_inf("alpha", 1, 100), cores_only.t_inf("beta", 8, 100)
     assert t_alpha < t_beta - 1
     if kind == "gpu":
         assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_beta - 1 + t_alpha, t_beta))
@@ -123,21 +130,21 @@ def test_a_short_batch_beside_a_long_one_in_turns(lm, kind):
 
 
 @pytest.mark.parametrize("priority", ["slo", "equal"])
-def test_the_tighter_slo_takes_the_core_first(lm, priority):
+def test_the_tighter_slo_takes_the_core_first(cores_only, priority):
     """As above on 1 core, alpha's SLO ten times tighter: deadline-monotonic ranks (beta in an idle group, which
     weighs 3 against alpha's 1024) run alpha at 1024/1027 of its speed and beta at 3/1027 while both are busy,
     and no time is lost; unranked, at half speed each."""
     plan = plan_of(("alpha", 1, 1e5, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal", cores=1.0)
     plan = plan.model_copy(update={"devices": [plan.devices[0].model_copy(update={"turn_priority": priority})]})
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
-    alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
-    t_alpha, t_beta = lm.t_inf("alpha", 1, 100), lm.t_inf("beta", 8, 100)
+    alpha, beta = simulate(plan, cores_only, duration_s=1, trace=trace).models
+    t_alpha, t_beta = cores_only.t_inf("alpha", 1, 100), cores_only.t_inf("beta", 8, 100)
     expected = (1 + 3 / 1024) * t_alpha if priority == "slo" else 2 * t_alpha
     assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((expected, t_beta + t_alpha))
 
 
 @pytest.mark.parametrize("priority", ["slo", "equal"])
-def test_the_loosest_slo_runs_on_every_core_and_yields_them(lm, priority):
+def test_the_loosest_slo_runs_on_every_core_and_yields_them(cores_only, priority):
     """On 2 cores, beta's SLO ten times looser, turn_threads: lightest: ranked by SLO, beta (the one instance of
     the lowest rank) runs its batch on 2 threads, alone at full speed, and while alpha's one thread takes a core
     (capped at its thread) beta runs at half speed; unranked, each runs on one thread at full speed."""
@@ -145,32 +152,48 @@ def test_the_loosest_slo_runs_on_every_core_and_yields_them(lm, priority):
     device = plan.devices[0].model_copy(update={"turn_priority": priority, "turn_threads": "lightest"})
     plan = plan.model_copy(update={"devices": [device]})
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
-    alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
-    t_alpha = lm.t_inf("alpha", 1, 50)
+    alpha, beta = simulate(plan, cores_only, duration_s=1, trace=trace).models
+    t_alpha = cores_only.t_inf("alpha", 1, 50)
     if priority == "slo":
-        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_alpha, lm.t_inf("beta", 8, 100) + 0.5 * t_alpha))
+        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_alpha, cores_only.t_inf("beta", 8, 100) + 0.5 * t_alpha))
     else:
-        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_alpha, lm.t_inf("beta", 8, 50)))
+        assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_alpha, cores_only.t_inf("beta", 8, 50)))
 
 
-def test_a_cpu_in_turns_shares_its_time_without_losing_or_making_any(lm):
+def test_a_cpu_in_turns_shares_its_time_without_losing_or_making_any(cores_only):
     """Overloaded at 150%: each of two batches in flight runs at half speed, so the device does exactly one
     device-second of work per second, as the queued turns of a GPU do."""
-    rates = [0.75 * 1000 / lm.t_inf(m, 1, 100) for m in ("alpha", "beta")]
+    rates = [0.75 * 1000 / cores_only.t_inf(m, 1, 100) for m in ("alpha", "beta")]
     models = [(name, rate, 50, 100, 1, 0) for name, rate in zip(("alpha", "beta"), rates, strict=True)]
     for kind in ("cpu", "gpu"):
-        result = simulate(plan_of(*models, sharing="temporal", kind=kind, cores=1.0), lm, duration_s=200)
-        busy_s = sum(m.served * lm.t_inf(m.model, 1, 100) for m in result.models) / 1000
+        result = simulate(plan_of(*models, sharing="temporal", kind=kind, cores=1.0), cores_only, duration_s=200)
+        busy_s = sum(m.served * cores_only.t_inf(m.model, 1, 100) for m in result.models) / 1000
         assert busy_s == pytest.approx(200, rel=0.01), kind
 
 
-def test_two_cpu_instances_in_turns_on_two_cores_run_at_once_on_a_thread_each(lm):
+def test_two_cpu_instances_in_turns_on_two_cores_run_at_once_on_a_thread_each(cores_only):
     """Each of two instances taking turns with 2 cores has one thread (never more threads than cores), so both
     batches run at once at their one-thread speed: the share of 1 core, 50 units."""
     plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal")
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
+    alpha, beta = simulate(plan, cores_only, duration_s=1, trace=trace).models
+    assert (alpha.p50_ms, beta.p50_ms) == pytest.approx(
+        (cores_only.t_inf("alpha", 1, 50), cores_only.t_inf("beta", 8, 50))
+    )
+
+
+def test_a_batch_taking_turns_takes_the_interference_of_those_in_flight_when_it_starts(lm, cores_only):
+    """As above: alpha's request arrives while beta's batch runs, so alpha's batch takes its time beside beta
+    (`t_inf_in_turns`: cache pressure and scheduling, no wait for a core, the threads fitting the cores); beta's
+    started alone and takes its time alone. Without the interference terms alpha runs as fast as alone."""
+    plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal")
+    trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
     alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
-    assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((lm.t_inf("alpha", 1, 50), lm.t_inf("beta", 8, 50)))
+    beside = lm.t_inf_in_turns("alpha", 1, 50, (("beta", 50, 8),))
+    assert beside > lm.t_inf("alpha", 1, 50) * 1.01
+    assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((beside, lm.t_inf("beta", 8, 50)))
+    alone, _ = simulate(plan, cores_only, duration_s=1, trace=trace).models
+    assert alone.p50_ms == pytest.approx(cores_only.t_inf("alpha", 1, 50))
 
 
 def test_the_same_seed_gives_the_same_run_in_every_process(lm, tmp_path):
