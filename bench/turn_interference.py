@@ -5,7 +5,7 @@
 Replays every committed best plan of the real-load runs on the 48 KB L1d EPYC VM (CPU id 119710fb3a34; each plan
 at the rates it was made and measured for, with the latency model it was planned with) in the simulator twice:
 as it simulates now, each batch slowed by the batches in flight when it starts (the latency model's cache pressure
-and scheduling terms, `LatencyModel.t_inf_in_turns`) besides sharing the cores with them, and with the cores'
+and scheduling terms, `LatencyModel.t_inf` `in_turns`) besides sharing the cores with them, and with the cores'
 sharing alone (the model's interference terms zeroed: `ablation.no_interference`; on a CPU taken in turns that is
 the simulation without the interference). Against each the p99 perf_analyzer measured, for every model and scale
 that had at least 99% of its requests within its SLO (beyond, a p99 measures the overload, not the plan). The

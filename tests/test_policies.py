@@ -253,14 +253,12 @@ def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_ot
 
 
 def test_an_instance_taking_turns_runs_at_least_on_the_cores_those_ahead_of_it_leave(lm):
-    """SYNTHETIC model without its interference terms (the cores' sharing alone), SLO ranks on 2 cores: two alpha
-    instances (the tighter SLO, ahead) each busy 3/4 of the time on a thread leave beta half a core on average,
-    so beta's batch takes at least twice its time alone, where the mean slowdown over how many are busy says
-    1.28x; the alphas, which nothing ranks above, run as fast as alone."""
-    from tritonctl.latency.ablation import no_interference
+    """SYNTHETIC model, SLO ranks on 2 cores: two alpha instances (the tighter SLO, ahead) each busy 3/4 of the
+    time on a thread leave beta half a core on average, so beta's batch takes at least twice its time alone,
+    where the mean slowdown over how many are busy says 1.28x; the alphas, which nothing ranks above, run as
+    fast as alone."""
     from tritonctl.planning.policies.timesharing import _stretch
 
-    lm = no_interference(lm)
     device = Device(id="cpu0", kind="cpu", index=0, memory_mb=4096, units=100, cores=2.0, turn_priority="slo")
     alone_alpha, alone_beta = lm.t_inf("alpha", 1, 50), lm.t_inf("beta", 1, 50)  # one thread each
     busy = 0.75 * 1000 / alone_alpha
@@ -272,26 +270,6 @@ def test_an_instance_taking_turns_runs_at_least_on_the_cores_those_ahead_of_it_l
     saturated = 1.1 * 1000 / alone_alpha
     members = [("alpha", 1, saturated, 100), ("alpha", 1, saturated, 100), ("beta", 1, 5.0, 400)]
     assert turn_service_ms(members, device, lm)[2] == math.inf
-
-
-def test_instances_taking_turns_interfere_as_much_as_the_others_are_busy(lm):
-    """SYNTHETIC model, 2 cores, a thread each (the threads fit the cores: no stretch): an instance's batch takes
-    its time beside the other's in expectation over whether the other runs, `t_inf_in_turns` at the other's
-    busy part; alone where the other never runs, and never the wait for a core that `t_inf` adds under quotas."""
-    device = Device(id="cpu0", kind="cpu", index=0, memory_mb=4096, units=100, cores=2.0)
-    alone = lm.t_inf("alpha", 1, 50)
-    beside = lm.t_inf_in_turns("alpha", 1, 50, (("beta", 50, 1),))
-    assert alone < beside == pytest.approx(lm.t_inf("alpha", 1, 50, (("beta", 50, 1),)))  # the threads fit
-    both = (("beta", 100, 1),)  # two threads each on 2 cores: t_inf adds the wait for a core, in turns it is not
-    assert lm.t_inf("alpha", 1, 100) < lm.t_inf_in_turns("alpha", 1, 100, both) < lm.t_inf("alpha", 1, 100, both)
-    half = lm.t_inf_in_turns("alpha", 1, 50, (("beta", 50, 1),), (0.5,))
-    assert alone < half < beside
-    assert lm.t_inf_in_turns("alpha", 1, 50, (("beta", 50, 1),), (0.0,)) == pytest.approx(alone)
-    rate = 0.5 * 1000 / lm.t_inf("beta", 1, 50)  # beta busy about half the time
-    held = turn_service_ms([("alpha", 1, 1.0, 100), ("beta", 1, rate, 400)], device, lm)
-    assert alone < held[0] < beside
-    quiet = turn_service_ms([("alpha", 1, 1.0, 100), ("beta", 1, 1e-6, 400)], device, lm)
-    assert quiet[0] == pytest.approx(alone, rel=1e-6)
 
 
 def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
@@ -317,13 +295,9 @@ def test_the_one_lightest_instance_taking_turns_runs_on_every_core():
 def test_deadline_monotonic_ranks_and_what_they_predict(lm):
     """The tightest SLO ranks 0, and in SLO order one at least 1.5 times its rank's tightest starts the next rank;
     all in one rank or on a GPU, no ranks. Ranked, a batch is stretched only by instances of its rank or higher:
-    the tightest runs as if alone, the loosest is stretched by every other one (which are busy for less time);
-    the model without its interference terms, so that the cores' sharing is all that slows a batch."""
-    from tritonctl.latency.ablation import no_interference
+    the tightest runs as if alone, the loosest is stretched by every other one (which are busy for less time)."""
     from tritonctl.planning.policies.timesharing import turn_service_ms
     from tritonctl.shares import turn_ranks
-
-    lm = no_interference(lm)
 
     (cpu,) = cpus(1)
     assert turn_ranks(cpu, [30, 10, 20, 10, 80, 90, 100, 120]) == [2, 0, 1, 0, 3, 3, 3, 4]

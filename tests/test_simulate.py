@@ -184,16 +184,18 @@ def test_two_cpu_instances_in_turns_on_two_cores_run_at_once_on_a_thread_each(co
 
 def test_a_batch_taking_turns_takes_the_interference_of_those_in_flight_when_it_starts(lm, cores_only):
     """As above: alpha's request arrives while beta's batch runs, so alpha's batch takes its time beside beta
-    (`t_inf_in_turns`: cache pressure and scheduling, no wait for a core, the threads fitting the cores); beta's
-    started alone and takes its time alone. Without the interference terms alpha runs as fast as alone."""
+    (`t_inf` `in_turns`: cache pressure and scheduling, no wait for a core); beta's started alone and takes its
+    time alone. Without the interference terms alpha runs as fast as alone."""
     plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal")
     trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
     alpha, beta = simulate(plan, lm, duration_s=1, trace=trace).models
-    beside = lm.t_inf_in_turns("alpha", 1, 50, (("beta", 50, 8),))
+    beside = lm.t_inf("alpha", 1, 50, (("beta", 50, 8),), in_turns=True)
     assert beside > lm.t_inf("alpha", 1, 50) * 1.01
     assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((beside, lm.t_inf("beta", 8, 50)))
     alone, _ = simulate(plan, cores_only, duration_s=1, trace=trace).models
     assert alone.p50_ms == pytest.approx(cores_only.t_inf("alpha", 1, 50))
+    both = (("beta", 100, 8),)  # two threads each on 2 cores: under quotas alpha would also wait for a core
+    assert lm.t_inf("alpha", 1, 100, both, in_turns=True) < lm.t_inf("alpha", 1, 100, both)
 
 
 def test_the_same_seed_gives_the_same_run_in_every_process(lm, tmp_path):

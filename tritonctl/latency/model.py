@@ -218,40 +218,26 @@ class LatencyModel:
             return 1.0
         return _threads_and_duty(share / self.device.units * self.device.cores)[1]
 
-    def t_inf(self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> float:
-        """Execution latency (ms) of one batch; `corunners` are (model, share, batch) on the same device."""
+    def t_inf(
+        self,
+        model: str,
+        batch: int,
+        share: int,
+        corunners: tuple[tuple[str, int, int], ...] = (),
+        in_turns: bool = False,
+    ) -> float:
+        """Execution latency (ms) of one batch; `corunners` are (model, share, batch) on the same device, running.
+        `in_turns`: they take turns with a CPU beside it, so their interference counts but not the wait for a core
+        (`contention`), which the caller counts by sharing the cores (the simulator's processor sharing)."""
         if self.mlp is not None:
             return self._predicted_by_mlp(model, batch, share, corunners) * (1 + self.margin)
         p, d = self.models[model], self.device
         run = self.run_ms(model, batch, share)
         if corunners:
             pressure = self.felt_pressure(share, corunners)
-            run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
+            waits = 0.0 if in_turns else d.contention * self.contention(share, corunners)
+            run *= 1.0 + p.alpha_cache * pressure + waits
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
-        return (self.io_ms(model, batch) + run) * (1 + self.margin)
-
-    def t_inf_in_turns(
-        self,
-        model: str,
-        batch: int,
-        share: int,
-        corunners: tuple[tuple[str, int, int], ...],
-        busy: tuple[float, ...] | None = None,
-    ) -> float:
-        """A batch's time taking turns with a CPU beside `corunners` (model, share, batch), each running its
-        part `busy` of the time (all of it where None): `t_inf`'s interference, cache pressure and scheduling, in
-        expectation over which co-runners run, but not its wait for a core (`contention`): instances taking
-        turns share the cores as the caller counts them (processor sharing). The MLP's prediction where one
-        is fitted."""
-        if self.mlp is not None or not corunners:
-            return self.t_inf(model, batch, share, corunners)
-        p, d = self.models[model], self.device
-        parts = busy if busy is not None else (1.0,) * len(corunners)
-        pressure = sum(w * self.cache_pressure(m, s) for (m, s, _), w in zip(corunners, parts, strict=True))
-        beside = 1.0 - math.prod(1.0 - w for w in parts)  # the chance that any co-runner runs
-        pressure *= self.duty(share) if d.pressure_by_duty else 1.0
-        run = self.run_ms(model, batch, share) * (1.0 + p.alpha_cache * pressure)
-        run += p.n_ops * (d.sched_a * (beside + sum(parts)) + d.sched_b * beside)
         return (self.io_ms(model, batch) + run) * (1 + self.margin)
 
     def t_infs(self, model: str, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> np.ndarray:

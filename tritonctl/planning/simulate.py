@@ -18,9 +18,8 @@ priority ranks (`shares.turn_ranks`: the tighter SLO first, each rank weighing
 `shares.IDLE_STEP` times the next), or in proportion to the threads where they are not
 ranked. A short batch that starts beside a long one is slowed, not queued behind it; and
 every batch takes the interference of the batches in flight when it starts, as a split
-device's does (the latency model's cache pressure and scheduling terms,
-`LatencyModel.t_inf_in_turns`: beside two 1-thread ResNet18 copies, the small models of
-`examples/torchvision-four` measured p99s 1.7-2 times what processor sharing alone predicted).
+device's does (the latency model's cache pressure and scheduling terms, `LatencyModel.t_inf`
+`in_turns`; what it changes against perf_analyzer: bench/turn_interference.py).
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served (knowing the batch's drawn latency, or under processor sharing its time
@@ -331,8 +330,7 @@ def simulate(
         key = (inst.model, take, inst.share, busy, in_turns)
         cached = exec_cache.get(key)
         if cached is None:
-            t_inf = lm.t_inf_in_turns if in_turns else lm.t_inf
-            predicted = t_inf(inst.model, take, inst.share, busy) * (1 + errors.get(inst.model, 0.0))
+            predicted = lm.t_inf(inst.model, take, inst.share, busy, in_turns) * (1 + errors.get(inst.model, 0.0))
             cached = exec_cache[key] = (predicted, lm.sigma(inst.model, take))
         exec_ms, sigma = cached
         if sigma:

@@ -80,12 +80,11 @@ def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device
 
     A GPU runs the turns one after another: a batch waits for the others' (the duty cycle), so
     the cycle is what each batch costs. A CPU runs them at once, each on its threads of
-    `shares.turn_layout`: a batch takes its time beside the others (their interference in
-    expectation, `LatencyModel.t_inf_in_turns`) on them, stretched while the busy instances'
-    threads are more than the cores (`_stretch`), and at least to what the cores the others
-    leave it on average allow (`_left`), each other instance busy for the part of the time its
-    own rate and stretched batches keep it so (a fixed point, a few rounds from the times
-    alone). Under deadline-monotonic ranks (`shares.turn_ranks`) a batch is
+    `shares.turn_layout`: a batch takes its time alone on them, stretched while the busy
+    instances' threads are more than the cores (`_stretch`), and at least to what the cores
+    the others leave it on average allow (`_left`), each other instance busy for the
+    part of the time its own rate and stretched batches keep it so (a fixed point, a few rounds
+    from the times alone). Under deadline-monotonic ranks (`shares.turn_ranks`) a batch is
     stretched only by the instances of its own rank or a higher one: the kernel runs the
     higher ranks first."""
     layout = turn_layout(device, [slo for *_, slo in members])
@@ -93,18 +92,13 @@ def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device
     if device.kind != "cpu":
         return [sum(alone)] * len(members)
     weights = [rank_weight(turn.rank) for turn in layout]
-    runs = [(model, turn.share, batch) for (model, batch, _, _), turn in zip(members, layout, strict=True)]
     held = alone
     for _ in range(STRETCH_ROUNDS):
         busy = [min(1.0, rate * t / (1000 * batch)) for (_, batch, rate, _), t in zip(members, held, strict=True)]
         held = []
-        for i, (model, share, batch) in enumerate(runs):
-            others = [j for j in range(len(runs)) if j != i]
-            beside = lm.t_inf_in_turns(
-                model, batch, share, tuple(runs[j] for j in others), tuple(busy[j] for j in others)
-            )
-            ahead = [(busy[j], layout[j].threads) for j in others if weights[j] >= weights[i]]
-            held.append(beside * max(_stretch(ahead, layout[i].threads, device.cores), _left(ahead, layout[i], device)))
+        for i, t in enumerate(alone):
+            ahead = [(b, layout[j].threads) for j, b in enumerate(busy) if j != i and weights[j] >= weights[i]]
+            held.append(t * max(_stretch(ahead, layout[i].threads, device.cores), _left(ahead, layout[i], device)))
     return held
 
 
