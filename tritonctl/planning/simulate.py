@@ -256,7 +256,7 @@ def _share_cores(
     now = 0.0
     ready = [(t, k) for k, inst in enumerate(instances) if (t := _next_start(inst)) is not None]
     heapq.heapify(ready)
-    running: list[list] = []  # per batch in flight: [work left (ms alone), instance, first served, count, batch]
+    running: list[list] = []  # per batch in flight: [work left (ms at full speed), instance, first served, count, size]
     busy = 0  # the threads of the batches in flight
     speeds_of: dict[tuple[int, ...], list[float]] = {}  # the instances in flight, in order -> their speeds
     while ready or running:
