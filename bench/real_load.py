@@ -197,6 +197,11 @@ def targets_of(name: str, plan_path: Path, scale: float = 1.0) -> list[Endpoint]
     return straight_to_instances(targets, loaded.state_dir) if name.endswith("-direct") else targets
 
 
+def plan_file(out: Path, name: str, scale: float = 1.0) -> Path:
+    """Where deployment `name`'s plan for the rates x `scale` is written in `out`."""
+    return out / (f"plan-{name}.yaml" if scale == 1.0 else f"plan-{name}-x{scale:g}.yaml")
+
+
 def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, scale: float = 1.0) -> Path:
     """The plan of deployment `name` for the cluster's rates x `scale` (handwritten: the naive plan, for its exports
     and ports); the naive plan has predictions where the latency model covers the cluster."""
@@ -223,7 +228,7 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     if base == "best" and lm is None:
         raise SystemExit(f"the best plan needs a latency model of every model of {cluster_path}")
     policy = "search" if base == "best" else "spread"
-    path = out / (f"plan-{name}.yaml" if scale == 1.0 else f"plan-{name}-x{scale:g}.yaml")
+    path = plan_file(out, name, scale)
     with without_queueing() if "noqueue" in options else contextlib.nullcontext():
         batching = next((o for o in options if o in ("prompt", "eager")), "fill")
         artifacts = materialize(cluster, log=lambda _: None)

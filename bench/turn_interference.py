@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from real_load import plan_file
 
 from tritonctl.latency.ablation import no_interference
 from tritonctl.latency.model import load_latency_model
@@ -50,10 +51,10 @@ def main() -> None:
         lm = load_latency_model(REPO / lm_path)
         models = {"with interference": lm, "cores' sharing alone": no_interference(lm)}
         for scale in sorted({r["scale"] for r in measured if r["deployment"] == deployment}):
-            name = f"plan-{deployment}.yaml" if scale == 1 else f"plan-{deployment}-x{scale:g}.yaml"
-            if not (RESULTS / folder / name).exists():
+            path = plan_file(RESULTS / folder, deployment, scale)
+            if not path.exists():
                 continue
-            plan = load_plan(RESULTS / folder / name).plan
+            plan = load_plan(path).plan
             simulated = {
                 how: {m.model: m.p99_ms for m in simulate(plan, model, SIMULATED_S, drop=True).models}
                 for how, model in models.items()
