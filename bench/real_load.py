@@ -63,8 +63,7 @@ from tritonctl.latency.device import cpu_fingerprint, gpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import without_queueing
 from tritonctl.planning.plan import Device, Placement, load_plan, save_plan
-from tritonctl.planning.planner import make_plan
-from tritonctl.planning.simulate import with_simulation
+from tritonctl.planning.planner import make_plan, simulated_plan
 from tritonctl.spec import Cluster, load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import Endpoint, LoadResult, endpoints, run_load
@@ -232,8 +231,10 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     with without_queueing() if "noqueue" in options else contextlib.nullcontext():
         batching = next((o for o in options if o in ("prompt", "eager")), "fill")
         artifacts = materialize(cluster, log=lambda _: None)
-        plan = make_plan(cluster, artifacts, policy, path, lm, log=print, batching=batching)
-        plan = with_simulation(plan, lm) if lm is not None else plan
+        if lm is None:
+            plan = make_plan(cluster, artifacts, policy, path, lm, log=print, batching=batching)
+        else:
+            plan = simulated_plan(cluster, artifacts, policy, path, lm, log=print, batching=batching)
     save_plan(plan, path)
     return path
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, make_mlp, mlp_model, write_cluster
+from conftest import REPO, edit, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
@@ -485,6 +485,39 @@ def test_the_servable_scale_is_the_largest_twentieth_of_the_rates_planned_within
     with pytest.raises(TritonctlError, match="cannot serve any model"):
         make_plan(swamped, artifacts, "search", mlp_cluster, lm, log=print)
     assert 0 <= servable_scale(swamped, artifacts, lm, "search") < 1  # the lower scales are still tried
+
+
+def test_copies_taking_turns_are_kept_only_where_their_simulation_answers_more_in_time(synthetic_lm, mlp_cluster):
+    """Search runs beta as two copies; with the fitted interference the copies simulate ahead and stay, with five
+    times the interference (which the search does not see in turns) one instance a model simulates ahead."""
+    import dataclasses
+
+    from tritonctl.export import materialize
+    from tritonctl.latency.model import LatencyModel, load_latency_model
+    from tritonctl.planning.planner import make_plan, simulated_goodput, simulated_plan
+    from tritonctl.planning.simulate import with_simulation
+
+    edit(mlp_cluster, lambda c: [m.update(slo_ms=40) for m in c["models"]])
+    fitted = load_latency_model(synthetic_lm)
+    interfering = LatencyModel(
+        fitted.device,
+        {n: dataclasses.replace(p, alpha_cache=5 * p.alpha_cache) for n, p in fitted.models.items()},
+        fitted.meta,
+    )
+    for lm, rates, copies_win in ((fitted, (60, 60), True), (interfering, (40, 80), False)):
+        cluster = load_cluster(mlp_cluster).with_rates(lambda m, r=rates: r[m.name == "beta"])
+        artifacts = materialize(cluster, log=lambda _: None)
+        said: list[str] = []
+        plan = simulated_plan(cluster, artifacts, "search", mlp_cluster, lm, log=said.append)
+        both = [
+            with_simulation(make_plan(cluster, artifacts, "search", mlp_cluster, lm, log=print, copies=c), lm)
+            for c in (True, False)
+        ]
+        assert [len(m.placements) for m in both[0].models] == [1, 2]
+        assert [len(m.placements) for m in both[1].models] == [1, 1]
+        assert (simulated_goodput(both[0]) > simulated_goodput(both[1])) == copies_win
+        assert plan == both[0 if copies_win else 1]
+        assert any(s.startswith("one instance a model: simulated") for s in said) != copies_win
 
 
 def test_the_demo_keeps_at_least_a_calibrations_worst_held_out_error_to_spare():

@@ -31,6 +31,7 @@ from tritonctl.planning.planner import (
     fewest_devices,
     make_plan,
     predicted_load,
+    simulated_plan,
     sources_of,
 )
 from tritonctl.planning.policies import POLICIES
@@ -66,12 +67,16 @@ def _plan(
     energy = load_energy_model(energy_model) if energy_model else None
     if minimise:  # "devices", the one objective offered
         plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained)
+    elif lm is not None and energy is None:
+        plan = simulated_plan(
+            cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained, batching=batching
+        )
     else:
         plan = make_plan(
             cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained, energy=energy,
             batching=batching,
         )  # fmt: skip
-    if lm is not None:
+    if lm is not None and (minimise or energy is not None):
         clock = plan.devices[0].clock_mhz
         plan = with_simulation(plan, lm if clock is None else clocked(lm, energy, clock, sources_of(cluster)))
     save_plan(plan, out)

@@ -392,6 +392,7 @@ def make_plan(
     only: frozenset[str] | None = None,
     energy: EnergyModel | None = None,
     batching: str = "fill",
+    copies: bool = True,
 ) -> Plan:
     """Run `policy` on the cluster (on the devices `only` names, else all) and return the plan to be saved at
     `plan_path`.
@@ -402,7 +403,8 @@ def make_plan(
     that needs training (inss) reads `policy_file`, by default rl/policies/<cluster name>.pt. With an `energy`
     model, the placement's SM clock and batch sizes are then chosen for the fewest joules (`planning.energy`).
     `batching` "prompt" serves each split placement at `bda.prompt_batch` instead of the largest batch BDA allows;
-    "eager" keeps BDA's batch as the largest and waits for none (`bda.eager`).
+    "eager" keeps BDA's batch as the largest and waits for none (`bda.eager`). Without `copies`, `search` runs
+    every model as one instance.
     """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -418,6 +420,8 @@ def make_plan(
     devices = [d for d in devices_of(cluster) if only is None or d.id in only]
     demands = demands_of(cluster, artifacts, lm)
     fn = POLICIES[policy].fn
+    if policy == "search" and not copies:
+        fn = partial(fn, replicas=False, copies=False)
     if POLICIES[policy].trained:
         path = policy_file or default_policy_file(cluster.spec.name)
         fn = partial(fn, trained=load_trained(path, cluster.spec.name, [d.name for d in demands], devices))
@@ -545,6 +549,47 @@ def make_plan(
     )
 
 
+def simulated_plan(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    policy: str,
+    plan_path: Path,
+    lm: LatencyModel,
+    log: Callable[[str], None] = print,
+    **options,
+) -> Plan:
+    """`make_plan` with the plan's simulation (`simulate.with_simulation`). Where `search` runs a model as several
+    copies taking turns with a CPU, the plan with one instance a model is simulated too, and the copies are kept
+    only where their simulation answers more requests within their SLOs: the search judges copies by the mean
+    slowdown of the cores' sharing, the simulation also by how the batches in flight slow each other."""
+    said: list[str] = []  # what the plan kept says, told once it is kept
+    plan = with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=said.append, **options), lm)
+    if policy == "search" and cluster.kind == "cpu" and any(len(m.placements) > 1 for m in plan.models):
+        said_single: list[str] = []
+        single = make_plan(cluster, artifacts, policy, plan_path, lm, log=said_single.append, copies=False, **options)
+        single = with_simulation(single, lm)
+        copies, one = simulated_goodput(plan), simulated_goodput(single)
+        if copies <= one * (1 + SIMULATED_GAIN):
+            names = ", ".join(m.name for m in plan.models if len(m.placements) > 1)
+            said = [
+                *said_single,
+                f"one instance a model: simulated {one:.1f} requests/s within the SLOs, against {copies:.1f} with "
+                f"copies of {names} taking turns",
+            ]
+            plan = single
+    for line in said:
+        log(line)
+    return plan
+
+
+SIMULATED_GAIN = 1e-3  # copies are kept where they answer more than this part more within the SLOs
+
+
+def simulated_goodput(plan: Plan) -> float:
+    """Requests per second a simulated plan answers within their SLOs."""
+    return sum(m.rate * (m.simulated_in_slo or 0.0) for m in plan.models)
+
+
 def fewest_devices(
     cluster: Cluster,
     artifacts: dict[str, Artifact],
@@ -600,10 +645,10 @@ def servable_scale(
     for i in range(steps, 0, -1):
         scaled = cluster.with_rates(lambda m, s=i / steps: m.rate * s)
         try:
-            plan = make_plan(scaled, artifacts, policy, cluster.path.parent / "plan.yaml", lm, log=lambda _: None)
+            plan = simulated_plan(scaled, artifacts, policy, cluster.path.parent / "plan.yaml", lm, log=lambda _: None)
         except TritonctlError:  # no model served at this scale
             continue
         if not plan.unserved and all(p.predicted is None or p.predicted.meets_slo for _, p in plan.instances()):
-            if not simulated_misses(with_simulation(plan, lm)):
+            if not simulated_misses(plan):
                 return i / steps
     return 0.0

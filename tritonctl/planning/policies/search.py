@@ -229,9 +229,11 @@ def _neighbours(
     work: dict[str, float],
     floor: dict[str, int],
     short: frozenset[str] = frozenset(),
+    copies: bool = True,
 ) -> Iterator[Placement]:
     """Every placement one move away (see the module docstring); models in `short` (served short of their
-    rate) may take a replica more, on a device that has none of theirs."""
+    rate) may take a replica more, on a device that has none of theirs; without `copies`, no model takes a
+    second instance on a device."""
     by_id = {d.id: d for d in devices}
     names = sorted(placement)
     keyed_work, keyed_floor = _keyed(placement, work, floor)
@@ -280,7 +282,7 @@ def _neighbours(
     for a in names:  # one instance more or fewer of a model taking turns with a CPU (or alone on one)
         spot, device = placement[a], by_id[placement[a].device]
         alone = spot.share == device.units and sum(s.device == device.id for s in placement.values()) == 1
-        if (spot.share == TURNS or alone) and spot.copies < max_copies(device):
+        if copies and (spot.share == TURNS or alone) and spot.copies < max_copies(device):
             yield {**placement, a: Spot(device.id, TURNS, spot.copies + 1)}
         if spot.copies > 1:
             yield normal({**placement, a: Spot(device.id, TURNS, spot.copies - 1)}, devices)
@@ -527,16 +529,19 @@ class Judge:
 
 
 def climb(
-    demands: list[Demand], devices: list[Device], lm: LatencyModel, replicas: bool = True
+    demands: list[Demand], devices: list[Device], lm: LatencyModel, replicas: bool = True, copies: bool = True
 ) -> tuple[Placement, Judge]:
     """The best placement the climb finds from every start (see the module docstring), and its judge; with
-    `replicas` False every model has one (what the trained actor can express)."""
+    `replicas` False every model has one device (what the trained actor can express), and with `copies` False
+    one instance there."""
     work, floor = _work_and_floor(demands, devices, lm)
     judge = Judge(demands, devices, lm)
     starts = sorted((judge(p).score, k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
     best = None
     for score, _, current in starts:
-        found = _ascend(judge, current, score, lambda p: _neighbours(p, devices, work, floor), MAX_EVALUATIONS)
+        found = _ascend(
+            judge, current, score, lambda p: _neighbours(p, devices, work, floor, copies=copies), MAX_EVALUATIONS
+        )
         if best is None or found[1] < best[1]:
             best = found
     if replicas and _short(judge, best[0]):  # the replica phase, on a budget of its own
@@ -618,11 +623,11 @@ def _short(judge: Judge, placement: Placement) -> list[str]:
 
 
 def search(
-    demands: list[Demand], devices: list[Device], lm: LatencyModel | None, replicas: bool = True
+    demands: list[Demand], devices: list[Device], lm: LatencyModel | None, replicas: bool = True, copies: bool = True
 ) -> dict[str, list[Choice]]:
     if lm is None:
         raise PlacementError("policy search needs a fitted latency model: pass --latency-model")
-    placement, judge = climb(demands, devices, lm, replicas)
+    placement, judge = climb(demands, devices, lm, replicas, copies)
     unserved = sorted(n for n, g in judge(placement).served.items() if g <= 0)  # per model, its replicas together
     if unserved:
         raise PlacementError(
