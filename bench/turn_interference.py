@@ -31,6 +31,7 @@ RESULTS = REPO / "bench/results"
 # (results folder, the latency model its best plans were made with, the deployment's name there)
 RUNS = [
     ("ladder-48k/torchvision-four", "profiles/torchvision-four/latency-model.json", "best-replan"),
+    ("ladder-48k/torchvision-four-simulated", "profiles/torchvision-four/latency-model.json", "best-replan"),
     ("ladder-48k/cpu-demo", "bench/results/native-48k/cpu-demo/latency-model-calibrated.json", "best-replan"),
     ("ladder-48k/random-1-0", "profiles/random-1-0/latency-model.json", "best-replan"),
     ("ladder-48k/random-1-1", "profiles/random-1-1/latency-model.json", "best-replan"),
