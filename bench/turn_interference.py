@@ -36,6 +36,8 @@ RUNS = [
     ("ladder-48k/random-1-0", "profiles/random-1-0/latency-model.json", "best-replan"),
     ("ladder-48k/random-1-1", "profiles/random-1-1/latency-model.json", "best-replan"),
     ("ladder-48k/random-1-2", "profiles/random-1-2/latency-model.json", "best-replan"),
+    ("ladder-48k/random-2-0", "profiles/random-2-0/latency-model.json", "best-replan"),
+    ("ladder-48k/random-2-1", "profiles/random-2-1/latency-model.json", "best-replan"),
     ("demo/side-by-side", "bench/results/demo/side-by-side/latency-model-calibrated.json", "best"),
 ]
 SIMULATED_S = 600
