@@ -38,6 +38,7 @@ from tritonctl.spec import Cluster, DeviceGroup, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
 RUNTIME_OVERHEAD_MB = 64
+SIMULATED_GAIN = 1e-3  # copies are given up where one instance a model answers this part more within the SLOs
 
 
 def replan_artifacts(loaded: LoadedPlan, cluster: Cluster) -> dict[str, Artifact]:
@@ -404,7 +405,7 @@ def make_plan(
     model, the placement's SM clock and batch sizes are then chosen for the fewest joules (`planning.energy`).
     `batching` "prompt" serves each split placement at `bda.prompt_batch` instead of the largest batch BDA allows;
     "eager" keeps BDA's batch as the largest and waits for none (`bda.eager`). Without `copies`, `search` runs
-    every model as one instance.
+    no model as two instances on one device.
     """
     if policy not in POLICIES:
         raise TritonctlError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -421,7 +422,7 @@ def make_plan(
     demands = demands_of(cluster, artifacts, lm)
     fn = POLICIES[policy].fn
     if policy == "search" and not copies:
-        fn = partial(fn, replicas=False, copies=False)
+        fn = partial(fn, copies=False)
     if POLICIES[policy].trained:
         path = policy_file or default_policy_file(cluster.spec.name)
         fn = partial(fn, trained=load_trained(path, cluster.spec.name, [d.name for d in demands], devices))
@@ -558,31 +559,46 @@ def simulated_plan(
     log: Callable[[str], None] = print,
     **options,
 ) -> Plan:
-    """`make_plan` with the plan's simulation (`simulate.with_simulation`). Where `search` runs a model as several
-    copies taking turns with a CPU, the plan with one instance a model is simulated too, and the copies are kept
-    only where their simulation answers more requests within their SLOs: the search judges copies by the mean
-    slowdown of the cores' sharing, the simulation also by how the batches in flight slow each other."""
+    """`make_plan` (without an energy model) with the plan's simulation (`simulate.with_simulation`). Where
+    `search` runs a model as several copies taking turns with one CPU device, the plan without copies is simulated
+    too, and the copies are kept unless it leaves no more models unserved and answers more requests within their
+    SLOs: the search judges copies by the mean slowdown of the cores' sharing, the simulation also by how the
+    batches in flight slow each other. The plan's notes say when the copies were given up."""
+    if policy != "search" or cluster.kind != "cpu":
+        return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
     said: list[str] = []  # what the plan kept says, told once it is kept
-    plan = with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=said.append, **options), lm)
-    if policy == "search" and cluster.kind == "cpu" and any(len(m.placements) > 1 for m in plan.models):
+    try:
+        plan = with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=said.append, **options), lm)
+    except TritonctlError:
+        for line in said:
+            log(line)
+        raise
+    copied = sorted({m.name for m in plan.models for p in m.placements if _same_device(m, p)})
+    if copied:
         said_single: list[str] = []
-        single = make_plan(cluster, artifacts, policy, plan_path, lm, log=said_single.append, copies=False, **options)
-        single = with_simulation(single, lm)
-        copies, one = simulated_goodput(plan), simulated_goodput(single)
-        if copies <= one * (1 + SIMULATED_GAIN):
-            names = ", ".join(m.name for m in plan.models if len(m.placements) > 1)
-            said = [
-                *said_single,
-                f"one instance a model: simulated {one:.1f} requests/s within the SLOs, against {copies:.1f} with "
-                f"copies of {names} taking turns",
-            ]
-            plan = single
+        try:
+            single = with_simulation(
+                make_plan(cluster, artifacts, policy, plan_path, lm, log=said_single.append, copies=False, **options),
+                lm,
+            )
+        except TritonctlError:  # it serves no model, or misses where --strict forbids it
+            single = None
+        if single is not None and len(single.unserved) <= len(plan.unserved):
+            copies, one = simulated_goodput(plan), simulated_goodput(single)
+            if one >= copies * (1 + SIMULATED_GAIN):
+                why = (
+                    f"one instance a model: simulated {one:.1f} requests/s within the SLOs, against {copies:.1f} "
+                    f"with copies of {', '.join(copied)} taking turns"
+                )
+                plan, said = single.model_copy(update={"notes": [*single.notes, why]}), [*said_single, why]
     for line in said:
         log(line)
     return plan
 
 
-SIMULATED_GAIN = 1e-3  # copies are kept where they answer more than this part more within the SLOs
+def _same_device(model: PlannedModel, placement: Placement) -> bool:
+    """Whether another placement of `model` is on `placement`'s device (a copy taking turns with it)."""
+    return sum(p.device == placement.device for p in model.placements) > 1
 
 
 def simulated_goodput(plan: Plan) -> float:

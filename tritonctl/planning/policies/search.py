@@ -546,12 +546,13 @@ def climb(
             best = found
     if replicas and _short(judge, best[0]):  # the replica phase, on a budget of its own
         limit = judge.evaluations + MAX_EVALUATIONS
-        for current in [best[0], *_replicated(demands, devices, lm)]:
+        replicated = [p for p in _replicated(demands, devices, lm) if copies or not _doubled(p)]
+        for current in [best[0], *replicated]:
             found = _ascend(
                 judge,
                 current,
                 judge(current).score,
-                lambda p: _neighbours(p, devices, work, floor, frozenset(_short(judge, p))),
+                lambda p: _neighbours(p, devices, work, floor, frozenset(_short(judge, p)), copies),
                 limit,
             )
             if found[1] < best[1]:
@@ -614,6 +615,11 @@ def _replicated(demands: list[Demand], devices: list[Device], lm: LatencyModel) 
         return []
     spots = {replica_key(n, k): Spot(c.device, TURNS) for n, cs in shared.items() for k, c in enumerate(cs)}
     return [canonical(normal(spots, devices), devices)]
+
+
+def _doubled(placement: Placement) -> bool:
+    """Whether a model has two replicas on one device (time-sharing's replicas taking turns with one CPU)."""
+    return len({(model_of(k), s.device) for k, s in placement.items()}) < len(placement)
 
 
 def _short(judge: Judge, placement: Placement) -> list[str]:
