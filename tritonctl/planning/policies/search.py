@@ -532,8 +532,8 @@ def climb(
     demands: list[Demand], devices: list[Device], lm: LatencyModel, replicas: bool = True, copies: bool = True
 ) -> tuple[Placement, Judge]:
     """The best placement the climb finds from every start (see the module docstring), and its judge; with
-    `replicas` False every model has one device (what the trained actor can express), and with `copies` False
-    one instance there."""
+    `replicas` False every model has one device (what the trained actor can express), and with `copies` False no
+    model has two instances on one device."""
     work, floor = _work_and_floor(demands, devices, lm)
     judge = Judge(demands, devices, lm)
     starts = sorted((judge(p).score, k, p) for k, p in enumerate(_starts(demands, devices, lm, work, floor)))
