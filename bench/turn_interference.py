@@ -87,10 +87,15 @@ def report(rows: list[tuple]) -> str:
     ]
     for how in hows:
         errors = np.array([sims[how] / p99 - 1 for *_, p99, sims in rows])
+        within = np.abs(errors) <= WITHIN
         lines.append(
             f"| {how} | {len(errors)} | {100 * np.median(np.abs(errors)):.1f}% | "
-            f"{np.mean(np.abs(errors) <= WITHIN):.0%} | {100 * errors.mean():+.1f}% |"
+            f"{within.sum()} ({within.mean():.0%}) | {100 * errors.mean():+.1f}% |"
         )
+    lines += ["", f"Per run, {hows[0]}:", "", "| run | points | within 25% |", "|---|---|---|"]
+    for folder in dict.fromkeys(row[0] for row in rows):
+        errors = [sims[hows[0]] / p99 - 1 for f, _, _, p99, sims in rows if f == folder]
+        lines.append(f"| {folder} | {len(errors)} | {sum(abs(e) <= WITHIN for e in errors)} |")
     lines += ["", "| run | scale | model | measured p99 ms | " + " | ".join(hows) + " |", "|---|---|---|---|---|---|"]
     for folder, scale, model, p99, sims in rows:
         cells = " | ".join(f"{sims[h]:.1f} ({100 * (sims[h] / p99 - 1):+.0f}%)" for h in hows)

@@ -584,10 +584,10 @@ def simulated_plan(
         except TritonctlError:  # it serves no model, or misses where --strict forbids it
             single = None
         if single is not None and len(single.unserved) <= len(plan.unserved):
-            copies, one = simulated_goodput(plan), simulated_goodput(single)
-            if one >= copies * (1 + SIMULATED_GAIN):
+            with_copies, one = simulated_goodput(plan), simulated_goodput(single)
+            if one >= with_copies * (1 + SIMULATED_GAIN):
                 why = (
-                    f"one instance a model: simulated {one:.1f} requests/s within the SLOs, against {copies:.1f} "
+                    f"one instance a model: simulated {one:.1f} requests/s within the SLOs, against {with_copies:.1f} "
                     f"with copies of {', '.join(copied)} taking turns"
                 )
                 plan, said = single.model_copy(update={"notes": [*single.notes, why]}), [*said_single, why]
