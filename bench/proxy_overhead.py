@@ -1,7 +1,7 @@
 """What the proxy costs: the same deployment loaded through HAProxy and straight at the instances.
 
     python bench/proxy_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
-        [--tool tritonctl|perf_analyzer] [--perf FILE]
+        [--tool tritonctl|perf_analyzer] [--perf FILE] [--images float32|uint8]
 
 Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
@@ -12,7 +12,8 @@ of its master and worker): in all, beyond what it uses idle (measured first, ove
 with no traffic, and taken off over each round's wall time), and the kernel's part of it
 (/proc's system time over user + system, in 10 ms ticks). With `--perf FILE`, the first round
 through HAProxy is also recorded by Linux perf (call graphs of its worker) and FILE gets where
-its CPU went.
+its CPU went. With `--images uint8` the models take their images as bytes (the cluster's
+`input.dtype: uint8`): a request carries 150 KB instead of 602 KB.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import load_plan, save_plan
 from tritonctl.planning.planner import make_plan
-from tritonctl.spec import load_cluster
+from tritonctl.spec import Cluster, load_cluster
 from tritonctl.triton.binary import find_tritonserver
 from tritonctl.triton.client import endpoints, run_load
 from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
@@ -72,6 +73,12 @@ def perf_summary(data: Path) -> str:
     return "\n".join(["# by binary", *keep, "", "# calls, including what they call (top 30)", *calls]) + "\n"
 
 
+def with_images(cluster: Cluster, dtype: str) -> Cluster:
+    """`cluster` with every model's input of type `dtype` (uint8: images as bytes)."""
+    models = [m.model_copy(update={"input": m.input.model_copy(update={"dtype": dtype})}) for m in cluster.spec.models]
+    return Cluster(cluster.spec.model_copy(update={"models": models}), cluster.path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
@@ -81,11 +88,14 @@ def main() -> None:
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
     parser.add_argument("--tool", choices=["tritonctl", "perf_analyzer"], default="tritonctl", help="load generator")
     parser.add_argument("--perf", type=Path, help="record the first round through HAProxy with perf; summary here")
+    parser.add_argument("--images", choices=["float32", "uint8"], default="float32", help="the models' input type")
     args = parser.parse_args()
     pa = find_perf_analyzer() if args.tool == "perf_analyzer" else None
     demo = load_cluster(CLUSTER)
-    cluster = demo.with_rates(lambda m: m.rate * args.rate_scale).with_runtime(
-        base_port=args.base_port, state_dir=str(WORK / "state")
+    cluster = (
+        with_images(demo, args.images)
+        .with_rates(lambda m: m.rate * args.rate_scale)
+        .with_runtime(base_port=args.base_port, state_dir=str(WORK / "state"))
     )
     path = WORK / "plan.yaml"
     lm = None if args.policy == "spread" else load_latency_model(MODEL)

@@ -35,7 +35,7 @@ from tritonctl.latency.model import MAX_BATCH
 from tritonctl.planning.plan import Device, Placement, PlannedModel
 from tritonctl.shares import CFS_PERIOD_US, cpu_cores, threads_for
 from tritonctl.spec import DTYPES
-from tritonctl.triton.client import concrete_shape
+from tritonctl.triton.client import concrete_shape, random_input
 from tritonctl.triton.render import render_instance
 
 from .grid import Member
@@ -190,7 +190,7 @@ class Harness:
         tensor = self.models[model][0].inputs[0]
         shape = [batch, *concrete_shape(tensor.shape)]
         request = grpcclient.InferInput(tensor.name, shape, DTYPES[tensor.dtype].removeprefix("TYPE_"))
-        request.set_data_from_numpy(np.random.default_rng(0).random(shape).astype(tensor.dtype))
+        request.set_data_from_numpy(random_input(np.random.default_rng(0), shape, tensor.dtype))
         return request
 
     def _url(self, record: InstanceRecord) -> str:

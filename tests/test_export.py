@@ -59,3 +59,38 @@ def test_an_onnx_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
     os.utime(tmp_path / "mlp.onnx", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
     second = inspect_onnx(tmp_path / "mlp.onnx")
     assert len(loads) == 2 and second.sha256 != first.sha256
+
+
+def test_uint8_input_takes_image_bytes_and_normalises_them_in_the_graph(tmp_path):
+    """An image sent as bytes answers what the float export answers for the same image normalised by hand."""
+    from tritonctl.export import IMAGENET_MEAN, IMAGENET_STD
+
+    models = [
+        {"name": name, "source": "squeezenet1_1", "input": {"shape": [3, 32, 32], "dtype": dtype}, "slo_ms": 10,
+         "rate": 1}
+        for name, dtype in (("floats", "float32"), ("bytes", "uint8"))
+    ]  # fmt: skip
+    artifacts = materialize(load_cluster(write_cluster(tmp_path, models)), log=lambda _: None)
+    assert artifacts["bytes"].inputs[0].dtype == "uint8" and artifacts["bytes"].path != artifacts["floats"].path
+
+    image = np.random.default_rng(0).integers(0, 256, (2, 3, 32, 32), dtype=np.uint8)
+    mean, std = np.array(IMAGENET_MEAN).reshape(1, 3, 1, 1), np.array(IMAGENET_STD).reshape(1, 3, 1, 1)
+    normalised = ((image / 255 - mean) / std).astype(np.float32)
+    run = {n: ort.InferenceSession(str(a.path), providers=["CPUExecutionProvider"]) for n, a in artifacts.items()}
+    (from_bytes,) = run["bytes"].run(None, {artifacts["bytes"].inputs[0].name: image})
+    (from_floats,) = run["floats"].run(None, {artifacts["floats"].inputs[0].name: normalised})
+    np.testing.assert_allclose(from_bytes, from_floats, rtol=1e-3, atol=1e-4)
+    assert np.abs(from_bytes).max() > 1e-3  # the net answers something, not zeros
+
+
+def test_uint8_input_of_a_torchvision_model_that_is_no_rgb_image_is_refused(tmp_path):
+    import pytest
+
+    from tritonctl.errors import TritonctlError
+
+    model = {"name": "gray", "source": "resnet18", "input": {"shape": [1, 28, 28], "dtype": "uint8"}, "slo_ms": 10,
+             "rate": 1}  # fmt: skip
+    path = write_cluster(tmp_path, [model])
+    with pytest.raises(TritonctlError) as refused:
+        load_cluster(path)
+    assert refused.value.field == "models[0]" and "RGB image of shape [3, H, W], not [1, 28, 28]" in str(refused.value)

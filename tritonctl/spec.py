@@ -161,6 +161,13 @@ class ModelSpec(_Strict):
             raise ValueError("neither an .onnx path nor a torchvision architecture name (letters, digits, '_')")
         return source
 
+    @model_validator(mode="after")
+    def _image_bytes(self) -> ModelSpec:
+        shape = self.input.shape
+        if not self.is_onnx_file and self.input.dtype == "uint8" and (len(shape) != 3 or shape[0] != 3):
+            raise ValueError(f"input uint8 of a torchvision model is an RGB image of shape [3, H, W], not {shape}")
+        return self
+
     @property
     def is_onnx_file(self) -> bool:
         return self.source.endswith(".onnx")

@@ -112,9 +112,17 @@ class LoadResult:
         }
 
 
+def random_input(rng: np.random.Generator, shape: list[int], dtype: str) -> np.ndarray:
+    """Uniform random input: floats in [0, 1), every byte value for uint8 (an image's), zeros for other integers
+    (indices valid for any table)."""
+    if dtype == "uint8":
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    return rng.random(shape).astype(dtype)
+
+
 def random_request(endpoint: Endpoint, rng: np.random.Generator) -> grpcclient.InferInput:
     """A batch-1 request of uniform random input for the endpoint's model."""
-    data = rng.random((1, *endpoint.input_shape)).astype(endpoint.input_dtype)
+    data = random_input(rng, [1, *endpoint.input_shape], endpoint.input_dtype)
     request = grpcclient.InferInput(
         endpoint.input_name, list(data.shape), DTYPES[data.dtype.name].removeprefix("TYPE_")
     )
