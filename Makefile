@@ -35,7 +35,7 @@ down: $(STAMP)
 	$(BIN)/tritonctl down examples/cpu-demo/plan.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 # What travels to a GPU host without network (bench/gpu_host.sh): the trimmed Triton for its Python, the wheels
 # tritonctl needs beyond what such a host has (PyTorch, numpy, grpcio, ...), and HAProxy with its Lua library.

@@ -94,3 +94,20 @@ def test_uint8_input_of_a_torchvision_model_that_is_no_rgb_image_is_refused(tmp_
     with pytest.raises(TritonctlError) as refused:
         load_cluster(path)
     assert refused.value.field == "models[0]" and "RGB image of shape [3, H, W], not [1, 28, 28]" in str(refused.value)
+
+
+def test_a_dynamic_dimension_is_served_at_the_declared_size_and_a_wrong_rank_is_refused(tmp_path):
+    import pytest
+
+    from conftest import make_text_model
+    from tritonctl.errors import TritonctlError
+
+    make_text_model(tmp_path / "text.onnx")
+    model = {"name": "text", "source": "text.onnx", "input": {"shape": [128], "dtype": "int64"}, "slo_ms": 10,
+             "rate": 1}  # fmt: skip
+    (artifact,) = materialize(load_cluster(write_cluster(tmp_path, [model])), log=lambda _: None).values()
+    assert artifact.inputs[0].shape == (128,)  # what is profiled, planned and served; the file says (-1,)
+    model["input"]["shape"] = [128, 4]
+    with pytest.raises(TritonctlError) as refused:
+        materialize(load_cluster(write_cluster(tmp_path, [model])), log=lambda _: None)
+    assert refused.value.field == "models[0].input" and "int64[-1]" in str(refused.value)

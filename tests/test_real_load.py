@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, edit, make_mlp, mlp_model, write_cluster
+from conftest import REPO, edit, make_mlp, make_text_model, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
@@ -124,9 +124,29 @@ def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys, s
     assert main(["apply", str(plan), "--accept-misses"]) == 0
     rc, _, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30")
     assert rc == 2 and "the server refused a request" in err and "--tool tritonctl" in err
+    assert "refuses what would be late" in err
     rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1", "--rate-scale", "30")
     (alpha,) = [line.split() for line in out.splitlines() if line.startswith("alpha")]
     assert int(alpha[3]) > 0  # tritonctl's client counts the refused requests as failed and goes on
+
+
+@pytest.mark.triton
+def test_a_text_model_with_a_dynamic_sequence_is_served_and_loaded_by_both_tools(tmp_path, capsys):
+    """int64 token ids whose length the ONNX file leaves open: Triton serves the declared length (its warm-up
+    included), and both load generators send ids the embedding table holds."""
+    make_text_model(tmp_path / "text.onnx")
+    model = {"name": "text", "source": "text.onnx", "input": {"shape": [64], "dtype": "int64"}, "slo_ms": 500,
+             "rate": 5}  # fmt: skip
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [model])), "-o", str(plan)]) == 0
+    assert main(["apply", str(plan)]) == 0
+    try:
+        for tool in ("tritonctl", "perf_analyzer"):
+            rc, out, err = run_cli(capsys, "load", str(plan), "--tool", tool, "--duration", "3")
+            (row,) = [line.split() for line in out.splitlines() if line.startswith("text ")]
+            assert rc == 0 and int(row[2]) == int(row[1]) > 0 and row[3] == "0", (tool, out, err)
+    finally:
+        main(["down", str(plan)])
 
 
 def test_requests_missing_from_the_export_count_as_unanswered(tmp_path):

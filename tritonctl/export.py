@@ -18,7 +18,7 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -222,7 +222,7 @@ def materialize(cluster: Cluster, log=print) -> dict[str, Artifact]:
                 exc.message, file=cluster.path, field=f"{field} ({exc.file or model.source})"
             ) from None
         _check_input(cluster, i, model, artifact)
-        artifacts[model.name] = artifact
+        artifacts[model.name] = served_as(artifact, model)
     return artifacts
 
 
@@ -241,11 +241,22 @@ def _check_input(cluster: Cluster, i: int, model: ModelSpec, artifact: Artifact)
             field=f"models[{i}].source",
         )
     sig = artifact.inputs[0]
-    fixed = all(d > 0 for d in sig.shape)
-    if sig.dtype != model.input.dtype or (fixed and list(sig.shape) != model.input.shape):
+    declared = model.input.shape
+    same_rank = len(sig.shape) == len(declared)
+    fits = same_rank and all(d <= 0 or d == want for d, want in zip(sig.shape, declared, strict=True))
+    if sig.dtype != model.input.dtype or not fits:
         raise TritonctlError(
-            f"says {model.input.dtype}{model.input.shape} "
-            f"but the ONNX input {sig.name!r} is {sig.dtype}{list(sig.shape)}",
+            f"says {model.input.dtype}{declared} but the ONNX input {sig.name!r} is {sig.dtype}{list(sig.shape)}",
             file=cluster.path,
             field=f"models[{i}].input",
         )
+
+
+def served_as(artifact: Artifact, model: ModelSpec) -> Artifact:
+    """`artifact` with the dimensions its input leaves dynamic fixed to the cluster's `input.shape`: the shape
+    tritonctl profiles, plans for and serves (Triton's config then takes no other), as the latency model speaks for
+    that shape alone."""
+    sig = artifact.inputs[0]
+    if all(d > 0 for d in sig.shape):
+        return artifact
+    return replace(artifact, inputs=(replace(sig, shape=tuple(model.input.shape)),))

@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from tritonctl.errors import TritonctlError
-from tritonctl.export import Artifact, inspect_onnx, materialize
+from tritonctl.export import Artifact, inspect_onnx, materialize, served_as
 from tritonctl.latency.device import cpu_fingerprint, visible_gpu
 from tritonctl.latency.energy import EnergyModel
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
@@ -58,7 +58,7 @@ def replan_artifacts(loaded: LoadedPlan, cluster: Cluster) -> dict[str, Artifact
                 file=loaded.path,
                 field=f"models[{model.name}].onnx",
             )
-        artifacts[model.name] = artifact
+        artifacts[model.name] = served_as(artifact, model)
     return artifacts
 
 

@@ -158,6 +158,8 @@ def command(
         "--stability-percentage", "1000",
         "--max-trials", str(WINDOWS),
         "--profile-export-file", str(export),
+        # integer inputs as tritonctl's own client sends them (`client.random_input`): zeros index any table
+        *(["--input-data", "zero"] if target.input_dtype in ("int64", "int32") else []),
     ]  # fmt: skip
 
 
@@ -230,12 +232,17 @@ def run_perf_analyzer(
                 text = (out_dir / f"{target.model}.log").read_text(errors="replace")
                 if "had error" in text:
                     first = next(line for line in text.splitlines() if "had error" in line)
+                    error = first.split("had error:", 1)[1].strip()
+                    why = (
+                        "the load is beyond what the deployment serves within the SLO, and an overloaded instance "
+                        "refuses what would be late (runtime.reject_late; false serves every request)"
+                        if "runtime.reject_late" in error
+                        else "the model failed on perf_analyzer's input (random values; zeros for integer inputs)"
+                    )
                     raise RequestsRefused(
-                        f"{target.model}: the server refused a request ({first.split('had error:', 1)[1].strip()}) "
-                        "and perf_analyzer stops at the first one: the load is beyond what the deployment serves "
-                        "within the SLO, and an overloaded instance refuses what would be late (runtime.reject_late; "
-                        "false serves every request); tritonctl's own client (--tool tritonctl) counts refused "
-                        "requests and goes on",
+                        f"{target.model}: the server refused a request ({error}) and perf_analyzer stops at the "
+                        f"first one: {why}; tritonctl's own client (--tool tritonctl) counts refused requests and "
+                        "goes on",
                         file=out_dir / f"{target.model}.log",
                     )
                 tail = text.strip().splitlines()[-3:]

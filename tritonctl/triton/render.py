@@ -106,9 +106,10 @@ def render_config(
         if reject_late == "always":  # whether the instance is overloaded or not
             config.parameters["reject_late_always"].string_value = "1"
     warmup = config.model_warmup.add(name="tritonctl-warmup", batch_size=placement.batch, count=WARMUP_COUNT)
-    for t in model.inputs:
+    for t in model.inputs:  # as the load generator's requests (`client.random_input`): zeros index any table
+        data = {"zero_data": True} if t.dtype in ("int64", "int32") else {"random_data": True}
         warmup.inputs[t.name].CopyFrom(
-            mc.ModelWarmup.Input(data_type=mc.DataType.Value(DTYPES[t.dtype]), dims=t.shape, random_data=True)
+            mc.ModelWarmup.Input(data_type=mc.DataType.Value(DTYPES[t.dtype]), dims=t.shape, **data)
         )
     head = f"# Rendered by tritonctl for instance {placement.instance} of plan {cluster}: do not edit, re-render.\n"
     return head + text_format.MessageToString(config)
