@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import numpy as np
 import onnxruntime as ort
 
@@ -99,10 +100,10 @@ def test_uint8_input_of_a_torchvision_model_that_is_no_rgb_image_is_refused(tmp_
 def test_a_dynamic_dimension_is_served_at_the_declared_size_and_a_wrong_rank_is_refused(tmp_path):
     import pytest
 
-    from conftest import make_text_model
+    from conftest import TEXT_MODEL
     from tritonctl.errors import TritonctlError
 
-    make_text_model(tmp_path / "text.onnx")
+    shutil.copy(TEXT_MODEL, tmp_path / "text.onnx")
     model = {"name": "text", "source": "text.onnx", "input": {"shape": [128], "dtype": "int64"}, "slo_ms": 10,
              "rate": 1}  # fmt: skip
     (artifact,) = materialize(load_cluster(write_cluster(tmp_path, [model])), log=lambda _: None).values()

@@ -440,29 +440,3 @@ def test_shutdown_kills_a_proxy_that_ignores_sigterm(tmp_path):
     LocalRuntime(None, tmp_path).shutdown()
     assert stubborn.wait(timeout=2) == -signal.SIGKILL and 5 <= time.monotonic() - started < 7
     assert not (tmp_path / "haproxy.json").exists()
-
-
-def test_a_model_taking_images_as_bytes_is_served_and_loaded_as_bytes(tmp_path):
-    """`input.dtype: uint8` on a torchvision model: Triton takes UINT8 tensors and answers what the exported graph
-    answers, and tritonctl's load generator sends it images of every byte value."""
-    model = {"name": "bytes", "source": "squeezenet1_1", "input": {"shape": [3, 32, 32], "dtype": "uint8"},
-             "slo_ms": 1000, "rate": 5}  # fmt: skip
-    plan = tmp_path / "plan.yaml"
-    assert main(["plan", str(write_cluster(tmp_path, [model])), "-o", str(plan)]) == 0
-    assert main(["apply", str(plan)]) == 0
-    try:
-        loaded = load_plan(plan)
-        (endpoint,) = endpoints(loaded.plan)
-        assert endpoint.input_dtype == "uint8"
-        image = np.random.default_rng(2).integers(0, 256, (1, 3, 32, 32), dtype=np.uint8)
-        session = ort.InferenceSession(str(loaded.resolve(loaded.plan.models[0].onnx)))
-        (expected,) = session.run(None, {endpoint.input_name: image})
-        with grpcclient.InferenceServerClient(endpoint.url) as client:
-            request = grpcclient.InferInput(endpoint.input_name, list(image.shape), "UINT8")
-            request.set_data_from_numpy(image)
-            answer = client.infer("bytes", [request]).as_numpy("output")
-        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-6)
-        (result,) = run_load([endpoint], duration_s=1.0)
-        assert result.ok == result.sent > 0
-    finally:
-        main(["down", str(plan)])

@@ -5,6 +5,7 @@ Where a test fits a latency model, it is the SYNTHETIC one of tests/synthetic.py
 
 from __future__ import annotations
 
+import shutil
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, edit, make_mlp, make_text_model, mlp_model, write_cluster
+from conftest import REPO, TEXT_MODEL, edit, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
@@ -131,20 +132,37 @@ def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys, s
 
 
 @pytest.mark.triton
-def test_a_text_model_with_a_dynamic_sequence_is_served_and_loaded_by_both_tools(tmp_path, capsys):
-    """int64 token ids whose length the ONNX file leaves open: Triton serves the declared length (its warm-up
-    included), and both load generators send ids the embedding table holds."""
-    make_text_model(tmp_path / "text.onnx")
-    model = {"name": "text", "source": "text.onnx", "input": {"shape": [64], "dtype": "int64"}, "slo_ms": 500,
-             "rate": 5}  # fmt: skip
+def test_a_text_model_and_images_as_bytes_are_served_and_loaded_by_both_tools(tmp_path, capsys):
+    """Models that are not float32 images: int64 token ids whose length the ONNX file leaves open (Triton serves
+    the declared length, its warm-up included, and both load generators send ids the embedding table holds), and a
+    torchvision model taking uint8 images (Triton answers what the exported graph answers)."""
+    import onnxruntime as ort
+    import tritonclient.grpc as grpcclient
+
+    shutil.copy(TEXT_MODEL, tmp_path / "text.onnx")
+    models = [
+        {"name": "text", "source": "text.onnx", "input": {"shape": [64], "dtype": "int64"}, "slo_ms": 500, "rate": 5},
+        {"name": "bytes", "source": "squeezenet1_1", "input": {"shape": [3, 32, 32], "dtype": "uint8"},
+         "slo_ms": 500, "rate": 5},
+    ]  # fmt: skip
     plan = tmp_path / "plan.yaml"
-    assert main(["plan", str(write_cluster(tmp_path, [model])), "-o", str(plan)]) == 0
+    assert main(["plan", str(write_cluster(tmp_path, models)), "-o", str(plan)]) == 0
     assert main(["apply", str(plan)]) == 0
     try:
+        loaded = load_plan(plan)
+        image = next(e for e in endpoints(loaded.plan) if e.model == "bytes")
+        pixels = np.random.default_rng(2).integers(0, 256, (1, 3, 32, 32), dtype=np.uint8)
+        session = ort.InferenceSession(str(loaded.resolve(loaded.plan.models[1].onnx)))
+        (expected,) = session.run(None, {image.input_name: pixels})
+        with grpcclient.InferenceServerClient(image.url) as client:
+            request = grpcclient.InferInput(image.input_name, list(pixels.shape), "UINT8")
+            request.set_data_from_numpy(pixels)
+            np.testing.assert_allclose(client.infer("bytes", [request]).as_numpy("output"), expected, rtol=1e-5)
         for tool in ("tritonctl", "perf_analyzer"):
             rc, out, err = run_cli(capsys, "load", str(plan), "--tool", tool, "--duration", "3")
-            (row,) = [line.split() for line in out.splitlines() if line.startswith("text ")]
-            assert rc == 0 and int(row[2]) == int(row[1]) > 0 and row[3] == "0", (tool, out, err)
+            rows = [line.split() for line in out.splitlines() if line.startswith(("text ", "bytes "))]
+            assert rc == 0 and len(rows) == 2, (tool, out, err)
+            assert all(int(row[2]) == int(row[1]) > 0 and row[3] == "0" for row in rows), (tool, out)
     finally:
         main(["down", str(plan)])
 

@@ -203,7 +203,8 @@ def _image_bytes(net):
 
 
 def materialize(cluster: Cluster, log=print) -> dict[str, Artifact]:
-    """Make an ONNX artifact for every model of the cluster and check it against the spec."""
+    """Make an ONNX artifact for every model of the cluster, checked against the spec and served as it says
+    (`served_as`)."""
     export_dir = cluster.resolve(cluster.spec.runtime.export_dir)
     if not all(model.is_onnx_file for model in cluster.spec.models):
         check_output_dir(export_dir, file=cluster.path, field="runtime.export_dir", writable=True)
