@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+
 import numpy as np
 import onnxruntime as ort
 

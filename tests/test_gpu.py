@@ -95,6 +95,18 @@ def test_a_triton_without_onnxruntime_serves_gpu_plans_with_the_torch_glue(gpu_o
     assert all(ours[n] != theirs[n] for n in ours)
 
 
+def test_images_as_bytes_on_a_gpu_run_the_onnx_graph_that_scales_them_not_the_torch_glue(gpu_one):
+    from tritonctl.triton.render import render_config
+
+    _, _, _, loaded = gpu_one
+    model = loaded.plan.models[0]
+    device = loaded.plan.device(model.placements[0].device)
+    as_bytes = model.model_copy(update={"inputs": [model.inputs[0].model_copy(update={"dtype": "uint8"})]})
+    floats = render_config("c", model, model.placements[0], device, gpu_backend="python")
+    image_bytes = render_config("c", as_bytes, as_bytes.placements[0], device, gpu_backend="python")
+    assert "torchvision_source" in floats and "torchvision_source" not in image_bytes
+
+
 def test_gpu_plans_are_refused_on_a_host_without_gpus_or_mps(tmp_path, monkeypatch):
     with pytest.raises(TritonctlError, match="NVML sees no GPU"):
         mps.check_host(None, 1)

@@ -5,8 +5,8 @@ Where a test fits a latency model, it is the SYNTHETIC one of tests/synthetic.py
 
 from __future__ import annotations
 
-import shutil
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -32,6 +32,7 @@ DTYPES = {  # numpy dtype name -> Triton data type
     "int32": "TYPE_INT32",
     "uint8": "TYPE_UINT8",
 }
+ZERO_INPUTS = frozenset({"int64", "int32"})  # integer inputs are indices: requests and warm-ups send zeros
 
 
 def triton_name(name: str) -> str:

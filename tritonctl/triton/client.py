@@ -16,7 +16,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from tritonctl.planning.plan import Plan
-from tritonctl.spec import DTYPES
+from tritonctl.spec import DTYPES, ZERO_INPUTS
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,9 @@ class LoadResult:
 
 def random_input(rng: np.random.Generator, shape: list[int], dtype: str) -> np.ndarray:
     """Uniform random input: floats in [0, 1), every byte value for uint8 (an image's), zeros for other integers
-    (indices valid for any table)."""
+    (`ZERO_INPUTS`: indices, valid for any table)."""
+    if dtype in ZERO_INPUTS:
+        return np.zeros(shape, dtype)
     if dtype == "uint8":
         return rng.integers(0, 256, shape, dtype=np.uint8)
     return rng.random(shape).astype(dtype)

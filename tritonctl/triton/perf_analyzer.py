@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonctl.errors import TritonctlError
+from tritonctl.spec import ZERO_INPUTS
 from tritonctl.triton.binary import cache_dir
 from tritonctl.triton.client import Endpoint, LoadResult
 from tritonctl.triton.render import MODEL_VERSION
@@ -159,7 +160,7 @@ def command(
         "--max-trials", str(WINDOWS),
         "--profile-export-file", str(export),
         # integer inputs as tritonctl's own client sends them (`client.random_input`): zeros index any table
-        *(["--input-data", "zero"] if target.input_dtype in ("int64", "int32") else []),
+        *(["--input-data", "zero"] if target.input_dtype in ZERO_INPUTS else []),
     ]  # fmt: skip
 
 

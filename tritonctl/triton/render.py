@@ -30,7 +30,7 @@ from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir, sha256_unchanged
 from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel
 from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for
-from tritonctl.spec import DTYPES
+from tritonctl.spec import DTYPES, ZERO_INPUTS
 
 # Batches Triton runs at load (model_warmup) before it reports the model ready: the first
 # runs of an onnxruntime session are slower (allocations, kernel selection), and a swap
@@ -96,7 +96,8 @@ def render_config(
     if device.kind == "gpu":
         group.kind = mc.ModelInstanceGroup.KIND_GPU
         group.gpus.append(0)  # the one GPU CUDA_VISIBLE_DEVICES leaves the instance
-        if gpu_backend == "python" and model.source:  # the glue builds it with PyTorch (python_torch_gpu_model.py)
+        # the glue builds it with PyTorch (python_torch_gpu_model.py); a uint8 image's scaling is in the ONNX graph only
+        if gpu_backend == "python" and model.source and model.inputs[0].dtype == "float32":
             config.parameters["torchvision_source"].string_value = model.source
     else:
         group.kind = mc.ModelInstanceGroup.KIND_CPU
@@ -107,7 +108,7 @@ def render_config(
             config.parameters["reject_late_always"].string_value = "1"
     warmup = config.model_warmup.add(name="tritonctl-warmup", batch_size=placement.batch, count=WARMUP_COUNT)
     for t in model.inputs:  # as the load generator's requests (`client.random_input`): zeros index any table
-        data = {"zero_data": True} if t.dtype in ("int64", "int32") else {"random_data": True}
+        data = {"zero_data": True} if t.dtype in ZERO_INPUTS else {"random_data": True}
         warmup.inputs[t.name].CopyFrom(
             mc.ModelWarmup.Input(data_type=mc.DataType.Value(DTYPES[t.dtype]), dims=t.shape, **data)
         )
