@@ -6,9 +6,11 @@ import shutil
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
-from conftest import write_cluster
-from tritonctl.export import materialize
+from conftest import TEXT_MODEL, write_cluster
+from tritonctl.errors import TritonctlError
+from tritonctl.export import IMAGENET_MEAN, IMAGENET_STD, materialize
 from tritonctl.spec import load_cluster
 
 
@@ -65,8 +67,6 @@ def test_an_onnx_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
 
 def test_uint8_input_takes_image_bytes_and_normalises_them_in_the_graph(tmp_path):
     """An image sent as bytes answers what the float export answers for the same image normalised by hand."""
-    from tritonctl.export import IMAGENET_MEAN, IMAGENET_STD
-
     models = [
         {"name": name, "source": "squeezenet1_1", "input": {"shape": [3, 32, 32], "dtype": dtype}, "slo_ms": 10,
          "rate": 1}
@@ -86,10 +86,6 @@ def test_uint8_input_takes_image_bytes_and_normalises_them_in_the_graph(tmp_path
 
 
 def test_uint8_input_of_a_torchvision_model_that_is_no_rgb_image_is_refused(tmp_path):
-    import pytest
-
-    from tritonctl.errors import TritonctlError
-
     model = {"name": "gray", "source": "resnet18", "input": {"shape": [1, 28, 28], "dtype": "uint8"}, "slo_ms": 10,
              "rate": 1}  # fmt: skip
     path = write_cluster(tmp_path, [model])
@@ -99,11 +95,6 @@ def test_uint8_input_of_a_torchvision_model_that_is_no_rgb_image_is_refused(tmp_
 
 
 def test_a_dynamic_dimension_is_served_at_the_declared_size_and_a_wrong_rank_is_refused(tmp_path):
-    import pytest
-
-    from conftest import TEXT_MODEL
-    from tritonctl.errors import TritonctlError
-
     shutil.copy(TEXT_MODEL, tmp_path / "text.onnx")
     model = {"name": "text", "source": "text.onnx", "input": {"shape": [128], "dtype": "int64"}, "slo_ms": 10,
              "rate": 1}  # fmt: skip

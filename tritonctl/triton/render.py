@@ -97,7 +97,7 @@ def render_config(
         group.kind = mc.ModelInstanceGroup.KIND_GPU
         group.gpus.append(0)  # the one GPU CUDA_VISIBLE_DEVICES leaves the instance
         # the glue builds it with PyTorch (python_torch_gpu_model.py); a uint8 image's scaling is in the ONNX graph only
-        if gpu_backend == "python" and model.source and model.inputs[0].dtype == "float32":
+        if gpu_backend == "python" and model.source and model.inputs[0].dtype != "uint8":
             config.parameters["torchvision_source"].string_value = model.source
     else:
         group.kind = mc.ModelInstanceGroup.KIND_CPU
