@@ -259,16 +259,17 @@ def test_trace_replay_and_bad_trace_files(lm, tmp_path):
             read_trace(trace)
 
 
-def test_speed_at_least_100k_requests_per_second(lm):
+def test_speed_at_least_50k_requests_per_second(lm):
     """The floor, in the slowest case (batch 1: one batch per request), at light load and overloaded, the
-    CPU split and in turns."""
+    CPU split and in turns. Set for the slowest machine the suite runs on, with neighbours: it catches a
+    simulator grown several times slower, not a busy host (`bench/decision_time.py` measures the speed)."""
     for (rates, seconds), (share, sharing) in itertools.product(
         [((60, 30), 1000), ((600, 300), 200)], [(50, "spatial"), (100, "temporal")]
     ):
         plan = plan_of(("alpha", rates[0], 50, share, 1, 0), ("beta", rates[1], 80, share, 1, 0), sharing=sharing)
         runs = [simulate(plan, lm, duration_s=seconds, drop=True) for _ in range(2)]
         assert runs[0].throughput > 0.2 * sum(rates)  # requests were really served, not all dropped
-        assert max(r.requests / r.wall_s for r in runs) >= 100_000
+        assert max(r.requests / r.wall_s for r in runs) >= 50_000
 
 
 def test_latency_errors_are_fixed_per_model_seeded_and_leave_arrivals_alone(lm):

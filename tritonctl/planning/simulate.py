@@ -57,7 +57,7 @@ import heapq
 import math
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -164,6 +164,12 @@ def read_trace(path: Path) -> dict[str, np.ndarray]:
     except OSError as exc:
         raise TritonctlError(f"cannot read the trace ({exc.strerror})", file=path) from None
     return {m: np.sort(np.array(ts)) for m, ts in times.items()}
+
+
+def _normals(rng: np.random.Generator, block: int = 4096) -> Iterator[float]:
+    """The generator's standard normals one by one, drawn in blocks (the same numbers, a fraction of the cost)."""
+    while True:
+        yield from rng.standard_normal(block).tolist()
 
 
 def _next_start(inst: _Instance) -> float | None:
@@ -282,7 +288,9 @@ def _share_cores(
             if start >= horizon_ms + inst.slo_ms:  # what is still queued now could only be late: it stays unserved
                 continue
             take = _take(inst, start)
-            beside = tuple(sorted((instances[b[1]].model, instances[b[1]].share, b[4]) for b in running))
+            beside = (
+                tuple(sorted((instances[b[1]].model, instances[b[1]].share, b[4]) for b in running)) if running else ()
+            )
             exec_ms = draw(inst, take, beside, start)
             first = _serve(inst, take, start, exec_ms, drop)
             if first < inst.head:
@@ -321,7 +329,7 @@ def simulate(
     if latency_error:
         draws = np.random.default_rng([seed, 1]).uniform(-latency_error, latency_error, len(plan.models))
         errors = {m.name: float(e) for m, e in zip(plan.models, draws, strict=True)}
-    spread = np.random.default_rng([seed, 2])  # each batch's draw around the predicted latency
+    spread = _normals(np.random.default_rng([seed, 2]))  # each batch's draw around the predicted latency
     exec_cache: dict[tuple, tuple[float, float]] = {}  # -> (predicted batch time, its spread's sigma)
 
     def draw(inst: _Instance, take: int, busy: tuple, start: float, in_turns: bool = False) -> float:
@@ -334,7 +342,7 @@ def simulate(
             cached = exec_cache[key] = (predicted, lm.sigma(inst.model, take))
         exec_ms, sigma = cached
         if sigma:
-            exec_ms *= math.exp(sigma * spread.standard_normal())
+            exec_ms *= math.exp(sigma * next(spread))
         return exec_ms + lm.wake_ms(inst.model, start - inst.idle_since)
 
     kinds = {d.id: d.kind for d in plan.devices}
