@@ -262,7 +262,7 @@ def test_trace_replay_and_bad_trace_files(lm, tmp_path):
 def test_speed_at_least_50k_requests_per_second(lm):
     """The floor, in the slowest case (batch 1: one batch per request), at light load and overloaded, the
     CPU split and in turns. Set for the slowest machine the suite runs on, with neighbours: it catches a
-    simulator grown several times slower, not a busy host (`bench/decision_time.py` measures the speed)."""
+    simulator grown several times slower, not a slow host (`bench/decision_time.py` measures the speed)."""
     for (rates, seconds), (share, sharing) in itertools.product(
         [((60, 30), 1000), ((600, 300), 200)], [(50, "spatial"), (100, "temporal")]
     ):
