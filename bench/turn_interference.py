@@ -73,6 +73,16 @@ def main() -> None:
     print(args.out.read_text())
 
 
+def error_cells(errors: list[float]) -> str:
+    """Table cells of simulated-against-measured errors: points | median abs. error | within 25% | mean error."""
+    errors = np.array(errors)
+    within = np.abs(errors) <= WITHIN
+    return (
+        f"{len(errors)} | {100 * np.median(np.abs(errors)):.1f}% | {within.sum()} ({within.mean():.0%}) | "
+        f"{100 * errors.mean():+.1f}%"
+    )
+
+
 def report(rows: list[tuple]) -> str:
     hows = list(rows[0][4])
     lines = [
@@ -86,12 +96,7 @@ def report(rows: list[tuple]) -> str:
         "|---|---|---|---|---|",
     ]
     for how in hows:
-        errors = np.array([sims[how] / p99 - 1 for *_, p99, sims in rows])
-        within = np.abs(errors) <= WITHIN
-        lines.append(
-            f"| {how} | {len(errors)} | {100 * np.median(np.abs(errors)):.1f}% | "
-            f"{within.sum()} ({within.mean():.0%}) | {100 * errors.mean():+.1f}% |"
-        )
+        lines.append(f"| {how} | " + error_cells([sims[how] / p99 - 1 for *_, p99, sims in rows]) + " |")
     lines += ["", f"Per run, {hows[0]}:", "", "| run | points | within 25% |", "|---|---|---|"]
     for folder in dict.fromkeys(row[0] for row in rows):
         errors = [sims[hows[0]] / p99 - 1 for f, _, _, p99, sims in rows if f == folder]

@@ -320,6 +320,20 @@ def test_an_instance_idle_since_its_last_batch_wakes_up_slower(lm):
     assert slower.p50_ms < plain.p50_ms + 2.0
 
 
+@pytest.mark.parametrize("share, sharing", [(50, "spatial"), (100, "temporal")])
+def test_a_wake_up_by_the_device_is_not_paid_beside_a_busy_co_runner(lm, share, sharing):
+    woken = copy.deepcopy(lm)
+    woken.models["alpha"].wake = ((0.0, 0.0), (50.0, 4.0))
+    busy = 2 * 1000 / lm.t_inf("beta", 1, share)  # beta always has a batch in flight
+    plan = plan_of(("alpha", 1, 1e6, share, 1, 0), ("beta", busy, 1e6, share, 1, 0), sharing=sharing)
+    by_instance, by_device = (simulate(plan, woken, duration_s=300, wake=w).models[0] for w in ("instance", "device"))
+    assert by_device.p50_ms == pytest.approx(by_instance.p50_ms - 4.0, abs=0.5)
+    alone = plan_of(("alpha", 1, 1e6, share, 1, 0), sharing=sharing)  # an idle device: both pay it
+    assert simulate(alone, woken, 300, wake="device").models[0].p50_ms == pytest.approx(
+        simulate(alone, woken, 300).models[0].p50_ms
+    )
+
+
 def test_a_plans_simulation_adds_what_eq2_leaves_out_and_marks_an_overload(lm):
     t = lm.t_inf("alpha", 1, 100)
     rate = 0.5 * 1000 / t

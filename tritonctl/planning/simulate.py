@@ -5,7 +5,9 @@ is free and either `batch` requests wait or the oldest has waited the queue dela
 takes what is queued, up to `batch`. A batch's time comes from the fitted latency model,
 drawn around that prediction (a median) with the spread the profile measured
 (`LatencyModel.sigma`), plus the wake-up the profile measured for an instance idle since its
-last batch (`LatencyModel.wake_ms`; an instance's first batch counts as after a long idle).
+last batch (`LatencyModel.wake_ms`; an instance's first batch counts as after a long idle), or with
+`wake="device"` since the device's last batch (none beside a batch in flight; bench/wake_scope.py
+compares the two against perf_analyzer).
 
 Under spatial sharing each instance has its own executor and the prediction is the one next
 to whichever co-runners on the device are busy when the batch starts. Under temporal sharing
@@ -215,6 +217,15 @@ def deal(weights: list[float], count: int) -> np.ndarray:
     return out
 
 
+def _woken(inst: _Instance, device: list[_Instance], start: float, wake: str) -> float:
+    """Since when the batch that starts at `start` has been idle, for its wake-up: the instance's last batch's end
+    (`wake` "instance"), or the device's: `start` while another instance's batch is in flight, else the last end."""
+    if wake == "instance":
+        return inst.idle_since
+    ends = [other.executor.running[0] for other in device]
+    return start if max(ends) > start else max(inst.idle_since, *ends)
+
+
 def _take(inst: _Instance, start: float) -> int:
     """How many requests the instance's batch that starts at `start` takes: those queued, up to its batch size."""
     return min(inst.batch, bisect.bisect_right(inst.times, start, inst.head) - inst.head)
@@ -254,6 +265,7 @@ def _share_cores(
     cores: float,
     threads: list[int],
     weights: list[float],
+    wake: str,
 ) -> None:
     """One CPU device of `cores` in turns: every instance's batch runs at once on its `threads`, at the speed
     `_speeds` gives it by the instances' `weights` among the batches in flight (all at full speed while
@@ -291,7 +303,11 @@ def _share_cores(
             beside = (
                 tuple(sorted((instances[b[1]].model, instances[b[1]].share, b[4]) for b in running)) if running else ()
             )
-            exec_ms = draw(inst, take, beside, start)
+            if wake == "instance":
+                idle_since = inst.idle_since
+            else:  # the device's: 0 beside a batch in flight
+                idle_since = start if running else max(other.idle_since for other in instances)
+            exec_ms = draw(inst, take, beside, start - idle_since)
             first = _serve(inst, take, start, exec_ms, drop)
             if first < inst.head:
                 running.append([exec_ms, k, first, inst.head - first, take])
@@ -318,6 +334,7 @@ def simulate(
     rate_scale: float = 1.0,
     trace: dict[str, np.ndarray] | None = None,
     latency_error: float = 0.0,
+    wake: str = "instance",
 ) -> SimResult:
     """Poisson traffic at each model's rate (or the `trace`) for `duration_s`; batches off the latency
     model by a fixed factor per model within +-`latency_error`."""
@@ -332,9 +349,9 @@ def simulate(
     spread = _normals(np.random.default_rng([seed, 2]))  # each batch's draw around the predicted latency
     exec_cache: dict[tuple, tuple[float, float]] = {}  # -> (predicted batch time, its spread's sigma)
 
-    def draw(inst: _Instance, take: int, busy: tuple, start: float, in_turns: bool = False) -> float:
+    def draw(inst: _Instance, take: int, busy: tuple, idle_ms: float, in_turns: bool = False) -> float:
         """One batch's time: the prediction next to the `busy` co-runners (`in_turns`: their interference alone,
-        the cores' sharing is the caller's), drawn around, plus the wake-up."""
+        the cores' sharing is the caller's), drawn around, plus the wake-up after `idle_ms`."""
         key = (inst.model, take, inst.share, busy, in_turns)
         cached = exec_cache.get(key)
         if cached is None:
@@ -343,7 +360,7 @@ def simulate(
         exec_ms, sigma = cached
         if sigma:
             exec_ms *= math.exp(sigma * next(spread))
-        return exec_ms + lm.wake_ms(inst.model, start - inst.idle_since)
+        return exec_ms + lm.wake_ms(inst.model, idle_ms)
 
     kinds = {d.id: d.kind for d in plan.devices}
     shared = {d.id: _Executor() for d in plan.devices}
@@ -378,7 +395,7 @@ def simulate(
         threads = [turn.threads for turn in held]
         cores = max(plan.device(device).cores, *threads)  # fewer cores than threads already slow each batch alone
         weights = [rank_weight(turn.rank) for turn in held]
-        _share_cores(by_device[device], partial(draw, in_turns=True), horizon_ms, drop, cores, threads, weights)
+        _share_cores(by_device[device], partial(draw, in_turns=True), horizon_ms, drop, cores, threads, weights, wake)
     heap = [
         (t, i)
         for i, inst in enumerate(instances)
@@ -405,7 +422,7 @@ def simulate(
                 )
             )
         )
-        exec_ms = draw(inst, take, busy, start)
+        exec_ms = draw(inst, take, busy, start - _woken(inst, by_device[inst.device], start, wake))
         first = _serve(inst, take, start, exec_ms, drop)
         if first < inst.head:  # else the whole batch was dropped: the executor stays free
             end = start + exec_ms
