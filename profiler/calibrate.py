@@ -75,6 +75,7 @@ class Point:
     measured_ms: float
     before_ms: float  # the source model's prediction
     after_ms: float = 0.0  # the calibrated model's prediction
+    spread: float = 0.0  # how far apart its rounds were: (slowest - fastest) / median
 
     @property
     def error_before(self) -> float:
@@ -130,12 +131,23 @@ def added_of(points: list[Point]) -> dict[str, tuple[float, float]]:
     return added
 
 
-def _batch_ms(kind: str, stats: list[Stats], way_ms: float) -> float:
-    """What one batch takes, from a point's rounds: on a CPU the median latency; on a GPU the median of Triton's
-    compute plus the model's way in and out (where Triton counted no compute, the latency)."""
+def round_spread(points: list[Point]) -> tuple[float, float]:
+    """The median and the widest spread of the points' rounds: the machine's own noise, below which no
+    calibration's error can go."""
+    return statistics.median(p.spread for p in points), max(p.spread for p in points)
+
+
+def spread_of(values: list[float]) -> float:
+    """How far apart `values` are: (largest - smallest) / median."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def _round_ms(kind: str, stats: list[Stats], way_ms: float) -> list[float]:
+    """What one batch took in each of a point's rounds: on a CPU the median latency; on a GPU Triton's compute plus
+    the model's way in and out (where Triton counted no compute, the latency). A point takes their median."""
     if kind == "cpu":
-        return statistics.median(s.p50_ms for s in stats)
-    return statistics.median(s.compute_ms + way_ms if s.compute_ms > 0 else s.p50_ms for s in stats)
+        return [s.p50_ms for s in stats]
+    return [s.compute_ms + way_ms if s.compute_ms > 0 else s.p50_ms for s in stats]
 
 
 def _way_ms(stats: list[list[Stats]], plan: list[tuple[str, int, int, bool]], name: str) -> float:
@@ -209,8 +221,9 @@ def calibrate(
     ways = {name: _way_ms(rounds, plan, name) if kind == "gpu" else 0.0 for name in artifacts}
     points = []
     for measured, (name, batch, units, fitted) in zip(rounds, plan, strict=True):
-        value = _batch_ms(kind, measured, ways[name])
-        points.append(Point(name, batch, units, fitted, value, lm.t_inf(name, batch, units)))
+        values = _round_ms(kind, measured, ways[name])
+        value = statistics.median(values)
+        points.append(Point(name, batch, units, fitted, value, lm.t_inf(name, batch, units), spread=spread_of(values)))
         latency, compute = (" / ".join(f"{getattr(s, key):.1f}" for s in measured) for key in ("p50_ms", "compute_ms"))
         log(f"  {name:18} batch {batch:2} share {units:3}: {value:7.1f} ms, latency {latency}, Triton's compute "
             f"{compute} (source model {points[-1].before_ms:6.1f} ms)")  # fmt: skip
@@ -233,5 +246,6 @@ def calibrate(
         seconds=round(time.monotonic() - started, 1),
         held_out_error_before=[round(p.error_before, 4) for p in checks],
         held_out_error_after=[round(p.error_after, 4) for p in checks],
+        round_spread=[round(p.spread, 4) for p in points],
     )
     return calibrated, points

@@ -23,7 +23,7 @@ from tritonctl.latency.device import busy_cores
 from tritonctl.latency.model import scaled
 from tritonctl.planning.plan import load_plan, save_plan
 from tritonctl.planning.planner import devices_of, predicted_load
-from tritonctl.profiler.calibrate import Point, factors_of
+from tritonctl.profiler.calibrate import Point, factors_of, round_spread, spread_of
 from tritonctl.spec import load_cluster
 from tritonctl.triton.client import Endpoint, endpoints
 from tritonctl.triton.perf_analyzer import arrivals, read_export
@@ -557,6 +557,12 @@ def test_copies_taking_turns_are_kept_only_where_their_simulation_answers_more_i
         assert plan.models == both[0 if copies_win else 1].models
         assert any(s.startswith("one instance a model: simulated") for s in said) != copies_win
         assert any(n.startswith("one instance a model: simulated") for n in plan.notes) != copies_win
+
+
+def test_a_calibration_says_how_far_apart_the_rounds_of_one_point_were():
+    assert spread_of([43.0, 51.0, 50.0]) == pytest.approx(8 / 50)
+    points = [Point("alpha", 1, 100, True, 10.0, 10.0, spread=s) for s in (0.02, 0.16, 0.05)]
+    assert round_spread(points) == (0.05, 0.16)
 
 
 def test_the_demo_keeps_at_least_a_calibrations_worst_held_out_error_to_spare():

@@ -13,7 +13,7 @@ from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.mlp import HIDDEN, fit_mlp
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.report import write_report
-from tritonctl.profiler.calibrate import calibrate, median_abs
+from tritonctl.profiler.calibrate import ROUNDS, calibrate, median_abs, round_spread
 from tritonctl.profiler.run import profile
 from tritonctl.spec import load_cluster
 
@@ -54,6 +54,11 @@ def _calibrate(cluster_arg: str, source: Path, output: Path | None) -> Path:
         f"held-out points ({len(checks)}): median |error| {100 * median_abs([p.error_before for p in checks]):.1f}% "
         f"before, {100 * median_abs([p.error_after for p in checks]):.1f}% after; worst after "
         f"{100 * max(abs(p.error_after) for p in checks):.1f}%"
+    )
+    typical, widest = round_spread(points)
+    say(
+        f"the same point in its {ROUNDS[cluster.kind]} rounds: {100 * typical:.1f}% apart (median), "
+        f"{100 * widest:.1f}% at most: this machine's own noise, a floor under those errors"
     )
     say(f"calibrated latency model written to {output} ({calibrated.meta['calibrated']['seconds']:.0f} s)")
     return output
