@@ -132,8 +132,8 @@ def added_of(points: list[Point]) -> dict[str, tuple[float, float]]:
 
 
 def round_spread(points: list[Point]) -> tuple[float, float]:
-    """The median and the widest spread of the points' rounds: the machine's own noise, below which no
-    calibration's error can go."""
+    """The median and the widest spread of the points' rounds: the machine's own noise, which a calibration's
+    errors are not expected to go below."""
     return statistics.median(p.spread for p in points), max(p.spread for p in points)
 
 

@@ -328,6 +328,8 @@ def test_a_wake_up_by_the_device_is_not_paid_beside_a_busy_co_runner(lm, share, 
     plan = plan_of(("alpha", 1, 1e6, share, 1, 0), ("beta", busy, 1e6, share, 1, 0), sharing=sharing)
     by_instance, by_device = (simulate(plan, woken, duration_s=300, wake=w).models[0] for w in ("instance", "device"))
     assert by_device.p50_ms == pytest.approx(by_instance.p50_ms - 4.0, abs=0.5)
+    with pytest.raises(TritonctlError, match="wake 'cpu' must be"):
+        simulate(plan, woken, duration_s=1, wake="cpu")
     alone = plan_of(("alpha", 1, 1e6, share, 1, 0), sharing=sharing)  # an idle device: both pay it
     assert simulate(alone, woken, 300, wake="device").models[0].p50_ms == pytest.approx(
         simulate(alone, woken, 300).models[0].p50_ms

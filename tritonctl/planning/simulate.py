@@ -340,6 +340,8 @@ def simulate(
     model by a fixed factor per model within +-`latency_error`."""
     if not 0 <= latency_error < 1:
         raise TritonctlError(f"latency error {latency_error} must be in [0, 1)", field="--latency-error")
+    if wake not in ("instance", "device"):
+        raise TritonctlError(f"wake {wake!r} must be 'instance' or 'device'")
     started = time.perf_counter()
     arrivals = _arrivals(plan, duration_s, rate_scale, trace, seed)
     errors = {}
