@@ -217,13 +217,13 @@ def deal(weights: list[float], count: int) -> np.ndarray:
     return out
 
 
-def _woken(inst: _Instance, device: list[_Instance], start: float, wake: str) -> float:
+def _woken(inst: _Instance, device: list[_Instance], start: float, wake: str, beside: tuple) -> float:
     """Since when the batch that starts at `start` has been idle, for its wake-up: the instance's last batch's end
-    (`wake` "instance"), or the device's: `start` while another instance's batch is in flight, else the last end."""
+    (`wake` "instance"), or the device's: `start` beside a batch in flight (`beside`, the co-runners busy at
+    `start`), else the last end of any batch there."""
     if wake == "instance":
         return inst.idle_since
-    ends = [other.executor.running[0] for other in device]
-    return start if max(ends) > start else max(inst.idle_since, *ends)
+    return start if beside else max(other.idle_since for other in device)
 
 
 def _take(inst: _Instance, start: float) -> int:
@@ -303,11 +303,7 @@ def _share_cores(
             beside = (
                 tuple(sorted((instances[b[1]].model, instances[b[1]].share, b[4]) for b in running)) if running else ()
             )
-            if wake == "instance":
-                idle_since = inst.idle_since
-            else:  # the device's: 0 beside a batch in flight
-                idle_since = start if running else max(other.idle_since for other in instances)
-            exec_ms = draw(inst, take, beside, start - idle_since)
+            exec_ms = draw(inst, take, beside, start - _woken(inst, instances, start, wake, beside))
             first = _serve(inst, take, start, exec_ms, drop)
             if first < inst.head:
                 running.append([exec_ms, k, first, inst.head - first, take])
@@ -424,7 +420,7 @@ def simulate(
                 )
             )
         )
-        exec_ms = draw(inst, take, busy, start - _woken(inst, by_device[inst.device], start, wake))
+        exec_ms = draw(inst, take, busy, start - _woken(inst, by_device[inst.device], start, wake, busy))
         first = _serve(inst, take, start, exec_ms, drop)
         if first < inst.head:  # else the whole batch was dropped: the executor stays free
             end = start + exec_ms
