@@ -129,6 +129,32 @@ def test_a_short_batch_beside_a_long_one_in_turns(cores_only, kind):
         assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((2 * t_alpha, t_beta + t_alpha))
 
 
+def test_a_gpu_in_turns_runs_a_batchs_host_part_beside_the_others(cores_only):
+    """Calibrated with the host's part of a batch (Triton's and the glue's copies), a GPU in turns runs only the
+    GPU part one batch at a time: alpha, arriving 1 ms into beta's batch, copies its request in beside it."""
+    calibrated = copy.copy(cores_only)
+    calibrated.meta = {"calibrated": {"added_ms": {"alpha": (0.2, 0.3), "beta": (0.2, 0.3)}}}
+    host = calibrated.host_ms("alpha", 1)
+    assert host == pytest.approx(0.5) and cores_only.host_ms("alpha", 1) == 0.0
+    plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 8, 1e6, 100, 8, 0), sharing="temporal", kind="gpu")
+    trace = {"alpha": np.array([1.0]), "beta": np.zeros(8)}
+    alpha, beta = simulate(plan, calibrated, duration_s=1, trace=trace).models
+    t_alpha, t_beta = cores_only.t_inf("alpha", 1, 100), cores_only.t_inf("beta", 8, 100)
+    assert 1 + host < t_beta
+    assert (alpha.p50_ms, beta.p50_ms) == pytest.approx((t_beta - 1 + t_alpha - host, t_beta))
+
+
+def test_a_gpu_in_turns_goes_to_the_batch_ready_first(cores_only):
+    """Alpha's first request holds the GPU; beta's, ready at 1 ms, takes it before alpha's second (ready at 2 ms),
+    rather than alpha keeping the GPU for as long as it has requests."""
+    plan = plan_of(("alpha", 1, 1e6, 100, 1, 0), ("beta", 1, 1e6, 100, 1, 0), sharing="temporal", kind="gpu")
+    trace = {"alpha": np.array([0.0, 2.0]), "beta": np.array([1.0])}
+    alpha, beta = simulate(plan, cores_only, duration_s=1, trace=trace).models
+    t_alpha, t_beta = cores_only.t_inf("alpha", 1, 100), cores_only.t_inf("beta", 1, 100)
+    assert beta.p50_ms == pytest.approx(t_alpha + t_beta - 1)
+    assert alpha.served == 2 and alpha.mean_ms == pytest.approx((t_alpha + 2 * t_alpha + t_beta - 2) / 2)
+
+
 @pytest.mark.parametrize("priority", ["slo", "equal"])
 def test_the_tighter_slo_takes_the_core_first(cores_only, priority):
     """As above on 1 core, alpha's SLO ten times tighter: deadline-monotonic ranks (beta in an idle group, which

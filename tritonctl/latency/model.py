@@ -198,6 +198,12 @@ class LatencyModel:
             return self._table[model][batch][share]
         return float(self._run_lwr(model, np.array([batch]), np.array([share]))[0])
 
+    def host_ms(self, model: str, batch: int) -> float:
+        """What serving adds to a batch on the host, apart from the device's work (`tritonctl calibrate` on a GPU:
+        Triton's and the glue's copies, c0 + c1 * batch); 0 where the model was not calibrated so."""
+        c0, c1 = self.meta.get("calibrated", {}).get("added_ms", {}).get(model, (0.0, 0.0))
+        return c0 + c1 * batch
+
     def io_ms(self, model: str, batch: int) -> float:
         p, d = self.models[model], self.device
         return d.io_c0_ms + d.io_ms_per_byte * p.io_bytes * batch

@@ -88,6 +88,9 @@ class _Instance:
     slo_ms: float
     arrivals: np.ndarray  # ms, sorted
     executor: _Executor
+    # The whole GPU it takes turns with: a batch's GPU part runs there one at a time, its host part
+    # (`LatencyModel.host_ms`) beside the others' batches.
+    gpu: _Executor | None = None
     times: list[float] = field(default_factory=list)  # the arrivals as a list: scalar lookups are cheaper
     head: int = 0  # first request not yet taken into a batch
     batches: list[tuple[int, int, float]] = field(default_factory=list)  # (first served, count, end) per batch
@@ -224,6 +227,13 @@ def _woken(inst: _Instance, device: list[_Instance], start: float, wake: str, be
     if wake == "instance":
         return inst.idle_since
     return start if beside else max(other.idle_since for other in device)
+
+
+def _gpu_turn(gpu: _Executor, start: float, exec_ms: float, host_ms: float) -> float:
+    """How long a batch of `exec_ms` alone, `host_ms` of it the host's, takes from `start` when it takes turns with
+    the whole `gpu`: its host part first, beside the others' batches, then its GPU part once the GPU is free."""
+    host = min(host_ms, exec_ms)
+    return max(start + host, gpu.free_at) + exec_ms - host - start
 
 
 def _take(inst: _Instance, start: float) -> int:
@@ -380,7 +390,8 @@ def simulate(
                     p.queue_delay_us / 1000,
                     model.slo_ms,
                     arrivals[model.name][k],
-                    shared[p.device] if gpu_turns else _Executor(),
+                    _Executor(),
+                    shared[p.device] if gpu_turns else None,
                 )
             )
     by_device: dict[str, list[_Instance]] = {}
@@ -411,7 +422,7 @@ def simulate(
         take = _take(inst, start)
         busy = (
             ()
-            if inst.executor is shared[inst.device]
+            if inst.gpu is not None
             else tuple(
                 sorted(
                     (o.model, o.share, o.executor.running[1])
@@ -421,9 +432,13 @@ def simulate(
             )
         )
         exec_ms = draw(inst, take, busy, start - _woken(inst, by_device[inst.device], start, wake, busy))
+        if inst.gpu is not None:
+            exec_ms = _gpu_turn(inst.gpu, start, exec_ms, lm.host_ms(inst.model, take))
         first = _serve(inst, take, start, exec_ms, drop)
         if first < inst.head:  # else the whole batch was dropped: the executor stays free
             end = start + exec_ms
+            if inst.gpu is not None:
+                inst.gpu.free_at = end
             inst.idle_since = inst.executor.free_at = end
             inst.executor.running = (end, take)
             inst.batches.append((first, inst.head - first, end))
