@@ -15,6 +15,7 @@ import yaml
 
 from conftest import REPO, edit
 from tritonctl.cli import main
+from tritonctl.deploy import mps
 from tritonctl.deploy.apply import apply_plan, down
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime, Outcome
 from tritonctl.deploy.compose_project import LABEL, write_compose
@@ -23,6 +24,7 @@ from tritonctl.deploy.runtime import StartError
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import load_plan
+from tritonctl.triton.render import render as render_plan
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
@@ -443,3 +445,49 @@ def test_apply_without_a_rendered_project_is_refused(gpu_plan, tmp_path, capsys)
     assert main(["apply", str(gpu_plan), "--runtime", "compose", "--compose-dir", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no Compose project" in err and "--target compose" in err
+
+
+def test_a_gpu_taken_in_turns_runs_its_instances_without_mps(gpu_plan, tmp_path):
+    """Instances taking turns with a whole GPU are processes of their own (no MPS client settings, no daemon's
+    IPC); the daemon serves the GPUs split into shares alone, and none is rendered where no GPU is split."""
+
+    def turns_on(*gpus: str):
+        def change(data):
+            data["turns"] = list(gpus)
+            for model in data["models"]:
+                for placement in model["placements"]:
+                    if placement["device"] in gpus:
+                        placement["share"] = 100
+
+        return change
+
+    edit(gpu_plan, turns_on("gpu1"))
+    launches = {i: launch for i, (_, launch) in render_plan(load_plan(gpu_plan), write=False).items()}
+    plan = load_plan(gpu_plan).plan
+    assert mps.needed(plan)
+    for _, placement in plan.instances():
+        launch = launches[placement.instance]
+        assert mps.client(launch) == (placement.device == "gpu0")
+        assert launch.env["CUDA_VISIBLE_DEVICES"] == str(plan.device(placement.device).index)
+        assert mps.share_mechanism(launch) == (
+            f"MPS {placement.share}%" if placement.device == "gpu0" else "whole GPU in turns, no MPS"
+        )
+    out = tmp_path / "out"
+    assert render(gpu_plan, out) == 0
+    project = yaml.safe_load((out / "compose.yaml").read_text())
+    jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(project)
+    for placement in (p for _, p in plan.instances()):
+        spec = triton_services(project)[placement.instance]
+        split = placement.device == "gpu0"
+        assert ("CUDA_MPS_PIPE_DIRECTORY" in spec["environment"]) == split
+        assert ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in spec["environment"]) == split
+        assert ("ipc" in spec, "depends_on" in spec) == (split, split)
+        assert any(v["type"] == "volume" for v in spec["volumes"]) == split
+    assert project["services"]["mps-daemon"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
+
+    edit(gpu_plan, turns_on("gpu0", "gpu1"))
+    assert not mps.needed(load_plan(gpu_plan).plan)
+    assert render(gpu_plan, out) == 0
+    project = yaml.safe_load((out / "compose.yaml").read_text())
+    jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(project)
+    assert "mps-daemon" not in project["services"] and "volumes" not in project

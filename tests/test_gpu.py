@@ -461,18 +461,18 @@ def test_prompt_batching_serves_smaller_batches_sooner_and_keeps_the_slo_at_head
     from tritonctl.planning.policies.bda import PROMPT_RATE
 
     cluster = gpu_one[0]
-    calibrated = REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json"
+    lm_path = GPU_LM  # search splits the GPU on it (on the calibrated model it takes the whole GPU in turns)
     for batching in ("fill", "prompt"):
-        args = ["plan", str(cluster.path), "--policy", "search", "--latency-model", str(calibrated)]
+        args = ["plan", str(cluster.path), "--policy", "search", "--latency-model", str(lm_path)]
         assert main([*args, "--batching", batching, "-o", str(tmp_path / f"{batching}.yaml")]) == 0
     fill, prompt = (load_plan(tmp_path / f"{b}.yaml").plan for b in ("fill", "prompt"))
-    calibrated_lm = load_latency_model(calibrated)
+    lm = load_latency_model(lm_path)
     for a, b in zip(fill.models, prompt.models, strict=True):
         pa, pb = a.placements[0], b.placements[0]
         assert pb.share == pa.share and pb.batch < pa.batch and pb.queue_delay_us < pa.queue_delay_us
         assert pb.predicted.latency_ms < pa.predicted.latency_ms
         others = tuple((m.name, m.placements[0].share, m.placements[0].batch) for m in prompt.models if m is not b)
-        exec_ms = calibrated_lm.t_inf(b.name, pb.batch, pb.share, others)
+        exec_ms = lm.t_inf(b.name, pb.batch, pb.share, others)
         assert task_latency(b.rate * PROMPT_RATE, pb.batch, exec_ms).p99_ms <= b.slo_ms
     capsys.readouterr()
     assert main(["plan", str(cluster.path), "--batching", "prompt", "-o", str(tmp_path / "x.yaml")]) == 2
@@ -507,12 +507,54 @@ def test_eager_batching_keeps_bdas_batches_as_the_cap_and_waits_for_none(gpu_one
     """`plan --batching eager`: the fill plan's shares and batches, no queue delay, so batches form of what is
     queued; the simulator (which runs Triton's batcher so) answers sooner than the fill plan at the same rates."""
     cluster = gpu_one[0]
-    calibrated = str(REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json")
+    lm_path = str(GPU_LM)  # search splits the GPU on it (on the calibrated model it takes the whole GPU in turns)
     for batching in ("fill", "eager"):
-        args = ["plan", str(cluster.path), "--policy", "search", "--latency-model", calibrated]
+        args = ["plan", str(cluster.path), "--policy", "search", "--latency-model", lm_path]
         assert main([*args, "--batching", batching, "-o", str(tmp_path / f"{batching}.yaml")]) == 0
     fill, eager = (load_plan(tmp_path / f"{b}.yaml").plan for b in ("fill", "eager"))
     for a, b in zip(fill.models, eager.models, strict=True):
         pa, pb = a.placements[0], b.placements[0]
         assert (pb.share, pb.batch) == (pa.share, pa.batch) and pa.queue_delay_us > 0 and pb.queue_delay_us == 0
         assert b.simulated_p99_ms < 0.5 * a.simulated_p99_ms and b.simulated_in_slo >= 0.99
+
+
+def test_the_whole_gpu_in_turns_served_eagerly_forms_the_largest_batches_its_duty_cycle_keeps(gpu_one, tmp_path):
+    """`plan --policy time-sharing --batching eager` on the calibrated model: every model on the whole GPU with no
+    queue delay, its batch cap from the duty cycle at the highest rates it keeps (`widest_schedule`), so the plan
+    holds beyond 1x where the duty cycle's batches at 1x would cap it; the host's part of a batch runs beside the
+    others' turns, so the duty cycle is shorter than the batches' times added up; the plan's load counts the
+    GPU parts alone."""
+    from tritonctl.planning.planner import predicted_load
+    from tritonctl.planning.policies.base import Demand
+    from tritonctl.planning.policies.timesharing import gpu_cycle, schedule, widest_schedule
+    from tritonctl.planning.simulate import simulate
+
+    cluster, artifacts, _, _ = gpu_one
+    calibrated = load_latency_model(REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json")
+    paths = {b: tmp_path / f"{b}.yaml" for b in ("fill", "eager")}
+    for batching, path in paths.items():
+        plan = make_plan(cluster, artifacts, "time-sharing", path, calibrated, log=lambda _: None, batching=batching)
+        save_plan(plan, path)
+    fill, eager = (load_plan(p).plan for p in paths.values())
+    assert eager.sharing == "temporal" and not mps.needed(eager)
+    demands = demands_of(cluster, artifacts, calibrated)
+    (device,) = devices_of(cluster)
+    scale, widest = widest_schedule(demands, device, calibrated)
+    assert scale > 1.5 and schedule(demands, device, calibrated) is not None
+    over = [Demand(d.name, d.slo_ms, d.rate * 1.02 * scale, d.memory_mb) for d in demands]
+    assert schedule(over, device, calibrated) is None  # the widest: 2% more has no duty cycle
+    for a, b in zip(fill.models, eager.models, strict=True):
+        pa, pb = a.placements[0], b.placements[0]
+        assert pb.share == 100 and pb.queue_delay_us == 0 and pb.batch == widest[b.name] > pa.batch
+    members = [(m.name, m.placements[0].batch) for m in eager.models]
+    alone = [calibrated.t_inf(name, batch, 100) for name, batch in members]
+    gpu = sum(alone) - sum(calibrated.host_ms(name, batch) for name, batch in members)
+    assert gpu_cycle(members, 100, calibrated) == pytest.approx(max(gpu, *alone)) and max(gpu, *alone) < sum(alone)
+    (load,) = predicted_load(eager, calibrated).values()
+    assert (
+        load < 1 < sum(m.rate * m.placements[0].predicted.exec_ms / 1000 / m.placements[0].batch for m in eager.models)
+    )
+    for plan in (fill, eager):
+        result = simulate(plan, calibrated, 30, rate_scale=1.5)
+        served = [m.good / m.arrived for m in result.models]
+        assert (min(served) >= 0.99) == (plan is eager), served

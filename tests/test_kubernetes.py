@@ -165,3 +165,29 @@ def test_a_cluster_across_nodes_plans_names_each_node_and_renders_each_instance_
     half = [nodes[0], {**nodes[1], "node": None}]
     assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")], devices=half)), "-o", str(plan_path)]) == 2
     assert "devices[1].node" in capsys.readouterr().err
+
+
+def test_gpus_taken_in_turns_render_no_mps(gpu_plan, tmp_path):
+    """Every GPU taken in turns: no MPS DaemonSet (mps.yaml is neither written nor listed), and the Triton pods
+    carry no MPS settings, pipe or host IPC; every object still valid."""
+
+    def whole_gpus(data):
+        data["turns"] = ["gpu0", "gpu1"]
+        for model in data["models"]:
+            for placement in model["placements"]:
+                placement["share"] = 100
+
+    out = tmp_path / "k8s"
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out)]) == 0
+    assert (out / "mps.yaml").is_file()
+    edit(gpu_plan, whole_gpus)
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out)]) == 0
+    files = rendered(out)
+    assert "mps.yaml" not in files and not (out / "mps.yaml").exists()
+    for o in (o for docs in files.values() for o in docs):
+        kubernetes_validate.validate(o, KUBERNETES, strict=True)
+    for deployment in (o for o in files["triton.yaml"] if o["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert not any(e["name"].startswith("CUDA_MPS") for e in container["env"])
+        assert "hostIPC" not in pod and [v["name"] for v in pod["volumes"]] == ["models"]

@@ -128,9 +128,13 @@ def _apply(
         say(f"applying {loaded.path} with tritonserver from {runtime.binary.source} ({runtime.binary.path})")
         if loaded.plan.target == "gpu" and dry_run:
             say("dry run: on the GPU host, before any instance starts:")
-            for line in [*lock_commands(loaded.plan.devices), mps.rehearsal(runtime.mps)]:
+            daemon = [mps.rehearsal(runtime.mps)] if mps.needed(loaded.plan) else []
+            for line in [*lock_commands(loaded.plan.devices), *daemon]:
                 say(f"  {line}")
-            say("  every instance with CUDA_VISIBLE_DEVICES and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its launch.json)")
+            say(
+                "  every instance with CUDA_VISIBLE_DEVICES, and at an MPS share CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+                "(its launch.json); an instance taking turns with a whole GPU runs without MPS"
+            )
         elif share.mechanism() == "none":
             say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
     started = time.monotonic()

@@ -114,7 +114,7 @@ def _plan(
             )
     for model in plan.unserved:
         say(f"  NOT SERVED {model.name}: {model.reason}")
-    for device, load in sorted(predicted_load(plan).items()):
+    for device, load in sorted(predicted_load(plan, lm).items()):
         if load > HEADROOM:
             say(
                 f"WARNING: {device} is predicted {100 * load:.0f}% busy: no headroom for bursts or for the work the "

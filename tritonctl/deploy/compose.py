@@ -36,6 +36,7 @@ from tritonctl.deploy.compose_project import (
     write_compose,
 )
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
+from tritonctl.deploy.mps import share_mechanism
 from tritonctl.deploy.proxy import ProxyApi, Server, backend, haproxy_weights, server_name
 from tritonctl.deploy.runtime import (
     Health,
@@ -208,7 +209,7 @@ class ComposeRuntime:
             start_ticks=0,
             folder=str(folder),
             log=shlex.join(self._compose("logs", service)),
-            share_mechanism=f"MPS {launch.env['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']}% ({service})",
+            share_mechanism=f"{share_mechanism(launch)} ({service})",
         )
         # --force-recreate: restarting an unready service must replace its container; never
         # --remove-orphans, which would remove the old instance before the new one is ready.

@@ -1,5 +1,6 @@
 """Render a GPU plan into a Docker Compose project: the MPS control daemon, HAProxy, one
-Triton service per placement at its MPS share, and the tritonctl sidecar.
+Triton service per placement at its MPS share (or, on a GPU taken in turns, with the whole GPU and
+no MPS; the daemon only where some GPU is split), and the tritonctl sidecar.
 
 Output folder:
 
@@ -22,7 +23,7 @@ Decisions (docker/README.md gives the reasons and trade-offs):
   says otherwise, and only the model ports listen on all interfaces. Triton's control APIs
   (runtime/base.py RESTRICTED_APIS) answer only requests carrying TRITON_CONTROL_KEY.
 - The sidecar mounts exactly the folders it reads and writes, each at its host path (`sidecar_mounts`).
-- IPC: the MPS daemon's IPC namespace is `shareable` and every Triton service joins it
+- IPC: the MPS daemon's IPC namespace is `shareable` and every Triton service at an MPS share joins it
   (`ipc: service:mps-daemon`), rather than `ipc: host`; pipe and log directories are named volumes.
 - One service name per instance and process hash, so a shadow instance and the one it replaces
   are two services of one project. A service keeps its ports across renders; a new one takes
@@ -42,6 +43,7 @@ from pathlib import Path
 
 import yaml
 
+from tritonctl.deploy import mps
 from tritonctl.deploy.local import EXIT_TIMEOUT_S, one_host
 from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
 from tritonctl.deploy.runtime import server_flags
@@ -433,6 +435,7 @@ def compose_project(
     key = f"${{{KEY}:?{KEY} is not set: tritonctl writes it to .env}}"  # never written into compose.yaml
 
     image = f"{ref('TRITON_IMAGE')}:{ref('TRITON_TAG')}"
+    clients = [s for s in services if mps.client(s.launch)]  # those at an MPS share (the others take turns)
     out: dict = {
         "name": project_name(plan.cluster),
         "services": {
@@ -443,7 +446,7 @@ def compose_project(
                 "volumes": _mps_volumes(),
                 "ipc": "shareable",
                 "shm_size": ref("TRITON_SHM_SIZE"),
-                "deploy": _gpus(sorted({s.device_index for s in services}), ["gpu", "compute", "utility"]),
+                "deploy": _gpus(sorted({s.device_index for s in clients}), ["gpu", "compute", "utility"]),
                 "healthcheck": {
                     "test": ["CMD-SHELL", "echo get_server_list | nvidia-cuda-mps-control"],
                     "interval": "5s",
@@ -487,8 +490,7 @@ def compose_project(
             ],
             "profiles": [TRITON_PROFILE],  # started by apply, by name
             "network_mode": "host",
-            "ipc": f"service:{MPS_DAEMON}",
-            "environment": {**env, "CUDA_MPS_PIPE_DIRECTORY": PIPE_DIR},
+            "environment": env,
             "volumes": [
                 {
                     "type": "bind",
@@ -496,7 +498,6 @@ def compose_project(
                     "target": MODELS_DIR,
                     "read_only": True,
                 },
-                *_mps_volumes(read_only=True),
             ],
             "deploy": _gpus([service.device_index], ["gpu"]),
             "healthcheck": {
@@ -506,8 +507,6 @@ def compose_project(
                 "retries": 3,
                 "start_period": f"{plan.runtime.startup_timeout_s:.0f}s",
             },
-            # restart: a Triton process attached to a restarted daemon's old IPC namespace is lost.
-            "depends_on": {MPS_DAEMON: {"condition": "service_healthy", "restart": True}},
             "stop_grace_period": f"{EXIT_TIMEOUT_S + 5}s",
             "restart": "unless-stopped",
             "labels": {
@@ -521,6 +520,14 @@ def compose_project(
                 f"{LABEL}.metrics-port": str(service.metrics_port),
             },
         }
+        if mps.client(launch):  # a client of the MPS daemon: its IPC namespace, pipe and log folders
+            out["services"][service.name] |= {
+                "ipc": f"service:{MPS_DAEMON}",
+                "environment": {**env, "CUDA_MPS_PIPE_DIRECTORY": PIPE_DIR},
+                # restart: a Triton process attached to a restarted daemon's old IPC namespace is lost.
+                "depends_on": {MPS_DAEMON: {"condition": "service_healthy", "restart": True}},
+            }
+            out["services"][service.name]["volumes"] += _mps_volumes(read_only=True)
     socket = {"type": "bind", "source": ref("DOCKER_SOCKET"), "target": DOCKER_SOCKET}
     replans = bool(values["LATENCY_MODEL"])
     sidecar = _sidecar(ref, "sidecar", f"unix://{DOCKER_SOCKET}", mounts, plan_dir, replans)
@@ -541,7 +548,10 @@ def compose_project(
         "networks": ["socket-proxy"],
         "restart": "unless-stopped",
     }
-    out["volumes"] = {"mps-pipe": {}, "mps-log": {}}
+    if clients:
+        out["volumes"] = {"mps-pipe": {}, "mps-log": {}}
+    else:  # every GPU taken in turns: no MPS daemon
+        del out["services"][MPS_DAEMON]
     out["networks"] = {"socket-proxy": {}}
     return out
 

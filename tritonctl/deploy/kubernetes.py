@@ -46,6 +46,7 @@ from tritonctl.deploy.kubernetes_project import (
     triton_deployment,
     triton_service,
 )
+from tritonctl.deploy.mps import share_mechanism
 from tritonctl.deploy.runtime import CONTROL_HEADER, Health, InstanceRecord, StartError
 from tritonctl.deploy.state import control_key
 from tritonctl.errors import TritonctlError
@@ -285,7 +286,7 @@ class KubernetesRuntime:
             start_ticks=0,
             folder=str(folder),
             log=f"kubectl -n {self.api.namespace} logs deployment/{name}",
-            share_mechanism=f"MPS {launch.env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%",
+            share_mechanism=share_mechanism(launch),
         )
         if on_spawn is not None:
             on_spawn(record)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import yaml
 
+from tritonctl.deploy import mps
 from tritonctl.deploy.compose_project import check_plan, write_private
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
 from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
@@ -144,10 +145,17 @@ def triton_deployment(plan: Plan, launch: Launch, node: str | None, name: str) -
         f"{LABEL}/deployment": name,
     }
     device = plan.device(launch.device)
+    client = mps.client(launch)  # at an MPS share; else it takes turns with the whole GPU, without MPS
     env = [
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": str(device.index)},
-        {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]},
-        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_DIR},
+        *(
+            [
+                {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]},
+                {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": PIPE_DIR},
+            ]
+            if client
+            else []
+        ),
         {"name": KEY, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}},
     ]
     container = {
@@ -176,17 +184,17 @@ def triton_deployment(plan: Plan, launch: Launch, node: str | None, name: str) -
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "16Gi"}},
         "volumeMounts": [
             {"name": "models", "mountPath": MODELS_DIR, "subPath": f"{launch.instance}/models", "readOnly": True},
-            {"name": "mps-pipe", "mountPath": PIPE_DIR},
+            *([{"name": "mps-pipe", "mountPath": PIPE_DIR}] if client else []),
         ],
     }
     pod = {
         "nodeSelector": node_selector(plan, device, node),
-        "hostIPC": True,  # the MPS daemon's IPC namespace is the host's
+        **({"hostIPC": True} if client else {}),  # the MPS daemon's IPC namespace is the host's
         "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 5,
         "containers": [container],
         "volumes": [
             {"name": "models", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}},
-            {"name": "mps-pipe", "hostPath": {"path": PIPE_DIR, "type": "Directory"}},
+            *([{"name": "mps-pipe", "hostPath": {"path": PIPE_DIR, "type": "Directory"}}] if client else []),
         ],
     }
     # a new configuration is a new pod template: Kubernetes starts it beside the old one
@@ -262,10 +270,13 @@ def proxy_config(plan: Plan) -> str:
 
 
 def mps_objects(plan: Plan, node: str | None) -> list[dict]:
-    """The MPS control daemon on each GPU node, over the GPUs the plan uses there."""
+    """The MPS control daemon on each GPU node, over the GPUs the plan splits into shares there (a GPU taken in
+    turns runs its instances without MPS)."""
     out = []
     for where in plan.nodes() or [None]:
-        devices = [d for d in plan.devices if d.node == where]
+        devices = [d for d in plan.devices if d.node == where and not plan.takes_turns(d.id)]
+        if not devices:
+            continue
         gpus = ",".join(str(d.index) for d in sorted(devices, key=lambda d: d.index))
         name = prefixed("mps-control-daemon", where) if where else "mps-control-daemon"
         labels = {"app.kubernetes.io/name": "mps-control-daemon", f"{LABEL}/daemon": name}
@@ -388,13 +399,13 @@ def controller_plan(plan: Plan) -> Plan:
     return plan.model_copy(update={"models": models, "runtime": runtime})
 
 
-def kustomization(plan: Plan, namespace: str) -> dict:
+def kustomization(plan: Plan, namespace: str, files: list[str]) -> dict:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": namespace,
         "labels": [{"pairs": {"app.kubernetes.io/part-of": "tritonctl", f"{LABEL}/cluster": dns_name(plan.cluster)}}],
-        "resources": list(FILES),
+        "resources": files,
         "images": [
             {"name": "triton", "newName": "nvcr.io/nvidia/tritonserver", "newTag": "24.10-py3"},
             {"name": PROXY, "newName": "haproxy", "newTag": "2.8"},
@@ -449,11 +460,14 @@ def write_kubernetes(loaded: LoadedPlan, folder: Path, node: str | None, namespa
     render(local)
     header = f"# Rendered by tritonctl from {loaded.path} (cluster {plan.cluster}): do not edit, re-render.\n"
     for name, docs in objects.items():
-        (folder / name).write_text(header + yaml.safe_dump_all(docs, sort_keys=False, width=120))
+        if docs:
+            (folder / name).write_text(header + yaml.safe_dump_all(docs, sort_keys=False, width=120))
+        else:  # no MPS daemon where every GPU is taken in turns
+            (folder / name).unlink(missing_ok=True)
     (folder / "kustomization.yaml").write_text(
         header
         + "# Change here: namespace, images; resources and node labels by a patch.\n"
-        + yaml.safe_dump(kustomization(plan, namespace), sort_keys=False)
+        + yaml.safe_dump(kustomization(plan, namespace, [n for n in FILES if objects[n]]), sort_keys=False)
     )
     (folder / "haproxy.cfg").write_text(proxy_config(plan))
     save_plan(controller_plan(plan), folder / "controller-plan.yaml")

@@ -184,8 +184,8 @@ class LocalRuntime:
     def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
         """The plan (the instances run from its own repositories), once HAProxy is known to be there. A GPU plan:
         served by the Python-backend GPU glue where this tritonserver has no onnxruntime backend; unless only
-        rehearsed (`write` False), its SM clocks locked where it sets them and its MPS control daemon running
-        (started or adopted)."""
+        rehearsed (`write` False), its SM clocks locked where it sets them and, where it splits a GPU into
+        shares, its MPS control daemon running (started or adopted)."""
         one_host(loaded, self.name)
         haproxy_binary()
         if loaded.plan.target != "gpu":
@@ -196,7 +196,8 @@ class LocalRuntime:
         if write:
             lock_clocks(self.state_dir, loaded.plan.devices)  # the energy objective's clocks, before any start
             try:
-                mps.ensure(self.state_dir)
+                if mps.needed(loaded.plan):
+                    mps.ensure(self.state_dir)
             except TritonctlError:
                 release_clocks(self.state_dir)  # nothing half-started
                 raise
@@ -261,12 +262,15 @@ class LocalRuntime:
                 parts += [f"rank {launch.cpu_rank}"] if launch.cpu_rank is not None else []
                 mechanism = f"{share.mechanism()} {', '.join(parts)}"
         else:
-            mechanism = f"MPS {launch.env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%"
+            mechanism = mps.share_mechanism(launch)
         log_dir.mkdir(parents=True, exist_ok=True)
         log = log_dir / f"{uid}.log"
         env = {**os.environ, **self.binary.env, **launch.env}
-        if launch.kind == "gpu":
+        if mps.client(launch):
             env.update(self.mps.env)
+        elif launch.kind == "gpu":  # its own CUDA context, not a client of any MPS daemon the host's environment names
+            for name in mps.CLIENT_ENV:
+                env.pop(name, None)
         try:
             with log.open("wb") as log_fh:
                 proc = subprocess.Popen(

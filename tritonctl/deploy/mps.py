@@ -15,11 +15,17 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonctl.errors import TritonctlError
 
+if TYPE_CHECKING:
+    from tritonctl.planning.plan import Plan
+    from tritonctl.triton.render import Launch
+
 CONTROL = "nvidia-cuda-mps-control"
 CONTROL_PATHS = ("/usr/local/nvidia/bin/nvidia-cuda-mps-control", "/usr/bin/nvidia-cuda-mps-control")
+CLIENT_ENV = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 RECORD = "mps.json"  # in the state folder: whether this deployment started its daemon
 MAX_PIPE_PATH = 90  # the daemon's socket path (pipe folder + its own names) must fit a unix socket's 108 bytes
 READY_S = 10.0
@@ -43,6 +49,21 @@ class Daemon:
         return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
 
 
+def needed(plan: Plan) -> bool:
+    """Whether the plan splits a GPU into MPS shares (instances taking turns with a whole GPU run without MPS)."""
+    return any(plan.device(p.device).kind == "gpu" and not plan.takes_turns(p.device) for _, p in plan.instances())
+
+
+def client(launch: Launch) -> bool:
+    """Whether the instance runs as a client of the deployment's MPS daemon: a GPU instance at a share of it."""
+    return launch.kind == "gpu" and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in launch.env
+
+
+def share_mechanism(launch: Launch) -> str:
+    """How a GPU instance's share is held, as `status` shows it."""
+    return f"MPS {launch.env['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']}%" if client(launch) else "whole GPU in turns, no MPS"
+
+
 def rehearsal(daemon: Daemon) -> str:
     """The command `ensure` runs where no daemon answers on the deployment's pipe folder (for a dry run)."""
     env = " ".join(f"{k}={v}" for k, v in daemon.env.items())
@@ -60,14 +81,15 @@ def control_binary() -> str:
     return found
 
 
-def check_host(gpus: int | None, needed: int, what: str = "this plan") -> None:
-    """Refuse `what` (a GPU plan, a calibration) on a host without the GPUs it names (NVML's count) or without
-    MPS."""
+def check_host(gpus: int | None, count: int, what: str = "this plan", shares: bool = True) -> None:
+    """Refuse `what` (a GPU plan, a calibration) on a host without the `count` GPUs it names (NVML's count) or,
+    where it splits one into `shares`, without MPS."""
     if not gpus:
         raise TritonctlError(f"{what} needs a GPU, and NVML sees no GPU on this host (no driver, or no GPU)")
-    if needed > gpus:
-        raise TritonctlError(f"GPU index {needed - 1} is named; this host has {gpus} GPU(s)")
-    control_binary()
+    if count > gpus:
+        raise TritonctlError(f"GPU index {count - 1} is named; this host has {gpus} GPU(s)")
+    if shares:
+        control_binary()
 
 
 def _ask(daemon: Daemon, command: str, timeout_s: float = 5.0) -> subprocess.CompletedProcess | None:

@@ -37,5 +37,5 @@ def runtime_for(
     if not starts:
         return LocalRuntime(None, loaded.state_dir)
     if loaded.plan.target == "gpu" and not dry_run:  # a dry run rehearses a GPU plan on any host
-        mps.check_host(gpu_count(), 1 + max(d.index for d in loaded.plan.devices))
+        mps.check_host(gpu_count(), 1 + max(d.index for d in loaded.plan.devices), shares=mps.needed(loaded.plan))
     return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)

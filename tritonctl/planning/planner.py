@@ -31,7 +31,7 @@ from tritonctl.planning.plan import (
 from tritonctl.planning.policies import POLICIES, Choice, Demand, PlacementError, Policy, PolicyLimit
 from tritonctl.planning.policies.bda import eager, prompted
 from tritonctl.planning.policies.inss import default_policy_file, load_trained
-from tritonctl.planning.policies.timesharing import turn_service_ms
+from tritonctl.planning.policies.timesharing import turn_service_ms, widest_turns
 from tritonctl.planning.simulate import simulated_misses, with_simulation
 from tritonctl.shares import turn_layout
 from tritonctl.spec import Cluster, DeviceGroup, ModelSpec
@@ -440,10 +440,14 @@ def make_plan(
     except PolicyLimit as exc:
         raise TritonctlError(str(exc), file=cluster.path, field="models") from None
     unserved.update(shed)
-    if batching != "fill" and POLICIES[policy].sharing == "spatial" and choices:
+    if batching != "fill" and (batching == "eager" or POLICIES[policy].sharing == "spatial") and choices:
         if lm is None or energy is not None:
             raise TritonctlError(f"{batching} batching needs a latency model and no energy objective (its own batches)")
-        choices = prompted(choices, demands, lm) if batching == "prompt" else eager(choices)
+        if batching == "prompt":
+            choices = prompted(choices, demands, lm)
+        else:
+            temporal = POLICIES[policy].sharing == "temporal"
+            choices = widest_turns(eager(choices), demands, devices, lm, temporal)
     joules: dict[str, float] = {}
     if energy is not None and choices:
         if lm is None:
@@ -637,9 +641,10 @@ def fewest_devices(
 HEADROOM = 0.85  # a device predicted busier than this has no room for bursts or for what the plan does not count
 
 
-def predicted_load(plan: Plan) -> dict[str, float]:
+def predicted_load(plan: Plan, lm: LatencyModel | None = None) -> dict[str, float]:
     """Per device, the part of it the plan predicts busy: each placement's rate over its predicted capacity,
-    weighted by the part of the device it holds (in turns every placement holds all of it)."""
+    weighted by the part of the device it holds (in turns every placement holds all of it); on a GPU taken in
+    turns, the time its batches' GPU parts hold it (less the host's part, `LatencyModel.host_ms`, with `lm`)."""
     load: dict[str, float] = {}
     in_turns = plan.turn_layout()
     for model in plan.models:
@@ -647,6 +652,10 @@ def predicted_load(plan: Plan) -> dict[str, float]:
             if p.predicted is None or not p.predicted.throughput_rps:
                 continue
             device = plan.device(p.device)
+            if device.kind == "gpu" and plan.takes_turns(device.id):
+                gpu_ms = p.predicted.exec_ms - (lm.host_ms(model.name, p.batch) if lm is not None else 0.0)
+                load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) * max(gpu_ms, 0.0) / (1000 * p.batch)
+                continue
             held = (in_turns[p.instance].share if p.instance in in_turns else p.share) / device.units
             load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) / p.predicted.throughput_rps * held
     return load

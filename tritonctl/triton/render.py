@@ -136,12 +136,16 @@ def launch_for(
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
     rank: int | None = None,
+    whole_gpu: bool = False,
 ) -> Launch:
     """How the instance's process is started. `rank`: the priority rank of an instance taking turns with a CPU
-    (`shares.turn_ranks`), beside its quota."""
+    (`shares.turn_ranks`), beside its quota. `whole_gpu`: it takes turns with the whole GPU, as a process of its
+    own (no MPS: no active thread percentage)."""
     env: dict[str, str] = {}
     quota = period = weight = None
-    if device.kind == "gpu":
+    if device.kind == "gpu" and whole_gpu:
+        env = {"CUDA_VISIBLE_DEVICES": str(device.index)}
+    elif device.kind == "gpu":
         percent = round(100 * placement.share / device.units)
         if not 1 <= percent <= 100:
             raise TritonctlError(
@@ -226,10 +230,11 @@ def render_instance(
     threads: int | None = None,
     gpu_backend: str = "onnxruntime",
     rank: int | None = None,
+    whole_gpu: bool = False,
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device, reject_late, threads, gpu_backend)
-    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend, rank)
+    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend, rank, whole_gpu)
     if not write:
         return launch
     version_dir = folder / "models" / model.name / MODEL_VERSION
@@ -284,6 +289,7 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
             turn.threads if turn and device.kind == "cpu" else None,
             plan.runtime.gpu_backend,
             turn.rank if turn else None,
+            turn is not None and device.kind == "gpu",
         )
 
     reject_late = plan.runtime.reject_late

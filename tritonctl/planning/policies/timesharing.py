@@ -12,7 +12,7 @@ into replicas of equal rate on separate devices.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def schedule(
         return sum(lm.t_inf(d.name, batches[d.name], s) for d, s in zip(group, shares, strict=True)) / slots, batches
     batches = {d.name: 1 for d in group}
     for _ in range(100):
-        cycle = sum(lm.t_inf(d.name, batches[d.name], share) for d in group) / slots
+        cycle = gpu_cycle([(d.name, batches[d.name]) for d in group], share, lm) / slots
         needed = {d.name: max(1, math.ceil(d.rate * cycle / 1000)) for d in group}
         if any(b > MAX_BATCH for b in needed.values()):
             return None
@@ -60,6 +60,63 @@ def schedule(
     if any(cycle + lm.t_inf(d.name, batches[d.name], share) > d.slo_ms for d in group):
         return None
     return cycle, batches
+
+
+def gpu_cycle(members: list[tuple[str, int]], share: int, lm: LatencyModel) -> float:
+    """The duty cycle of (model, batch) members taking turns with a GPU: their batches' GPU parts one after
+    another, each batch's host part (`LatencyModel.host_ms`) beside the others' turns; never shorter than the
+    longest batch alone."""
+    alone = [lm.t_inf(model, batch, share) for model, batch in members]
+    gpu = sum(t - min(lm.host_ms(model, batch), t) for (model, batch), t in zip(members, alone, strict=True))
+    return max(gpu, *alone)
+
+
+def widest_schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
+    """The highest multiple of the group's rates (to 1%) whose duty cycle on `device` still keeps every model at
+    its rate and SLO, and that cycle's batches: the largest batches worth forming; None where 1x has no schedule."""
+    at = {1.0: schedule(group, device, lm)}
+
+    def fits(scale: float) -> bool:
+        if scale not in at:
+            at[scale] = schedule([Demand(d.name, d.slo_ms, d.rate * scale, d.memory_mb) for d in group], device, lm)
+        return at[scale] is not None
+
+    if not fits(1.0):
+        return None
+    low, high = 1.0, 2.0
+    while fits(high) and high < 2**10:
+        low, high = high, 2 * high
+    while high - low > 0.01 * low:
+        middle = (low + high) / 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, at[low][1]
+
+
+def widest_turns(
+    choices: dict[str, list[Choice]], demands: list[Demand], devices: list[Device], lm: LatencyModel, temporal: bool
+) -> dict[str, list[Choice]]:
+    """`choices` with every GPU taken in turns (all devices where `temporal`) served eagerly: each member's batch
+    the largest worth forming (`widest_schedule`), no queue delay, so that Triton's batcher starts a batch as soon as
+    the instance is free and batches grow with the load. Other placements are left as they are."""
+    rates = {d.name: d for d in demands}
+    out = {name: list(cs) for name, cs in choices.items()}
+    for device in (d for d in devices if d.kind == "gpu"):
+        members = [
+            (name, k)
+            for name, cs in choices.items()
+            for k, c in enumerate(cs)
+            if c.device == device.id and (c.turns or temporal)
+        ]
+        group = []
+        for name, k in members:
+            d, weights = rates[name], [c.weight for c in choices[name]]
+            group.append(Demand(name, d.slo_ms, d.rate * weights[k] / sum(weights), d.memory_mb))
+        widest = widest_schedule(group, device, lm) if group else None
+        if widest is None:
+            continue
+        for name, k in members:
+            out[name][k] = replace(out[name][k], batch=widest[1][name], queue_delay_us=0)
+    return out
 
 
 def _keeps_up(d: Demand, share: int, lm: LatencyModel) -> int | None:
@@ -78,8 +135,8 @@ def _fastest(d: Demand, share: int, lm: LatencyModel) -> int:
 def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device, lm: LatencyModel) -> list[float]:
     """How long one batch of each (model, batch, rate, SLO) member, taking turns with `device`, holds its instance.
 
-    A GPU runs the turns one after another: a batch waits for the others' (the duty cycle), so
-    the cycle is what each batch costs. A CPU runs them at once, each on its threads of
+    A GPU runs the turns' GPU parts one after another: a batch waits for the others' (the duty cycle,
+    `gpu_cycle`), so the cycle is what each batch costs. A CPU runs them at once, each on its threads of
     `shares.turn_layout`: a batch takes its time alone on them, stretched while the busy
     instances' threads are more than the cores (`_stretch`), and at least to what the cores
     the others leave it on average allow (`_left`), each other instance busy for the
@@ -90,7 +147,7 @@ def turn_service_ms(members: list[tuple[str, int, float, float]], device: Device
     layout = turn_layout(device, [slo for *_, slo in members])
     alone = [lm.t_inf(model, batch, turn.share) for (model, batch, _, _), turn in zip(members, layout, strict=True)]
     if device.kind != "cpu":
-        return [sum(alone)] * len(members)
+        return [gpu_cycle([(model, batch) for model, batch, _, _ in members], layout[0].share, lm)] * len(members)
     weights = [rank_weight(turn.rank) for turn in layout]
     held = alone
     for _ in range(STRETCH_ROUNDS):
@@ -140,7 +197,11 @@ def turn_outcome(members: list[tuple[Demand, int]], device: Device, lm: LatencyM
     for d, copies in members:
         each = goodputs(d.rate / copies, batches[d.name], held[d.name], d.slo_ms)
         served[d.name], in_turn[d.name] = copies * each[0], copies * each[1]
-    capacity = sum(1000 * batches[d.name] / t for d, t in zip(group, service, strict=True))
+    if device.kind == "gpu":  # what the duty cycle carries at its largest batches, at the rates' proportions
+        widest = widest_schedule(group, device, lm)
+        capacity = widest[0] * sum(d.rate for d in group) if widest else 0.0
+    else:
+        capacity = sum(1000 * batches[d.name] / t for d, t in zip(group, service, strict=True))
     return Turns(served, in_turn, batches, plan[0], capacity)
 
 
