@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from conftest import REPO, make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.controller.decide import ControllerConfig, changed_rates, rebase, rebatch, with_rates
+from tritonctl.controller.loop import Controller
 from tritonctl.controller.metrics import ProxyRates, RateEstimator, parse_metrics, parse_proxy_metrics
 from tritonctl.deploy.local import LocalRuntime, process_alive
 from tritonctl.deploy.state import load_state
@@ -377,3 +379,23 @@ def test_controller_restarts_a_killed_instance_and_a_killed_proxy_and_bounds_its
         ctl.terminate()
         ctl.wait()
         assert main(["down", str(plan)]) == 0
+
+
+def test_rebatch_and_replan_keep_the_plans_batching(planned, tmp_path):
+    """A plan made with `--batching eager` stays eager when the controller re-sizes its batches: BDA's batch as the
+    largest, no queue delay; one made with the default fills its batches."""
+    loaded, lm = planned
+    folder = loaded.path.parent
+    eager_path = tmp_path / "eager.yaml"
+    args = ["plan", str(folder / "cluster.yaml"), "--policy", "bda", "--latency-model", str(folder / "lm.json")]
+    assert main([*args, "--batching", "eager", "-o", str(eager_path)]) == 0
+    eager_plan = load_plan(eager_path).plan
+    assert eager_plan.batching == "eager" and loaded.plan.batching == "fill"
+    filled, _ = rebatch(with_rates(loaded.plan, {"alpha": 150.0}), lm)
+    kept, _ = rebatch(with_rates(eager_plan, {"alpha": 150.0}), lm)
+    assert [p.batch for _, p in kept.instances()] == [p.batch for _, p in filled.instances()]
+    assert any(p.queue_delay_us > 0 for _, p in filled.instances())
+    assert all(p.queue_delay_us == 0 for _, p in kept.instances()) and kept.batching == "eager"
+    controller = SimpleNamespace(state=SimpleNamespace(policy="bda"), lm=lm)  # what the re-plan reads of it
+    replanned = Controller._replan(controller, load_plan(eager_path), {"alpha": 150.0})
+    assert replanned.batching == "eager" and all(p.queue_delay_us == 0 for _, p in replanned.instances())

@@ -11,7 +11,7 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.plan import Plan, relative_to
 from tritonctl.planning.planner import predict
 from tritonctl.planning.policies import Choice, Demand
-from tritonctl.planning.policies.bda import bda, explain, with_batches
+from tritonctl.planning.policies.bda import bda, eager, explain, prompted, with_batches
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ def with_rates(plan: Plan, rates: dict[str, float]) -> Plan:
 def rebatch(plan: Plan, lm: LatencyModel) -> tuple[Plan | None, str]:
     """InSS's first layer: BDA on the plan's placement and shares at its (new) rates.
 
-    Returns the plan with BDA's batches and queue delays, or None and why BDA failed (or why
-    it does not apply: BDA sizes one instance per model).
+    Returns the plan with BDA's batches and queue delays (served as the plan's `batching` says), or None and why
+    BDA failed (or why it does not apply: BDA sizes one instance per model).
     """
     if plan.sharing != "spatial" or plan.turns or any(len(m.placements) != 1 for m in plan.models):
         return None, "BDA sizes one instance per model on shared devices; this plan has replicas or turns"
@@ -89,7 +89,12 @@ def rebatch(plan: Plan, lm: LatencyModel) -> tuple[Plan | None, str]:
     decision = bda(placement, demands, plan.devices, lm)
     if not decision.ok:
         return None, explain(decision)
-    chosen = {name: choices[0] for name, choices in with_batches(placement, decision.batches, demands, lm).items()}
+    sized = with_batches(placement, decision.batches, demands, lm)
+    if plan.batching == "prompt":
+        sized = prompted(sized, demands, lm)
+    elif plan.batching == "eager":
+        sized = eager(sized)
+    chosen = {name: choices[0] for name, choices in sized.items()}
     sized = {name: {"batch": c.batch, "queue_delay_us": c.queue_delay_us} for name, c in chosen.items()}
     models = [
         m.model_copy(update={"placements": [m.placements[0].model_copy(update=sized[m.name])]}) for m in plan.models

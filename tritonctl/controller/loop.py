@@ -171,7 +171,10 @@ class Controller:
         spec_path = current.resolve(current.plan.cluster_file)
         scaled = load_cluster(spec_path).with_rates(lambda m: round(rates.get(m.name, m.rate), 2))
         artifacts = replan_artifacts(current, scaled)
-        return make_plan(scaled, artifacts, self.state.policy, current.path, self.lm, log=lambda _: None)
+        return make_plan(
+            scaled, artifacts, self.state.policy, current.path, self.lm, log=lambda _: None,
+            batching=current.plan.batching,
+        )  # fmt: skip
 
     # -- one tick
     def observe(self) -> tuple[dict[str, float | None], Outage]:

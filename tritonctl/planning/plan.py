@@ -165,6 +165,9 @@ class Plan(_Strict):
     cluster_file: PathText
     policy: Name
     objective: Literal["throughput", "energy"] = "throughput"
+    batching: Literal["fill", "prompt", "eager"] = (
+        "fill"  # how its batches were sized (plan --batching): kept on re-plans
+    )
     target: Literal["gpu", "cpu"]
     sharing: Literal["spatial", "temporal"] = "spatial"
     devices: list[Device] = Field(min_length=1, max_length=1024)

@@ -534,6 +534,7 @@ def make_plan(
         cluster_file=relative_to(cluster.path, base),
         policy=policy,
         objective="throughput" if energy is None else "energy",
+        batching=batching,
         target=cluster.kind,
         sharing=sharing,
         devices=devices,
