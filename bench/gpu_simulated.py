@@ -8,7 +8,9 @@ simulator with the calibrated latency model at the same rates: the plans as appl
 and the hand-written deployment as what it is to the simulator, every model on the whole GPU taking turns with it
 (no MPS), Triton's dynamic batching up to 32 with no queue delay. Per model and scale: p99 measured and simulated,
 the share within the SLO both ways; per deployment the capacity both ways (the highest scale at which every model
-has at least 99% of its requests within its SLO). Simulation only, seeded: nothing is measured again.
+has at least 99% of its requests within its SLO). Then the plans `search` makes of examples/gpu-one on that model
+(`--batching fill` and `eager`), simulated at 1-3x its rates: what a GPU host is to measure next.
+Simulation only, seeded: nothing is measured again.
 """
 
 from __future__ import annotations
@@ -19,15 +21,20 @@ from pathlib import Path
 
 from real_load import HANDWRITTEN_GPU_BATCH, plan_file
 
+from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import Plan, load_plan
+from tritonctl.planning.planner import make_plan
 from tritonctl.planning.simulate import simulate
+from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "bench/results/gpu-calibrated"
 LATENCY_MODEL = REPO / "profiles/inss-gpu/latency-model.714aeecb5682.json"
 SIMULATED_S = 60  # 400 requests/s a model: about 100,000 requests at 1x
 MEETS = 0.99
+CLUSTER = REPO / "examples/gpu-one/cluster.yaml"
+SCALES = (1.0, 1.5, 2.0, 2.5, 3.0)
 
 
 def handwritten(plan: Plan) -> Plan:
@@ -50,6 +57,33 @@ def capacity(rows: list[dict], key: str) -> float:
     """The highest scale with every model at least MEETS within its SLO (by `key`), 0 where none."""
     met = [s for s in sorted({r["scale"] for r in rows}) if all(r[key] >= MEETS for r in rows if r["scale"] == s)]
     return max(met, default=0.0)
+
+
+def planned_now(lm) -> list[str]:
+    """The plans search makes of examples/gpu-one on `lm` (fill and eager batching), simulated at SCALES."""
+    cluster = load_cluster(CLUSTER)
+    artifacts = materialize(cluster, log=lambda _: None)
+    lines = ["", "## search's plans of examples/gpu-one on this model, simulated", ""]
+    for batching in ("fill", "eager"):
+        plan = make_plan(
+            cluster, artifacts, "search", CLUSTER.parent / "plan.yaml", lm, lambda _: None, batching=batching
+        )
+        how = ", ".join(f"{m.name} share {p.share} batch {p.batch}" for m, p in plan.instances())
+        turns = "the whole GPU in turns, no MPS" if plan.takes_turns(plan.devices[0].id) else "MPS shares"
+        lines += [
+            f"`--batching {batching}`: {turns}; {how}",
+            "",
+            "| scale | " + " | ".join(m.name for m in plan.models) + " |",
+        ]
+        lines.append("|---" * (len(plan.models) + 1) + "|")
+        rows = []
+        for scale in SCALES:
+            result = simulate(plan, lm, SIMULATED_S, rate_scale=scale).models
+            rows += [{"scale": scale, "simulated_in_slo": m.good / max(m.arrived, 1)} for m in result]
+            cells = [f"{m.p99_ms:.0f} ms, {100 * m.good / max(m.arrived, 1):.0f}%" for m in result]
+            lines.append(f"| {scale:g}x | " + " | ".join(cells) + " |")
+        lines += ["", f"- capacity {capacity(rows, 'simulated_in_slo'):g}x simulated", ""]
+    return lines
 
 
 def main() -> None:
@@ -93,6 +127,7 @@ def main() -> None:
                 f"{capacity(rows, 'simulated_in_slo'):g}x simulated"
             )
         lines += ["", *summary]
+    lines += planned_now(lm)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -558,3 +558,21 @@ def test_the_whole_gpu_in_turns_served_eagerly_forms_the_largest_batches_its_dut
         result = simulate(plan, calibrated, 30, rate_scale=1.5)
         served = [m.good / m.arrived for m in result.models]
         assert (min(served) >= 0.99) == (plan is eager), served
+
+
+def test_plan_serves_a_gpu_cluster_eagerly_by_default_and_a_cpu_one_by_filling(gpu_one, tmp_path):
+    """Without --batching, a GPU cluster with a latency model is planned eagerly (on the calibrated model: the whole
+    GPU in turns, no queue delay); --batching fill still fills; a GPU cluster without a latency model fills."""
+    cluster = gpu_one[0]
+    calibrated = str(REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json")
+    paths = {name: tmp_path / f"{name}.yaml" for name in ("default", "fill", "none")}
+    assert main(["plan", str(cluster.path), "--latency-model", calibrated, "-o", str(paths["default"])]) == 0
+    assert (
+        main(["plan", str(cluster.path), "--latency-model", calibrated, "--batching", "fill", "-o", str(paths["fill"])])
+        == 0
+    )
+    assert main(["plan", str(cluster.path), "-o", str(paths["none"])]) == 0
+    default, fill, none = (load_plan(p).plan for p in paths.values())
+    assert (default.batching, fill.batching, none.batching) == ("eager", "fill", "fill")
+    assert default.takes_turns("gpu0") and all(p.queue_delay_us == 0 for _, p in default.instances())
+    assert all(p.queue_delay_us > 0 for _, p in fill.instances())

@@ -159,12 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batching",
         choices=["fill", "prompt", "eager"],
-        default="fill",
         help="fill: each instance serves the largest batch that meets its SLO (InSS's BDA), Triton's queue delay "
-        "filling it: the most requests a share serves, each waiting up to the SLO's slack (default); prompt: the "
+        "filling it: the most requests a share serves, each waiting up to the SLO's slack; prompt: the "
         "batch of least predicted p99 that still meets the SLO at 1.5x the rate: answers sooner, less headroom; "
-        "eager: BDA's batch as the largest, no queue delay: batches grow with the load (docs/gpu.md). Needs "
-        "--latency-model",
+        "eager: BDA's batch as the largest (on a GPU taken in turns, the largest its duty cycle keeps), no queue "
+        "delay: batches grow with the load. Default: eager for a GPU cluster with a latency model (what answered "
+        "sooner and carried more there, docs/gpu.md), fill otherwise. Needs --latency-model",
     )
     add_margin(p)
     p = add(

@@ -140,6 +140,10 @@ def cmd_plan(args) -> int:
             "--objective energy and --energy-model go together (tritonctl fit-energy writes an energy model)",
             field="--energy-model",
         )
+    cluster = load_cluster(args.cluster)
+    if args.batching is None:  # measured on a GPU: eager answers sooner and, in turns, carries more (docs/gpu.md)
+        gpu = cluster.kind == "gpu" and args.latency_model and args.objective == "throughput"
+        args.batching = "eager" if gpu else "fill"
     if args.batching != "fill" and (not args.latency_model or args.objective == "energy"):
         raise TritonctlError(
             f"--batching {args.batching} needs a latency model and the throughput objective (energy sizes batches "
@@ -153,7 +157,7 @@ def cmd_plan(args) -> int:
         )
     policy = args.policy or ("search" if args.latency_model else "spread")
     out = _plan(
-        args.cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin,
+        cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin,
         args.minimise, args.energy_model, args.batching,
     )  # fmt: skip
     if output.JSON:
