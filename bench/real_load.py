@@ -9,7 +9,7 @@ Deployments:
   model running onnxruntime on 1 thread, no batching, no quotas (rendered from the same exports);
   for a GPU cluster one instance per model on the whole GPU (no MPS), dynamic batching up to 32;
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
-- best: tritonctl's default plan with the latency model (`search`);
+- best: `search`'s plan with the latency model, its batches filled (`plan --batching fill`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-serveall`
   turns runtime.reject_late off (every request served, however late), `-late` sets it to `always`
   (every request that can only be late refused, overloaded or not), `-equal` lets instances

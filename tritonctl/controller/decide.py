@@ -89,12 +89,12 @@ def rebatch(plan: Plan, lm: LatencyModel) -> tuple[Plan | None, str]:
     decision = bda(placement, demands, plan.devices, lm)
     if not decision.ok:
         return None, explain(decision)
-    sized = with_batches(placement, decision.batches, demands, lm)
+    served = with_batches(placement, decision.batches, demands, lm)
     if plan.batching == "prompt":
-        sized = prompted(sized, demands, lm)
+        served = prompted(served, demands, lm)
     elif plan.batching == "eager":
-        sized = eager(sized)
-    chosen = {name: choices[0] for name, choices in sized.items()}
+        served = eager(served)
+    chosen = {name: choices[0] for name, choices in served.items()}
     sized = {name: {"batch": c.batch, "queue_delay_us": c.queue_delay_us} for name, c in chosen.items()}
     models = [
         m.model_copy(update={"placements": [m.placements[0].model_copy(update=sized[m.name])]}) for m in plan.models

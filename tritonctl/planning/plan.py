@@ -165,9 +165,8 @@ class Plan(_Strict):
     cluster_file: PathText
     policy: Name
     objective: Literal["throughput", "energy"] = "throughput"
-    batching: Literal["fill", "prompt", "eager"] = (
-        "fill"  # how its batches were sized (plan --batching): kept on re-plans
-    )
+    # how its batches were sized (plan --batching): re-plans keep it
+    batching: Literal["fill", "prompt", "eager"] = "fill"
     target: Literal["gpu", "cpu"]
     sharing: Literal["spatial", "temporal"] = "spatial"
     devices: list[Device] = Field(min_length=1, max_length=1024)

@@ -12,9 +12,10 @@ compares the two against perf_analyzer).
 Under spatial sharing each instance has its own executor and the prediction is the one next
 to whichever co-runners on the device are busy when the batch starts. Under temporal sharing
 (the whole plan, or the devices it lists under `turns`) the instances of a device have the
-whole device each. A GPU gives it to one batch at a time: the instances share one executor
-and take turns. A CPU runs every instance's batch at once and the kernel's scheduler shares
-the cores among them: processor sharing, each instance on its threads of `shares.turn_layout`,
+whole device each. A GPU gives it to one batch's GPU part at a time, in the order the batches
+became ready; a batch's host part (`LatencyModel.host_ms`, what calibration measured Triton and
+the glue adding) runs beside the others' (checked against perf_analyzer: bench/gpu_simulated.py).
+A CPU runs every instance's batch at once and the kernel's scheduler shares the cores among them: processor sharing, each instance on its threads of `shares.turn_layout`,
 all at full speed while their threads fit the cores; beyond, the cores go by the instances'
 priority ranks (`shares.turn_ranks`: the tighter SLO first, each rank weighing
 `shares.IDLE_STEP` times the next), or in proportion to the threads where they are not
