@@ -15,14 +15,15 @@ to whichever co-runners on the device are busy when the batch starts. Under temp
 whole device each. A GPU gives it to one batch's GPU part at a time, in the order the batches
 became ready; a batch's host part (`LatencyModel.host_ms`, what calibration measured Triton and
 the glue adding) runs beside the others' (checked against perf_analyzer: bench/gpu_simulated.py).
-A CPU runs every instance's batch at once and the kernel's scheduler shares the cores among them: processor sharing, each instance on its threads of `shares.turn_layout`,
-all at full speed while their threads fit the cores; beyond, the cores go by the instances'
-priority ranks (`shares.turn_ranks`: the tighter SLO first, each rank weighing
-`shares.IDLE_STEP` times the next), or in proportion to the threads where they are not
-ranked. A short batch that starts beside a long one is slowed, not queued behind it; and
-every batch takes the interference of the batches in flight when it starts, as a split
-device's does (the latency model's cache pressure and scheduling terms, `LatencyModel.t_inf`
-`in_turns`; what it changes against perf_analyzer: bench/turn_interference.py).
+A CPU runs every instance's batch at once and the kernel's scheduler shares the cores among
+them: processor sharing, each instance on its threads of `shares.turn_layout`, all at full
+speed while their threads fit the cores; beyond, the cores go by the instances' priority ranks
+(`shares.turn_ranks`: the tighter SLO first, each rank weighing `shares.IDLE_STEP` times the
+next), or in proportion to the threads where they are not ranked. A short batch that starts
+beside a long one is slowed, not queued behind it; and every batch takes the interference of
+the batches in flight when it starts, as a split device's does (the latency model's cache
+pressure and scheduling terms, `LatencyModel.t_inf` `in_turns`; what it changes against
+perf_analyzer: bench/turn_interference.py).
 
 With `drop`, a request that can no longer meet its SLO when its batch forms is dropped
 instead of served (knowing the batch's drawn latency, or under processor sharing its time
