@@ -8,6 +8,7 @@ sweeps here are SYNTHETIC: curves of a known form, not measurements.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -576,3 +577,20 @@ def test_plan_serves_a_gpu_cluster_eagerly_by_default_and_a_cpu_one_by_filling(g
     assert (default.batching, fill.batching, none.batching) == ("eager", "fill", "fill")
     assert default.takes_turns("gpu0") and all(p.queue_delay_us == 0 for _, p in default.instances())
     assert all(p.queue_delay_us > 0 for _, p in fill.instances())
+
+
+def test_a_deployment_whose_gpus_all_take_turns_starts_no_mps_daemon(gpu_one, tmp_path):
+    """`prepare` (what apply runs before any instance starts) asks for the MPS daemon only where a GPU is split: on a
+    host without MPS (this one) the split plan is refused there, the whole-GPU plan is not."""
+    with contextlib.suppress(TritonctlError):
+        pytest.skip(f"this host has MPS ({mps.control_binary()}): prepare would start a daemon")
+    cluster, artifacts, _, split = gpu_one
+    calibrated = load_latency_model(REPO / "profiles" / "inss-gpu" / "latency-model.714aeecb5682.json")
+    path = tmp_path / "turns.yaml"
+    save_plan(make_plan(cluster, artifacts, "time-sharing", path, calibrated, lambda _: None, batching="eager"), path)
+    turns = load_plan(path)
+    binary = _binary(tmp_path / "py", ("python",))
+    with pytest.raises(TritonctlError, match="no MPS control binary"):
+        LocalRuntime(binary, tmp_path / "split-state").prepare(split, write=True)
+    LocalRuntime(binary, tmp_path / "turns-state").prepare(turns, write=True)
+    assert not (tmp_path / "turns-state" / mps.RECORD).exists()
