@@ -1,7 +1,7 @@
 """A GPU latency model carried to real Triton by `tritonctl calibrate`, and the plans made on it, under perf_analyzer.
 
     bash bench/gpu_host.sh gpu_calibrated.py OUT [--calibrated LM] [--scales 0.5 1] [--batching fill eager]
-        [--baseline] [--duration 15] [--budget 540]
+        [--split] [--baseline] [--duration 15] [--budget 540]
 
 The committed GPU profile (profiles/inss-gpu) measured the models' CUDA graphs alone on an H100,
 without Triton. Stages, each timed and logged to OUT/log.txt as it ends; everything else goes
@@ -10,7 +10,8 @@ into OUT/results.tar.gz, rewritten after each stage:
    through real Triton, the running time plus c0 + c1 * batch fitted, two held-out points each
    (skipped with --calibrated: a model calibrated on this kind of GPU before);
 2. bench/real_load.py on the calibrated model: search's plan (`best`; `best-prompt`, `best-eager`
-   served as `plan --batching prompt` or `eager`) and the hand-written deployment (one
+   served as `plan --batching prompt` or `eager`), with --split also BDA's batches on equal MPS shares
+   (`bda`, `bda-prompt`, `bda-eager`), and the hand-written deployment (one
    tritonserver, the whole GPU each, dynamic batching up to 32), loaded by perf_analyzer at each
    scale of the cluster's rates, the plans' predictions beside;
 3. with --baseline, the same for search's plan on the uncalibrated profile, at 1x.
@@ -35,6 +36,9 @@ def options(parser) -> None:
     parser.add_argument("--baseline", action="store_true", help="also search's plan on the uncalibrated profile")
     ways = ["fill", "prompt", "eager"]
     parser.add_argument("--batching", nargs="+", choices=ways, default=["fill"], help="search's plans: --batching")
+    parser.add_argument(
+        "--split", action="store_true", help="also BDA's batches on equal MPS shares (`bda-<batching>`) beside search's"
+    )
 
 
 def main() -> None:
@@ -71,7 +75,8 @@ def main() -> None:
 
     if model is not None:
         best = ["best" if b == "fill" else f"best-{b}" for b in args.batching]
-        run.stage("calibrated", lambda: real_load("calibrated", model, [*best, "handwritten"], args.scales))
+        split = ["bda" if b == "fill" else f"bda-{b}" for b in args.batching] if args.split else []
+        run.stage("calibrated", lambda: real_load("calibrated", model, [*best, *split, "handwritten"], args.scales))
     if args.baseline:
         run.stage("uncalibrated", lambda: real_load("uncalibrated", LATENCY_MODEL, ["best"], ["1"]), min_left_s=90)
     pack()

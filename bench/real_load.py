@@ -10,6 +10,7 @@ Deployments:
   for a GPU cluster one instance per model on the whole GPU (no MPS), dynamic batching up to 32;
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: `search`'s plan with the latency model, its batches filled (`plan --batching fill`);
+- bda: BDA's batches on spread's equal shares (`plan --policy bda`);
 - a suffix `-weight` or `-quota` sets the cluster's runtime.cpu_share for that plan, `-serveall`
   turns runtime.reject_late off (every request served, however late), `-late` sets it to `always`
   (every request that can only be late refused, overloaded or not), `-equal` lets instances
@@ -224,9 +225,9 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
             lm = ablations[option](lm)
     if lm is not None and not {m.name for m in cluster.spec.models} <= set(lm.models):
         lm = None
-    if base == "best" and lm is None:
-        raise SystemExit(f"the best plan needs a latency model of every model of {cluster_path}")
-    policy = "search" if base == "best" else "spread"
+    if base in ("best", "bda") and lm is None:
+        raise SystemExit(f"the {base} plan needs a latency model of every model of {cluster_path}")
+    policy = {"best": "search", "bda": "bda"}.get(base, "spread")
     path = plan_file(out, name, scale)
     with without_queueing() if "noqueue" in options else contextlib.nullcontext():
         batching = next((o for o in options if o in ("prompt", "eager")), "fill")
