@@ -2,15 +2,15 @@
 
     python bench/gpu_simulated.py [--out bench/results/gpu-calibrated/simulated.md]
 
-Each run folder of bench/results/gpu-calibrated holds the plans it applied and what perf_analyzer measured for
-every deployment and rate scale (bench/gpu_calibrated.py on an H200). This replays each deployment in the
-simulator with the calibrated latency model at the same rates: the plans as applied (each model at its MPS share)
-and the hand-written deployment as what it is to the simulator, every model on the whole GPU taking turns with it
-(no MPS), Triton's dynamic batching up to 32 with no queue delay. Per model and scale: p99 measured and simulated,
-the share within the SLO both ways; per deployment the capacity both ways (the highest scale at which every model
-has at least 99% of its requests within its SLO). Then the plans `search` makes of examples/gpu-one on that model
-(`--batching fill` and `eager`), simulated at 1-3x its rates: what a GPU host is to measure next.
-Simulation only, seeded: nothing is measured again.
+Each run folder of bench/results/gpu-calibrated holds the plans it applied and what perf_analyzer measured for every
+deployment and rate scale (bench/gpu_calibrated.py on an H200). This replays each deployment in the simulator with
+the calibrated latency model at the same rates: the plans as applied (each model at its MPS share) and the
+hand-written deployment as what it is to the simulator, every model on the whole GPU taking turns with it (no MPS),
+Triton's dynamic batching up to 32 with no queue delay. Per model and scale: p99 measured and simulated, the share
+within the SLO both ways; per deployment the capacity both ways (the highest scale at which every model has at least
+99% of its requests within its SLO), and what was answered with the host work it took. Then the plans `search` makes
+of examples/gpu-one on that model (`--batching fill` and `eager`), simulated at 1-3x its rates: what a GPU host is
+to measure next. Simulation only, seeded: nothing is measured again.
 """
 
 from __future__ import annotations
@@ -57,6 +57,21 @@ def capacity(rows: list[dict], key: str) -> float:
     """The highest scale with every model at least MEETS within its SLO (by `key`), 0 where none."""
     met = [s for s in sorted({r["scale"] for r in rows}) if all(r[key] >= MEETS for r in rows if r["scale"] == s)]
     return max(met, default=0.0)
+
+
+def host_work(measured: list[dict], lm) -> list[str]:
+    """Per deployment and scale, the requests/s answered over all models, and the calibrated per-image host term
+    (`LatencyModel.host_ms`'s c1) times each model's answered rate, summed: seconds of host work a second."""
+    lines = ["| deployment | scale | answered, all models | per-image host work |", "|---|---|---|---|"]
+    for deployment in dict.fromkeys(r["deployment"] for r in measured):
+        for scale in sorted({r["scale"] for r in measured if r["deployment"] == deployment}):
+            rows = [r for r in measured if (r["deployment"], r["scale"]) == (deployment, scale)]
+            if any(r["ok_rps"] != r["ok_rps"] for r in rows):  # nan: perf_analyzer stopped
+                continue
+            answered = sum(r["ok_rps"] for r in rows)
+            work = sum(r["ok_rps"] * (lm.host_ms(r["model"], 1) - lm.host_ms(r["model"], 0)) for r in rows) / 1000
+            lines.append(f"| {deployment} | {scale:g}x | {answered:,.0f}/s | {work:.2f} s/s |")
+    return lines
 
 
 def planned_now(lm) -> list[str]:
@@ -126,7 +141,7 @@ def main() -> None:
                 f"- {deployment}: capacity {capacity(rows, 'in_slo'):g}x measured, "
                 f"{capacity(rows, 'simulated_in_slo'):g}x simulated"
             )
-        lines += ["", *summary]
+        lines += ["", *summary, "", *host_work(measured, lm)]
     lines += planned_now(lm)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -418,9 +418,6 @@ def simulate(
         inst = instances[i]
         if start >= horizon_ms + inst.slo_ms:  # what is still queued now could only be late: it stays unserved
             continue
-        if inst.executor.free_at > start:  # a turn-mate took the shared executor first: wait for it
-            heapq.heappush(heap, (_next_start(inst), i))
-            continue
         take = _take(inst, start)
         busy = (
             ()

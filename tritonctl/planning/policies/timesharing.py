@@ -71,10 +71,13 @@ def gpu_cycle(members: list[tuple[str, int]], share: int, lm: LatencyModel) -> f
     return max(gpu, *alone)
 
 
-def widest_schedule(group: list[Demand], device: Device, lm: LatencyModel) -> tuple[float, dict[str, int]] | None:
+def widest_schedule(
+    group: list[Demand], device: Device, lm: LatencyModel, at_rates: tuple[float, dict[str, int]] | None = None
+) -> tuple[float, dict[str, int]] | None:
     """The highest multiple of the group's rates (to 1%) whose duty cycle on `device` still keeps every model at
-    its rate and SLO, and that cycle's batches: the largest batches worth forming; None where 1x has no schedule."""
-    at = {1.0: schedule(group, device, lm)}
+    its rate and SLO, and that cycle's batches: the largest batches worth forming; None where 1x has no schedule
+    (`at_rates`: the schedule at 1x where the caller has it)."""
+    at = {1.0: at_rates if at_rates is not None else schedule(group, device, lm)}
 
     def fits(scale: float) -> bool:
         if scale not in at:
@@ -198,8 +201,8 @@ def turn_outcome(members: list[tuple[Demand, int]], device: Device, lm: LatencyM
         each = goodputs(d.rate / copies, batches[d.name], held[d.name], d.slo_ms)
         served[d.name], in_turn[d.name] = copies * each[0], copies * each[1]
     if device.kind == "gpu":  # what the duty cycle carries at its largest batches, at the rates' proportions
-        widest = widest_schedule(group, device, lm)
-        capacity = widest[0] * sum(d.rate for d in group) if widest else 0.0
+        widest = widest_schedule(group, device, lm, plan)
+        capacity = widest[0] * sum(d.rate for d in group)
     else:
         capacity = sum(1000 * batches[d.name] / t for d, t in zip(group, service, strict=True))
     return Turns(served, in_turn, batches, plan[0], capacity)
