@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, make_mlp, mlp_model, write_cluster
+from conftest import REPO, edit, make_mlp, mlp_model, write_cluster
 from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.controller.decide import ControllerConfig, changed_rates, rebase, rebatch, with_rates
@@ -381,9 +381,10 @@ def test_controller_restarts_a_killed_instance_and_a_killed_proxy_and_bounds_its
         assert main(["down", str(plan)]) == 0
 
 
-def test_rebatch_and_replan_keep_the_plans_batching(planned, tmp_path):
+def test_rebatch_and_replan_keep_the_plans_batching_and_threads(planned, tmp_path):
     """A plan made with `--batching eager` stays eager when the controller re-sizes its batches: BDA's batch as the
-    largest, no queue delay; one made with the default fills its batches."""
+    largest, no queue delay; one made with the default fills its batches. A re-plan keeps the plan's turn_threads
+    where the cluster leaves them to the planner."""
     loaded, lm = planned
     folder = loaded.path.parent
     eager_path = tmp_path / "eager.yaml"
@@ -399,3 +400,7 @@ def test_rebatch_and_replan_keep_the_plans_batching(planned, tmp_path):
     controller = SimpleNamespace(state=SimpleNamespace(policy="bda"), lm=lm)  # what the re-plan reads of it
     replanned = Controller._replan(controller, load_plan(eager_path), {"alpha": 150.0})
     assert replanned.batching == "eager" and all(p.queue_delay_us == 0 for _, p in replanned.instances())
+    assert [d.turn_threads for d in replanned.devices] == ["even"]
+    edit(eager_path, lambda plan: plan["devices"][0].update(turn_threads="lightest"))
+    replanned = Controller._replan(controller, load_plan(eager_path), {"alpha": 150.0})
+    assert [d.turn_threads for d in replanned.devices] == ["lightest"]

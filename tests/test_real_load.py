@@ -572,3 +572,36 @@ def test_the_demo_keeps_at_least_a_calibrations_worst_held_out_error_to_spare():
     assert demo_margin({"calibrated": {"held_out_error_after": [0.05, -0.08]}}) == DEMO_MARGIN
     assert demo_margin({"calibrated": {"held_out_error_after": [0.1, -0.264]}}) == pytest.approx(0.264)
     assert demo_margin({"calibrated": {"held_out_error_after": [1.7]}}) == 0.6
+
+
+def test_search_runs_the_loosest_slo_on_every_core_only_where_that_plan_is_predicted_to_serve_more(
+    synthetic_lm, mlp_cluster
+):
+    """SYNTHETIC model, turn_threads left to the planner. Beta (SLO 20 ms, 40/s) misses by prediction as two copies
+    on a thread each; alone on both cores beside alpha's copies it meets it, so that plan is kept, with a note. At
+    rates both plans serve whole (5/s each, SLO 200 ms) the even threads stay. A cluster that sets `turn_threads`
+    is planned as it says."""
+    from tritonctl.export import materialize
+    from tritonctl.latency.model import load_latency_model
+    from tritonctl.planning.planner import simulated_plan
+
+    lm = load_latency_model(synthetic_lm)
+    for slos, rates, threads in (((10, 20), (10, 40), "lightest"), ((20, 200), (5, 5), "even")):
+        edit(
+            mlp_cluster,
+            lambda c, s=slos, r=rates: [m.update(slo_ms=s[k], rate=r[k]) for k, m in enumerate(c["models"])],
+        )
+        cluster = load_cluster(mlp_cluster)
+        assert cluster.spec.devices[0].turn_threads is None
+        artifacts = materialize(cluster, log=lambda _: None)
+        said: list[str] = []
+        plan = simulated_plan(cluster, artifacts, "search", mlp_cluster, lm, log=said.append)
+        assert [d.turn_threads for d in plan.devices] == [threads]
+        chose = [n for n in plan.notes if n.startswith("the one instance of the lowest rank on every core")]
+        assert len(chose) == (threads == "lightest") and all(n in said for n in chose)
+    edit(mlp_cluster, lambda c: [c["devices"][0].update(turn_threads="even")] + [
+        m.update(slo_ms=s, rate=r) for m, s, r in zip(c["models"], (10, 20), (10, 40), strict=True)])  # fmt: skip
+    cluster = load_cluster(mlp_cluster)
+    plan = simulated_plan(cluster, materialize(cluster, log=lambda _: None), "search", mlp_cluster, lm, log=print)
+    assert [d.turn_threads for d in plan.devices] == ["even"]
+    assert "beta" in [m.name for m in plan.models if any(not p.predicted.meets_slo for p in m.placements)]

@@ -88,7 +88,8 @@ class DeviceGroup(_Strict):
     instances each (one at least), or `lightest`, the same but the one instance of the lowest rank under
     `turn_priority: slo` on a thread per core (`shares.turn_layout`): it takes only the cores the higher ranks
     leave, so a long batch of a loose SLO runs on every core while they are idle; they may start a little later
-    when they wake beside it (the kernel's preemption).
+    when they wake beside it (the kernel's preemption). Unset, `plan` with a latency model chooses
+    (`planner.simulated_plan`): `even`, or `lightest` where that plan is predicted to serve more in time.
     """
 
     kind: Literal["gpu", "cpu"]
@@ -101,7 +102,7 @@ class DeviceGroup(_Strict):
     cores: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     reserved_cores: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     turn_priority: Literal["slo", "equal"] = "slo"
-    turn_threads: Literal["even", "lightest"] = "even"
+    turn_threads: Literal["even", "lightest"] | None = None
 
     @model_validator(mode="after")
     def _cores_for_cpu(self) -> DeviceGroup:
@@ -113,7 +114,7 @@ class DeviceGroup(_Strict):
             raise ValueError("`reserved_cores` is for cpu devices only")
         if self.kind == "gpu" and self.turn_priority != "slo":
             raise ValueError("`turn_priority` is for cpu devices only (a GPU's turns run one after another)")
-        if self.kind == "gpu" and self.turn_threads != "even":
+        if self.kind == "gpu" and self.turn_threads not in (None, "even"):
             raise ValueError("`turn_threads` is for cpu devices only")
         if self.turn_threads == "lightest" and self.turn_priority != "slo":
             raise ValueError("`turn_threads: lightest` needs `turn_priority: slo` (the lowest rank goes by its SLO)")
@@ -232,6 +233,21 @@ class Cluster:
         """The same cluster with these runtime settings changed (own ports, state folder ...)."""
         runtime = self.spec.runtime.model_copy(update=changes)
         return Cluster(self.spec.model_copy(update={"runtime": runtime}), self.path)
+
+    def open_turn_threads(self) -> bool:
+        """Whether a CPU device group ranked by SLO leaves `turn_threads` to the planner."""
+        return any(d.kind == "cpu" and d.turn_threads is None and d.turn_priority == "slo" for d in self.spec.devices)
+
+    def with_turn_threads(self, threads: str) -> Cluster:
+        """The same cluster with `turn_threads: threads` on every CPU device group that leaves it unset (`lightest`
+        only where ranked by SLO, the one ranking it means something under)."""
+        devices = [
+            d.model_copy(update={"turn_threads": threads})
+            if d.kind == "cpu" and d.turn_threads is None and (threads != "lightest" or d.turn_priority == "slo")
+            else d
+            for d in self.spec.devices
+        ]
+        return Cluster(self.spec.model_copy(update={"devices": devices}), self.path)
 
     def reserving(self, cores: float = 0.0, part: float = 0.0) -> Cluster:
         """The same cluster with `cores` and `part` of its cores more reserved on every CPU device (validated:

@@ -167,9 +167,12 @@ class Controller:
         return path
 
     def _replan(self, current: LoadedPlan, rates: dict[str, float]) -> Plan:
-        """The second layer: the configured policy on the cluster at the new rates."""
+        """The second layer: the configured policy on the cluster at the new rates, its CPU devices' instances
+        taking turns on the threads the current plan runs them on where the cluster leaves them to the planner."""
         spec_path = current.resolve(current.plan.cluster_file)
+        threads = next((d.turn_threads for d in current.plan.devices if d.kind == "cpu"), "even")
         scaled = load_cluster(spec_path).with_rates(lambda m: round(rates.get(m.name, m.rate), 2))
+        scaled = scaled.with_turn_threads(threads)
         artifacts = replan_artifacts(current, scaled)
         return make_plan(
             scaled, artifacts, self.state.policy, current.path, self.lm, log=lambda _: None,

@@ -39,6 +39,9 @@ from tritonctl.spec import Cluster, DeviceGroup, ModelSpec
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
 RUNTIME_OVERHEAD_MB = 64
 SIMULATED_GAIN = 1e-3  # copies are given up where one instance a model answers this part more within the SLOs
+# `turn_threads: lightest` is chosen where it answers this part of the offered load more within the SLOs in simulation:
+# a margin for the two costs neither the search nor the simulator sees (docs/real-load.md, the lightest on every core)
+LIGHTEST_GAIN = 0.01
 
 
 def replan_artifacts(loaded: LoadedPlan, cluster: Cluster) -> dict[str, Artifact]:
@@ -87,7 +90,7 @@ def device_groups(cluster: Cluster) -> list[tuple[DeviceGroup, list[Device]]]:
                     units=group.usable_units,
                     cores=group.cores * group.usable_units / group.units if group.cores else None,
                     turn_priority=group.turn_priority,
-                    turn_threads=group.turn_threads,
+                    turn_threads=group.turn_threads or "even",
                 )
             )
         groups.append((group, members))
@@ -564,16 +567,85 @@ def simulated_plan(
     log: Callable[[str], None] = print,
     **options,
 ) -> Plan:
-    """`make_plan` (without an energy model) with the plan's simulation (`simulate.with_simulation`). Where
-    `search` runs a model as several copies taking turns with one CPU device, the plan without copies is simulated
-    too, and the copies are kept unless it leaves no more models unserved and answers more requests within their
-    SLOs: the search judges copies by the mean slowdown of the cores' sharing, the simulation also by how the
-    batches in flight slow each other. The plan's notes say when the copies were given up."""
+    """`make_plan` (without an energy model) with the plan's simulation (`simulate.with_simulation`). `search` on
+    a CPU also chooses, by simulation, whether a model runs as copies taking turns with one device (`_copies`), and
+    where the cluster leaves a CPU device's `turn_threads` unset, whether the one instance of its lowest rank runs
+    on every core (`lightest`) or on its even part of them: `lightest` where that plan leaves no more models
+    unserved and answers LIGHTEST_GAIN of the offered load more within the SLOs in simulation, or as many and is
+    predicted to meet every SLO where the other is not. The plan's notes say when it was chosen."""
     if policy != "search" or cluster.kind != "cpu":
         return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
+    if not cluster.open_turn_threads():
+        return _copies(cluster, artifacts, plan_path, lm, log, **options)
     said: list[str] = []  # what the plan kept says, told once it is kept
     try:
-        plan = with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=said.append, **options), lm)
+        plan = _copies(cluster.with_turn_threads("even"), artifacts, plan_path, lm, said.append, **options)
+    except TritonctlError:
+        plan = None
+    said_lightest: list[str] = []
+    try:
+        lightest = _copies(
+            cluster.with_turn_threads("lightest"), artifacts, plan_path, lm, said_lightest.append, **options
+        )
+    except TritonctlError:
+        if plan is None:
+            for line in said:
+                log(line)
+            raise
+        lightest = None
+    why = _lightest_ahead(plan, lightest) if lightest is not None else None
+    if why is not None:
+        plan, said = lightest.model_copy(update={"notes": [*lightest.notes, why]}), [*said_lightest, why]
+    for line in said:
+        log(line)
+    return plan
+
+
+def _lightest_ahead(even: Plan | None, lightest: Plan) -> str | None:
+    """Why the plan with `turn_threads: lightest` is kept over the one with `even` (None where it is not): see
+    `simulated_plan`."""
+    if even is None:
+        return "the one instance of the lowest rank on every core (turn_threads: lightest): the only plan found"
+    if len(lightest.unserved) > len(even.unserved):
+        return None
+    offered = sum(m.rate for m in even.models)
+    theirs, mine = simulated_goodput(even), simulated_goodput(lightest)
+    if mine >= theirs + LIGHTEST_GAIN * offered:
+        return (
+            f"the one instance of the lowest rank on every core (turn_threads: lightest): simulated {mine:.1f} "
+            f"requests/s within the SLOs, against {theirs:.1f} on one thread each"
+        )
+    if mine > theirs - LIGHTEST_GAIN * offered and _predicted_misses(even) and not _predicted_misses(lightest):
+        return (
+            "the one instance of the lowest rank on every core (turn_threads: lightest): every model predicted "
+            f"within its SLO, where on one thread each {', '.join(_predicted_misses(even))} is not"
+        )
+    return None
+
+
+def _predicted_misses(plan: Plan) -> list[str]:
+    """The models a placement of which is predicted to miss its SLO."""
+    return [
+        m.name for m in plan.models if any(p.predicted is not None and not p.predicted.meets_slo for p in m.placements)
+    ]
+
+
+def _copies(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    plan_path: Path,
+    lm: LatencyModel,
+    log: Callable[[str], None],
+    **options,
+) -> Plan:
+    """`search`'s plan with its simulation. Where it runs a model as several copies taking turns with one CPU
+    device, the plan without copies is simulated too, and the copies are kept unless it leaves no more models
+    unserved and answers more requests within their SLOs: the search judges copies by the mean slowdown of the
+    cores' sharing, the simulation also by how the batches in flight slow each other. The plan's notes say when
+    the copies were given up."""
+    said: list[str] = []  # what the plan kept says, told once it is kept
+    try:
+        plan = with_simulation(make_plan(cluster, artifacts, "search", plan_path, lm, log=said.append, **options), lm)
     except TritonctlError:
         for line in said:
             log(line)
@@ -583,7 +655,7 @@ def simulated_plan(
         said_single: list[str] = []
         try:
             single = with_simulation(
-                make_plan(cluster, artifacts, policy, plan_path, lm, log=said_single.append, copies=False, **options),
+                make_plan(cluster, artifacts, "search", plan_path, lm, log=said_single.append, copies=False, **options),
                 lm,
             )
         except TritonctlError:  # it serves no model, or misses where --strict forbids it
