@@ -16,7 +16,8 @@ Deployments:
   (every request that can only be late refused, overloaded or not), `-equal` lets instances
   taking turns with a CPU weigh alike (devices[].turn_priority: equal; by default the tighter SLO
   weighs more), `-lightest` runs the one instance that weighs least on a thread per core
-  (devices[].turn_threads: lightest), `-ni`, `-nowake`,
+  (devices[].turn_threads: lightest) and `-even` every instance on its even part of the cores
+  (`even`; without either, `best` takes the planner's choice), `-ni`, `-nowake`,
   `-linear` or `-noqueue` plans with the latency model less its interference terms, its
   wake-up term, its LWR or the queueing model (latency/ablation.py), `-direct` sends the
   requests straight to the instances' own ports instead of the model ports (HAProxy), `-replan`
@@ -212,10 +213,14 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
     for option in options:
         changes.update({"weight": {"cpu_share": "weight"}, "quota": {"cpu_share": "quota"},
                         "serveall": {"reject_late": False}, "late": {"reject_late": "always"}, "direct": {},
-                        "replan": {}, "noqueue": {}, "equal": {}, "lightest": {}, "prompt": {}, "eager": {},
+                        "replan": {}, "noqueue": {}, "equal": {}, "lightest": {}, "even": {}, "prompt": {}, "eager": {},
                         **dict.fromkeys(ablations, {})}[option])  # fmt: skip
     cluster = cluster.with_runtime(**changes).with_rates(lambda m: m.rate * scale)
-    device_changes = {"equal": {"turn_priority": "equal"}, "lightest": {"turn_threads": "lightest"}}
+    device_changes = {
+        "equal": {"turn_priority": "equal"},
+        "lightest": {"turn_threads": "lightest"},
+        "even": {"turn_threads": "even"},
+    }
     for option in set(options) & set(device_changes):
         devices = [d.model_copy(update=device_changes[option]) for d in cluster.spec.devices]
         cluster = Cluster(cluster.spec.model_copy(update={"devices": devices}), cluster.path)

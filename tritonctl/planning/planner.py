@@ -593,7 +593,8 @@ def simulated_plan(
                 log(line)
             raise
         lightest = None
-    why = _lightest_ahead(plan, lightest) if lightest is not None else None
+    offered = sum(m.rate for m in cluster.spec.models)
+    why = _lightest_ahead(plan, lightest, offered) if lightest is not None else None
     if why is not None:
         plan, said = lightest.model_copy(update={"notes": [*lightest.notes, why]}), [*said_lightest, why]
     for line in said:
@@ -601,14 +602,13 @@ def simulated_plan(
     return plan
 
 
-def _lightest_ahead(even: Plan | None, lightest: Plan) -> str | None:
-    """Why the plan with `turn_threads: lightest` is kept over the one with `even` (None where it is not): see
-    `simulated_plan`."""
+def _lightest_ahead(even: Plan | None, lightest: Plan, offered: float) -> str | None:
+    """Why the plan with `turn_threads: lightest` is kept over the one with `even` (None where it is not), the
+    cluster offering `offered` requests/s: see `simulated_plan`."""
     if even is None:
         return "the one instance of the lowest rank on every core (turn_threads: lightest): the only plan found"
     if len(lightest.unserved) > len(even.unserved):
         return None
-    offered = sum(m.rate for m in even.models)
     theirs, mine = simulated_goodput(even), simulated_goodput(lightest)
     if mine >= theirs + LIGHTEST_GAIN * offered:
         return (
