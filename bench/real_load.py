@@ -221,6 +221,8 @@ def plan_for(name: str, cluster_path: Path, lm_path: Path | None, out: Path, sca
         "lightest": {"turn_threads": "lightest"},
         "even": {"turn_threads": "even"},
     }
+    if {"lightest", "even"} <= set(options):
+        raise SystemExit(f"{name}: -lightest and -even are two settings of the same thing; take one")
     for option in set(options) & set(device_changes):
         devices = [d.model_copy(update=device_changes[option]) for d in cluster.spec.devices]
         cluster = Cluster(cluster.spec.model_copy(update={"devices": devices}), cluster.path)

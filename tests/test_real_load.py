@@ -583,7 +583,7 @@ def test_search_runs_the_loosest_slo_on_every_core_only_where_that_plan_is_predi
     is planned as it says."""
     from tritonctl.export import materialize
     from tritonctl.latency.model import load_latency_model
-    from tritonctl.planning.planner import simulated_plan
+    from tritonctl.planning.planner import LIGHTEST, simulated_plan
 
     lm = load_latency_model(synthetic_lm)
     for slos, rates, threads in (((10, 20), (10, 40), "lightest"), ((20, 200), (5, 5), "even")):
@@ -597,11 +597,31 @@ def test_search_runs_the_loosest_slo_on_every_core_only_where_that_plan_is_predi
         said: list[str] = []
         plan = simulated_plan(cluster, artifacts, "search", mlp_cluster, lm, log=said.append)
         assert [d.turn_threads for d in plan.devices] == [threads]
-        chose = [n for n in plan.notes if n.startswith("the one instance of the lowest rank on every core")]
-        assert len(chose) == (threads == "lightest") and all(n in said for n in chose)
+        chose = [n for n in plan.notes if n.startswith(LIGHTEST)]
+        assert chose == ([f"{LIGHTEST}: every model predicted within its SLO, where with every instance on its even "
+                          "part of the cores beta is not"] if threads == "lightest" else [])  # fmt: skip
+        assert all(n in said for n in chose)
     edit(mlp_cluster, lambda c: [c["devices"][0].update(turn_threads="even")] + [
         m.update(slo_ms=s, rate=r) for m, s, r in zip(c["models"], (10, 20), (10, 40), strict=True)])  # fmt: skip
     cluster = load_cluster(mlp_cluster)
-    plan = simulated_plan(cluster, materialize(cluster, log=lambda _: None), "search", mlp_cluster, lm, log=print)
+    artifacts = materialize(cluster, log=lambda _: None)
+    plan = simulated_plan(cluster, artifacts, "search", mlp_cluster, lm, log=lambda _: None)
     assert [d.turn_threads for d in plan.devices] == ["even"]
     assert "beta" in [m.name for m in plan.models if any(not p.predicted.meets_slo for p in m.placements)]
+
+
+def test_a_replan_keeps_the_threads_chosen_for_the_groups_that_leave_them_to_the_planner(mlp_cluster):
+    """Two CPU groups, the first pinned to `lightest`, the second left open: what the plan chose for the second is
+    what a re-plan keeps, whatever the first says."""
+    from tritonctl.export import materialize
+    from tritonctl.planning.planner import chosen_turn_threads, make_plan
+
+    pinned = {"kind": "cpu", "cores": 2, "memory_mb": 4096, "turn_threads": "lightest"}
+    edit(mlp_cluster, lambda c: c.update(devices=[pinned, {"kind": "cpu", "cores": 2, "memory_mb": 4096}]))
+    cluster = load_cluster(mlp_cluster)
+    plan = make_plan(cluster, materialize(cluster, log=lambda _: None), "spread", mlp_cluster, None, log=lambda _: None)
+    assert [d.turn_threads for d in plan.devices] == ["lightest", "even"]
+    assert chosen_turn_threads(cluster, plan) == "even"
+    devices = [plan.devices[0], plan.devices[1].model_copy(update={"turn_threads": "lightest"})]
+    assert chosen_turn_threads(cluster, plan.model_copy(update={"devices": devices})) == "lightest"
+    assert chosen_turn_threads(load_cluster(mlp_cluster).with_turn_threads("even"), plan) == "even"

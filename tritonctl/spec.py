@@ -88,8 +88,9 @@ class DeviceGroup(_Strict):
     instances each (one at least), or `lightest`, the same but the one instance of the lowest rank under
     `turn_priority: slo` on a thread per core (`shares.turn_layout`): it takes only the cores the higher ranks
     leave, so a long batch of a loose SLO runs on every core while they are idle; they may start a little later
-    when they wake beside it (the kernel's preemption). Unset, `plan` with a latency model chooses
-    (`planner.simulated_plan`): `even`, or `lightest` where that plan is predicted to serve more in time.
+    when they wake beside it (the kernel's preemption). Unset, `plan --policy search` with a latency model chooses
+    one setting for every CPU group that leaves it so (`planner.simulated_plan`): `even`, or `lightest` where that
+    plan is predicted to serve more in time; other plans take `even`.
     """
 
     kind: Literal["gpu", "cpu"]

@@ -568,33 +568,36 @@ def simulated_plan(
     **options,
 ) -> Plan:
     """`make_plan` (without an energy model) with the plan's simulation (`simulate.with_simulation`). `search` on
-    a CPU also chooses, by simulation, whether a model runs as copies taking turns with one device (`_copies`), and
-    where the cluster leaves a CPU device's `turn_threads` unset, whether the one instance of its lowest rank runs
-    on every core (`lightest`) or on its even part of them: `lightest` where that plan leaves no more models
-    unserved and answers LIGHTEST_GAIN of the offered load more within the SLOs in simulation, or as many and is
-    predicted to meet every SLO where the other is not. The plan's notes say when it was chosen."""
+    a CPU cluster also chooses, by simulation, whether a model runs as copies taking turns with one device
+    (`_copies`), and where CPU device groups ranked by SLO leave `turn_threads` unset, one setting for all of them:
+    whether the one instance of a device's lowest rank runs on every core (`lightest`) or on its even part of them
+    (`even`). `lightest` where that plan leaves no more models unserved, is predicted to miss no SLO the other
+    meets, and answers LIGHTEST_GAIN of the offered load more within the SLOs in simulation, or no more than that
+    less and is predicted to meet every SLO where the other is not (or where only it is planned at all). The
+    plan's notes say when it was chosen, and why."""
     if policy != "search" or cluster.kind != "cpu":
         return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
     if not cluster.open_turn_threads():
         return _copies(cluster, artifacts, plan_path, lm, log, **options)
     said: list[str] = []  # what the plan kept says, told once it is kept
+    plan, failed = None, None
     try:
         plan = _copies(cluster.with_turn_threads("even"), artifacts, plan_path, lm, said.append, **options)
-    except TritonctlError:
-        plan = None
+    except TritonctlError as exc:
+        failed = exc
     said_lightest: list[str] = []
     try:
         lightest = _copies(
             cluster.with_turn_threads("lightest"), artifacts, plan_path, lm, said_lightest.append, **options
         )
     except TritonctlError:
-        if plan is None:
+        if failed is not None:
             for line in said:
                 log(line)
-            raise
+            raise failed from None
         lightest = None
     offered = sum(m.rate for m in cluster.spec.models)
-    why = _lightest_ahead(plan, lightest, offered) if lightest is not None else None
+    why = _lightest_ahead(plan, failed, lightest, offered) if lightest is not None else None
     if why is not None:
         plan, said = lightest.model_copy(update={"notes": [*lightest.notes, why]}), [*said_lightest, why]
     for line in said:
@@ -602,25 +605,41 @@ def simulated_plan(
     return plan
 
 
-def _lightest_ahead(even: Plan | None, lightest: Plan, offered: float) -> str | None:
-    """Why the plan with `turn_threads: lightest` is kept over the one with `even` (None where it is not), the
-    cluster offering `offered` requests/s: see `simulated_plan`."""
+LIGHTEST = "the one instance of the lowest rank on every core (turn_threads: lightest)"
+
+
+def _lightest_ahead(even: Plan | None, failed: Exception | None, lightest: Plan, offered: float) -> str | None:
+    """Why the plan with `turn_threads: lightest` is kept over the one with `even` (None where it is not; `failed`:
+    why there is no `even` plan), the cluster offering `offered` requests/s: see `simulated_plan`."""
     if even is None:
-        return "the one instance of the lowest rank on every core (turn_threads: lightest): the only plan found"
-    if len(lightest.unserved) > len(even.unserved):
+        return f"{LIGHTEST}: with turn_threads: even, {failed}"
+    mine, theirs = _predicted_misses(lightest), _predicted_misses(even)
+    if len(lightest.unserved) > len(even.unserved) or not set(mine) <= set(theirs):
         return None
-    theirs, mine = simulated_goodput(even), simulated_goodput(lightest)
-    if mine >= theirs + LIGHTEST_GAIN * offered:
+    served, others = simulated_goodput(lightest), simulated_goodput(even)
+    if served >= others + LIGHTEST_GAIN * offered:
         return (
-            f"the one instance of the lowest rank on every core (turn_threads: lightest): simulated {mine:.1f} "
-            f"requests/s within the SLOs, against {theirs:.1f} on one thread each"
+            f"{LIGHTEST}: simulated {served:.1f} requests/s within the SLOs, against {others:.1f} with every instance "
+            "on its even part of the cores"
         )
-    if mine > theirs - LIGHTEST_GAIN * offered and _predicted_misses(even) and not _predicted_misses(lightest):
+    if served > others - LIGHTEST_GAIN * offered and theirs and not mine:
         return (
-            "the one instance of the lowest rank on every core (turn_threads: lightest): every model predicted "
-            f"within its SLO, where on one thread each {', '.join(_predicted_misses(even))} is not"
+            f"{LIGHTEST}: every model predicted within its SLO, where with every instance on its even part of the "
+            f"cores {', '.join(theirs)} is not"
         )
     return None
+
+
+def chosen_turn_threads(cluster: Cluster, plan: Plan) -> str:
+    """The `turn_threads` a plan of `cluster` runs the CPU device groups on that leave it to the planner (`even`
+    where none does): what a re-plan keeps."""
+    open_ids = {
+        d.id
+        for group, members in device_groups(cluster)
+        if group.kind == "cpu" and group.turn_threads is None and group.turn_priority == "slo"
+        for d in members
+    }
+    return next((d.turn_threads for d in plan.devices if d.id in open_ids), "even")
 
 
 def _predicted_misses(plan: Plan) -> list[str]:
