@@ -42,6 +42,7 @@ SIMULATED_GAIN = 1e-3  # copies are given up where one instance a model answers 
 # `turn_threads: lightest` is chosen where it answers this part of the offered load more within the SLOs in simulation:
 # a margin for the two costs neither the search nor the simulator sees (docs/real-load.md, the lightest on every core)
 LIGHTEST_GAIN = 0.01
+LIGHTEST = "the one instance of the lowest rank on every core (turn_threads: lightest)"  # what its plan's note says
 
 
 def replan_artifacts(loaded: LoadedPlan, cluster: Cluster) -> dict[str, Artifact]:
@@ -603,9 +604,6 @@ def simulated_plan(
     for line in said:
         log(line)
     return plan
-
-
-LIGHTEST = "the one instance of the lowest rank on every core (turn_threads: lightest)"
 
 
 def _lightest_ahead(even: Plan | None, failed: Exception | None, lightest: Plan, offered: float) -> str | None:
