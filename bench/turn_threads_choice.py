@@ -18,7 +18,13 @@ from pathlib import Path
 from tritonctl.cli.demo import demo_margin
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planning.planner import _copies, _predicted_misses, servable_scale, simulated_goodput, simulated_plan
+from tritonctl.planning.planner import (
+    models_predicted_to_miss,
+    search_with_copies,
+    servable_scale,
+    simulated_goodput,
+    simulated_plan,
+)
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,14 +36,14 @@ DEMO_CALIBRATION = REPO / "bench/results/demo-threads/latency-model-calibrated.j
 def row(cluster, artifacts, lm, scale: float) -> str:
     scaled = cluster.with_rates(lambda m: m.rate * scale)
     plans = {
-        t: _copies(scaled.with_turn_threads(t), artifacts, cluster.path, lm, lambda _: None)
+        t: search_with_copies(scaled.with_turn_threads(t), artifacts, cluster.path, lm, lambda _: None)
         for t in ("even", "lightest")
     }
     kept = simulated_plan(scaled, artifacts, "search", cluster.path, lm, log=lambda _: None)
     offered = sum(m.rate for m in scaled.spec.models)
     cells = []
     for p in plans.values():
-        missed = _predicted_misses(p) + [f"{u.name} unserved" for u in p.unserved]
+        missed = models_predicted_to_miss(p) + [f"{u.name} unserved" for u in p.unserved]
         cells.append(f"{simulated_goodput(p):.2f} ({', '.join(missed) or 'none'})")
     return f"| {scale:g} | {offered:.2f} | {' | '.join(cells)} | {kept.devices[0].turn_threads} |"
 

@@ -105,6 +105,12 @@ class DeviceGroup(_Strict):
     turn_priority: Literal["slo", "equal"] = "slo"
     turn_threads: Literal["even", "lightest"] | None = None
 
+    @property
+    def threads_open(self) -> bool:
+        """Whether the group leaves `turn_threads` to the planner: a CPU group ranked by SLO that does not set it
+        (under `turn_priority: equal` there is no lowest rank, and the threads are `even`)."""
+        return self.kind == "cpu" and self.turn_threads is None and self.turn_priority == "slo"
+
     @model_validator(mode="after")
     def _cores_for_cpu(self) -> DeviceGroup:
         if self.kind == "cpu" and self.cores is None:
@@ -236,18 +242,12 @@ class Cluster:
         return Cluster(self.spec.model_copy(update={"runtime": runtime}), self.path)
 
     def open_turn_threads(self) -> bool:
-        """Whether a CPU device group ranked by SLO leaves `turn_threads` to the planner."""
-        return any(d.kind == "cpu" and d.turn_threads is None and d.turn_priority == "slo" for d in self.spec.devices)
+        """Whether a device group leaves `turn_threads` to the planner (`DeviceGroup.threads_open`)."""
+        return any(d.threads_open for d in self.spec.devices)
 
     def with_turn_threads(self, threads: str) -> Cluster:
-        """The same cluster with `turn_threads: threads` on every CPU device group that leaves it unset (`lightest`
-        only where ranked by SLO, the one ranking it means something under)."""
-        devices = [
-            d.model_copy(update={"turn_threads": threads})
-            if d.kind == "cpu" and d.turn_threads is None and (threads != "lightest" or d.turn_priority == "slo")
-            else d
-            for d in self.spec.devices
-        ]
+        """The same cluster with `turn_threads: threads` on every device group that leaves it to the planner."""
+        devices = [d.model_copy(update={"turn_threads": threads}) if d.threads_open else d for d in self.spec.devices]
         return Cluster(self.spec.model_copy(update={"devices": devices}), self.path)
 
     def reserving(self, cores: float = 0.0, part: float = 0.0) -> Cluster:

@@ -570,25 +570,25 @@ def simulated_plan(
 ) -> Plan:
     """`make_plan` (without an energy model) with the plan's simulation (`simulate.with_simulation`). `search` on
     a CPU cluster also chooses, by simulation, whether a model runs as copies taking turns with one device
-    (`_copies`), and where CPU device groups ranked by SLO leave `turn_threads` unset, one setting for all of them:
-    whether the one instance of a device's lowest rank runs on every core (`lightest`) or on its even part of them
-    (`even`). `lightest` where that plan leaves no more models unserved, is predicted to miss no SLO the other
-    meets, and answers LIGHTEST_GAIN of the offered load more within the SLOs in simulation, or no more than that
-    less and is predicted to meet every SLO where the other is not (or where only it is planned at all). The
-    plan's notes say when it was chosen, and why."""
+    (`search_with_copies`), and where device groups leave `turn_threads` to the planner (`DeviceGroup.threads_open`),
+    one setting for all of them: whether the one instance of a device's lowest rank runs on every core
+    (`lightest`) or on its even part of them (`even`). `lightest` where that plan leaves no more models unserved,
+    is predicted to miss no SLO the other meets, and answers LIGHTEST_GAIN of the offered load more within the SLOs
+    in simulation, or no more than that less and is predicted to meet every SLO where the other is not (or where
+    only it is planned at all). The plan's notes say when it was chosen, and why."""
     if policy != "search" or cluster.kind != "cpu":
         return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
     if not cluster.open_turn_threads():
-        return _copies(cluster, artifacts, plan_path, lm, log, **options)
+        return search_with_copies(cluster, artifacts, plan_path, lm, log, **options)
     said: list[str] = []  # what the plan kept says, told once it is kept
     plan, failed = None, None
     try:
-        plan = _copies(cluster.with_turn_threads("even"), artifacts, plan_path, lm, said.append, **options)
+        plan = search_with_copies(cluster.with_turn_threads("even"), artifacts, plan_path, lm, said.append, **options)
     except TritonctlError as exc:
         failed = exc
     said_lightest: list[str] = []
     try:
-        lightest = _copies(
+        lightest = search_with_copies(
             cluster.with_turn_threads("lightest"), artifacts, plan_path, lm, said_lightest.append, **options
         )
     except TritonctlError:
@@ -611,7 +611,7 @@ def _lightest_ahead(even: Plan | None, failed: Exception | None, lightest: Plan,
     why there is no `even` plan), the cluster offering `offered` requests/s: see `simulated_plan`."""
     if even is None:
         return f"{LIGHTEST}: with turn_threads: even, {failed}"
-    mine, theirs = _predicted_misses(lightest), _predicted_misses(even)
+    mine, theirs = models_predicted_to_miss(lightest), models_predicted_to_miss(even)
     if len(lightest.unserved) > len(even.unserved) or not set(mine) <= set(theirs):
         return None
     served, others = simulated_goodput(lightest), simulated_goodput(even)
@@ -631,23 +631,18 @@ def _lightest_ahead(even: Plan | None, failed: Exception | None, lightest: Plan,
 def chosen_turn_threads(cluster: Cluster, plan: Plan) -> str:
     """The `turn_threads` a plan of `cluster` runs the CPU device groups on that leave it to the planner (`even`
     where none does): what a re-plan keeps."""
-    open_ids = {
-        d.id
-        for group, members in device_groups(cluster)
-        if group.kind == "cpu" and group.turn_threads is None and group.turn_priority == "slo"
-        for d in members
-    }
+    open_ids = {d.id for group, members in device_groups(cluster) if group.threads_open for d in members}
     return next((d.turn_threads for d in plan.devices if d.id in open_ids), "even")
 
 
-def _predicted_misses(plan: Plan) -> list[str]:
+def models_predicted_to_miss(plan: Plan) -> list[str]:
     """The models a placement of which is predicted to miss its SLO."""
     return [
         m.name for m in plan.models if any(p.predicted is not None and not p.predicted.meets_slo for p in m.placements)
     ]
 
 
-def _copies(
+def search_with_copies(
     cluster: Cluster,
     artifacts: dict[str, Artifact],
     plan_path: Path,
@@ -765,8 +760,7 @@ def servable_scale(
             plan = simulated_plan(scaled, artifacts, policy, cluster.path.parent / "plan.yaml", lm, log=lambda _: None)
         except TritonctlError:  # no model served at this scale
             return False
-        predicted = not plan.unserved and all(p.predicted is None or p.predicted.meets_slo for _, p in plan.instances())
-        return predicted and not simulated_misses(plan)
+        return not plan.unserved and not models_predicted_to_miss(plan) and not simulated_misses(plan)
 
     failed = steps + 1  # the lowest scale tried that fails (in steps)
     for top in range(steps, 0, -max(1, steps // 4)):
