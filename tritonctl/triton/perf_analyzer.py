@@ -39,8 +39,9 @@ INSTALL_HINT = (
 )
 WINDOWS = 3
 # A time window in which no request was answered stops perf_analyzer ("No valid requests recorded"); a model
-# expecting fewer than this many per window is measured in windows of a request count instead.
-MIN_PER_WINDOW = 5
+# expecting fewer than this many per window is measured in windows of a request count instead. Poisson arrivals
+# leave a window of 12 expected requests empty once in 160,000 (of 5, once in 150: a load that failed now and then).
+MIN_PER_WINDOW = 12
 LIBS = {"libcudart.so.12": "libcudart-*.so.12*", "libb64.so.0d": "libb64-*.so.0d*"}
 
 
