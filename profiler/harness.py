@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 from tritonctl.deploy import mps
 from tritonctl.deploy import share as cgroups
 from tritonctl.deploy.local import LocalRuntime, cpu_seconds, free_port
-from tritonctl.deploy.runtime import InstanceRecord
+from tritonctl.deploy.runtime import InstanceRecord, stop_all
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.dataset import MemoryPoint, RequestCost, WakePoint
 from tritonctl.latency.model import MAX_BATCH
@@ -197,8 +197,7 @@ class Harness:
         return f"{self.host}:{record.backend_port}"
 
     def close(self) -> None:
-        for record in self.pool.values():
-            self.runtime.stop(record)
+        stop_all(self.runtime, self.pool)
         self.pool.clear()
         self.runtime.shutdown()  # HAProxy and the routes `request_cost` gave it
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from tritonctl.deploy.local import port_is_free
-from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError
+from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError, stop_all
 from tritonctl.deploy.state import State, apply_lock, load_state, save_state
 from tritonctl.errors import RolledBack, TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan
@@ -152,9 +152,7 @@ class _Run:
 
     def discard(self, records: list[InstanceRecord]) -> None:
         """Stop instances this apply started and forget them."""
-        for record in records:
-            self.runtime.stop(record)
-            self.state.instances.pop(record.uid, None)
+        stop_all(self.runtime, {r.uid: r for r in records}, lambda uid: self.state.instances.pop(uid, None))
         self.save(self.state)
 
     def start_all(self, steps: list[Step]) -> list[InstanceRecord]:
@@ -249,16 +247,19 @@ class _Run:
         for port, backends in ports.items():
             log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, backends)}")
 
-    def stop_all(self, steps: list[Step]) -> None:
-        for step in steps:
-            if step.action == "stop":
-                record = self.state.instances[step.uid]
-                began = time.monotonic()
-                self.log(f"  stopping {record.uid}: {step.reason} ...")
-                self.runtime.stop(record)
-                del self.state.instances[step.uid]
-                self.save(self.state)
-                self.log(f"  stopped  {record.uid} in {time.monotonic() - began:.1f} s")
+    def stop_steps(self, steps: list[Step]) -> None:
+        """The stop steps, all at once; the state saved as each instance has stopped."""
+        leaving = [step for step in steps if step.action == "stop"]
+        began = time.monotonic()
+        for step in leaving:
+            self.log(f"  stopping {step.uid}: {step.reason} ...")
+
+        def stopped(uid: str) -> None:
+            del self.state.instances[uid]
+            self.save(self.state)
+            self.log(f"  stopped  {uid} in {time.monotonic() - began:.1f} s")
+
+        stop_all(self.runtime, {step.uid: self.state.instances[step.uid] for step in leaving}, stopped)
 
 
 def apply_plan(
@@ -309,7 +310,7 @@ def apply_plan(
             save(state)
             raise
         run.route(steps, log)
-        run.stop_all(steps)
+        run.stop_steps(steps)
         return steps
 
 
@@ -344,12 +345,18 @@ def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print, 
                 log(f"  switch   {runtime.route(host, port, []) if act else f'port {port} -> closed'}")
             except TritonctlError as exc:  # the instances are stopped all the same
                 log(f"  warning: {exc}")
-        for uid in list(state.instances):
+        for uid in state.instances:
             log(f"  stopping {uid}")
-            record = state.instances.pop(uid)
-            if act:
-                runtime.stop(record)
+
+        def stopped(uid: str) -> None:
+            del state.instances[uid]
             save(state)
+
+        if act:
+            stop_all(runtime, dict(state.instances), stopped)
+        else:
+            for uid in list(state.instances):
+                stopped(uid)
         if act:
             runtime.shutdown()
         state.cluster = state.plan = ""

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tritonctl.deploy.proxy import ARRIVAL_HEADER
 from tritonctl.planning.plan import LoadedPlan
@@ -20,6 +21,7 @@ GRPC_CONTROL_HEADER = f"triton-grpc-protocol-{CONTROL_HEADER}"  # Triton prefixe
 # host (model load with file overrides, shared-memory regions, trace and log files). Inference, health,
 # metadata, model configuration and statistics stay open: read-only, and perf_analyzer needs them.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+K = TypeVar("K")
 
 
 class StartError(Exception):
@@ -194,3 +196,18 @@ class Runtime(Protocol):
         """Stop what the runtime runs beside the instances, once none is left (the proxy)."""
 
     def health(self, record: InstanceRecord) -> Health: ...
+
+
+def stop_all(
+    runtime: Runtime, records: Mapping[K, InstanceRecord], stopped: Callable[[K], None] = lambda _: None
+) -> None:
+    """Stop these instances at once, calling `stopped` with each one's key (in this thread) as soon as it has: each
+    drains on its own, and Triton takes a second or two to exit however idle, so they stop in the time of the
+    slowest."""
+    if not records:
+        return
+    with ThreadPoolExecutor(max_workers=len(records)) as pool:
+        futures = {pool.submit(runtime.stop, record): key for key, record in records.items()}
+        for future in as_completed(futures):
+            future.result()
+            stopped(futures[future])
