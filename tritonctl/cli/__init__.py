@@ -179,10 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "calibrate",
         "measure.cmd_calibrate",
-        "carry a latency model profiled on another device to this one: a short measurement through Triton "
-        "(about 40 s a model). CPU: running time x k * batch^gamma * share^delta per model; GPU (a profile of the "
-        "models' CUDA graphs alone): running time + c0 + c1 * batch, what serving them through Triton adds. Its error "
-        "on held-out points printed",
+        "carry a latency model profiled on another device to this one: a short measurement through Triton (under a "
+        "minute a model on 2 cores). CPU: running time x k * batch^gamma * share^delta per model; GPU (a profile of "
+        "the models' CUDA graphs alone): running time + c0 + c1 * batch, what serving them through Triton adds. Its "
+        "error on held-out points printed",
     )
     p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
     p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")
