@@ -4,9 +4,8 @@
 
 Policies on the InSS eight-model, four-device setup (examples/inss-scaled/eight-4.yaml with
 the SCALED latency model): the one-time cost of the queueing tables, BDA per call on the
-spread placement, the goodput of every batch size of one model at once and one by one,
-and each policy's warm planning time (median of 3; a policy that finds no plan for all
-eight models is timed to its failure, as the planner's first attempt). For
+spread placement, and each policy's warm planning time (median of 3; a policy that finds
+no plan for all eight models is timed to its failure, as the planner's first attempt). For
 `inss` (with the trained rl/policies/inss-eight-4.pt) also its online decision alone (`inss.decide`:
 BDA on the current placement, the actor's proposals judged, search's replica moves tried on the one deployed;
 median of 50), and the same without the replica moves.
@@ -26,7 +25,6 @@ from functools import partial
 from pathlib import Path
 
 from tritonctl.latency.model import load_latency_model
-from tritonctl.latency.queueing import goodput, goodput_scan
 from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import demands_of, devices_of
 from tritonctl.planning.policies import POLICIES, PlacementError, PolicyLimit
@@ -61,14 +59,6 @@ def main() -> None:
     for _ in range(calls):
         bda(placement, demands, devices, lm)
     print(f"BDA, eight models: {1000 * (time.perf_counter() - started) / calls:.2f} ms per call")
-    times = lm.t_infs(demands[0].name, devices[0].units // 2)  # a model's every batch size at half a device
-    rate, slo = demands[0].rate, demands[0].slo_ms
-    scan = statistics.median(timed(lambda: goodput_scan(rate, times, slo)) for _ in range(200))
-    one = statistics.median(
-        timed(lambda: [goodput(rate, b, t, slo) for b, t in enumerate(times, 1)]) for _ in range(50)
-    )
-    print(f"goodput of {len(times)} batch sizes (a model served in part): {1000 * scan:.0f} us at once, "
-          f"{1000 * one:.0f} us one by one")  # fmt: skip
     name = cluster.spec.name
     trained = load_trained(default_policy_file(name), name, [d.name for d in demands], devices)
     for name, info in POLICIES.items():

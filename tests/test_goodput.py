@@ -13,7 +13,7 @@ from test_simulate import plan_of
 from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
-from tritonctl.latency.queueing import goodput, goodput_scan, in_slo, sample_latencies
+from tritonctl.latency.queueing import goodput, in_slo, sample_latencies
 from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor
 from tritonctl.planning.planner import demands_of, devices_of, place
 from tritonctl.planning.policies import POLICIES, Choice, Demand
@@ -48,18 +48,6 @@ def test_goodput_below_and_above_saturation():
     # overloaded (200 > 4 / 20 ms = 200/s... at 300/s): full batches back to back, the rest rejected
     assert goodput(300, 4, 20, 1000) == pytest.approx(0.95 * 200)
     assert goodput(300, 4, 20, 30) == pytest.approx(0.95 * 200 * 0.5)  # a request may wait half a batch
-
-
-def test_a_scan_over_every_batch_size_gives_each_goodput_exactly():
-    """`goodput_scan` (what search reads for a model served in part) is `goodput` batch by batch, to the bit:
-    nearly idle and nearly saturated batches (sampled, not tabled), overloaded ones, batches slower than the SLO
-    and a model without requests included."""
-    times = 6.0 * np.arange(1, 33) ** 0.8
-    for rate, slo in ((0.0, 100), (0.05, 200), (40, 60), (170, 90), (400, 500), (1e4, 900)):
-        scan = goodput_scan(rate, times, slo)
-        assert scan.tolist() == [goodput(rate, b, t, slo) for b, t in enumerate(times.tolist(), start=1)]
-    near_full = 1000.0 * np.arange(1, 9) / 50 * 0.999  # rho 0.999 at 50 requests/s: beyond the table's last load
-    assert goodput_scan(50, near_full, 1e4).tolist() == [goodput(50, b, t, 1e4) for b, t in enumerate(near_full, 1)]
 
 
 def test_search_serves_an_overloaded_model_in_part_and_says_so(lm):

@@ -187,55 +187,6 @@ def in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
     return float(np.interp(slo_ms, ladder, LEVELS, left=0.0, right=1.0))
 
 
-@functools.lru_cache(maxsize=4)
-def _quantile_rows(max_batch: int) -> np.ndarray:
-    """The quantile ladders of `_table` for batches 1..max_batch: (batch, load, level)."""
-    return np.stack([_table(b)[2] for b in range(1, max_batch + 1)])
-
-
-def _levels_at(x: float, ladders: np.ndarray) -> np.ndarray:
-    """`np.interp(x, ladder, LEVELS, left=0.0, right=1.0)` for every row of `ladders` (each nondecreasing) at once:
-    the same values."""
-    j = (ladders <= x).sum(axis=1) - 1  # the last rung at or below x
-    out = np.where(j < 0, 0.0, 1.0)  # below the ladder, or at or above its top
-    k = np.flatnonzero((j >= 0) & (j < len(LEVELS) - 1))
-    if k.size:
-        jk = j[k]
-        low, high = ladders[k, jk], ladders[k, jk + 1]
-        slope = (LEVELS[jk + 1] - LEVELS[jk]) / (high - low)
-        out[k] = np.where(low == x, LEVELS[jk], slope * (x - low) + LEVELS[jk])
-    return out
-
-
-def goodput_scan(rate: float, t_inf_ms: np.ndarray, slo_ms: float) -> np.ndarray:
-    """`goodput` of batches 1, 2 ... len(t_inf_ms) at once, batch b taking t_inf_ms[b - 1]: the same values, for a
-    scan over batch sizes."""
-    n = len(t_inf_ms)
-    batch = np.arange(1, n + 1)
-    share = np.zeros(n)
-    if rate <= 0:
-        share = np.where(t_inf_ms <= slo_ms, 1.0, 0.0)
-    else:
-        rho = rate * t_inf_ms / (1000.0 * batch)
-        live = rho < 1
-        if not _QUEUEING.get():
-            share = np.where(live & (t_inf_ms <= slo_ms), 1.0, 0.0)
-        else:
-            tabled = np.flatnonzero(live & (rho >= _LOADS[0]) & (rho <= _LOADS[-1]))
-            if tabled.size:
-                r = rho[tabled]
-                i = np.minimum(np.searchsorted(_LOADS, r, side="right") - 1, len(_LOADS) - 2)
-                w = ((r - _LOADS[i]) / (_LOADS[i + 1] - _LOADS[i]))[:, None]
-                rows = _quantile_rows(n)
-                ladders = ((1 - w) * rows[tabled, i] + w * rows[tabled, i + 1]) * (t_inf_ms[tabled] / r)[:, None]
-                share[tabled] = _levels_at(slo_ms, ladders)
-            for k in np.flatnonzero(live & ((rho < _LOADS[0]) | (rho > _LOADS[-1]))):  # sampled, as `in_slo` does
-                share[k] = float((sample_latencies(rate, int(k + 1), float(t_inf_ms[k])) <= slo_ms).mean())
-    capacity = 1000.0 * batch / t_inf_ms
-    rejecting = (1 - OVERLOAD_LOSS) * np.minimum(rate, capacity) * np.minimum(1.0, (slo_ms - t_inf_ms) / t_inf_ms)
-    return np.where(t_inf_ms > slo_ms, 0.0, np.maximum(rate * share, rejecting))
-
-
 def goodput(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
     """Requests per second served within `slo_ms` by one instance at `rate`, batch `batch`, t_inf `t_inf_ms`
     (see `goodputs`)."""

@@ -50,10 +50,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-import numpy as np
-
 from tritonctl.latency.model import LatencyModel
-from tritonctl.latency.queueing import goodput_scan, goodputs
+from tritonctl.latency.queueing import goodput, goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.bda import Scans, batch_checks, bda, corunners, with_batches
@@ -357,12 +355,10 @@ def _partial(
         others = corunners(name, placement, out)
         key = (name, demand.rate, placement[name].share, others)  # the same device layout recurs across placements
         if key not in memo:
-            times = []  # memory grows with the batch: the sizes up to the first that breaks it
-            for _, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
+            for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
                 if broken == "memory":
-                    break
-                times.append(exec_ms)
-            for b, g in enumerate(goodput_scan(demand.rate, np.array(times), demand.slo_ms).tolist(), start=1):
+                    break  # memory grows with the batch
+                g = goodput(demand.rate, b, exec_ms, demand.slo_ms)
                 if g > best[0] + 1e-3:
                     best = (g, b)
             memo[key] = best[1]
