@@ -202,8 +202,7 @@ def stop_all(
     runtime: Runtime, records: Mapping[K, InstanceRecord], stopped: Callable[[K], None] = lambda _: None
 ) -> None:
     """Stop these instances at once, calling `stopped` with each one's key (in this thread) as soon as it has: each
-    drains on its own, and Triton takes a second or two to exit however idle, so they stop in the time of the
-    slowest."""
+    drains on its own, and a Triton takes seconds to exit even idle, so they stop in the time of the slowest."""
     if not records:
         return
     with ThreadPoolExecutor(max_workers=len(records)) as pool:
