@@ -354,11 +354,10 @@ def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print, 
 
         if act:
             stop_all(runtime, dict(state.instances), stopped)
+            runtime.shutdown()
         else:
             for uid in list(state.instances):
                 stopped(uid)
-        if act:
-            runtime.shutdown()
         state.cluster = state.plan = ""
         save(state)
         return count
