@@ -24,6 +24,7 @@ from tritonctl.cli import main
 from tritonctl.deploy import share
 from tritonctl.deploy.local import LocalRuntime, proc_stat_fields, process_alive
 from tritonctl.deploy.proxy import ARRIVAL_HEADER
+from tritonctl.deploy.runtime import InstanceRecord, stop_all
 from tritonctl.deploy.state import apply_lock, load_state
 from tritonctl.files import sha256_file
 from tritonctl.planning.plan import load_plan
@@ -440,3 +441,29 @@ def test_shutdown_kills_a_proxy_that_ignores_sigterm(tmp_path):
     LocalRuntime(None, tmp_path).shutdown()
     assert stubborn.wait(timeout=2) == -signal.SIGKILL and 5 <= time.monotonic() - started < 7
     assert not (tmp_path / "haproxy.json").exists()
+
+
+def test_instances_stop_all_at_once_each_reported_in_the_callers_thread(tmp_path):
+    """`stop_all` (down, apply's stop steps, the profiler's pool): three processes that each take a second to exit
+    after SIGTERM, as Triton drains, stop in about one second, not three; each key is reported once, in this thread."""
+    slow = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0))); "
+        "print('up', flush=True); time.sleep(60)"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", slow], stdout=subprocess.PIPE) for _ in range(3)]
+    records = {}
+    for k, proc in enumerate(procs):
+        assert proc.stdout.readline().strip() == b"up"
+        ticks = int(proc_stat_fields(proc.pid)[19])
+        records[f"slow-{k}"] = InstanceRecord(
+            uid=f"slow-{k}", instance="slow", model="slow", device="cpu0", share=1, units=1, config_hash="",
+            host="127.0.0.1", grpc_port=0, http_port=0, metrics_port=0, pid=proc.pid, start_ticks=ticks,
+            folder=str(tmp_path), log="", share_mechanism="none",
+        )  # fmt: skip
+    reported = []
+    started = time.monotonic()
+    stop_all(LocalRuntime(None, tmp_path), records, lambda key: reported.append((key, threading.current_thread())))
+    assert time.monotonic() - started < 2.5
+    assert sorted(key for key, _ in reported) == sorted(records)
+    assert {thread for _, thread in reported} == {threading.current_thread()}
+    assert [proc.wait(timeout=1) for proc in procs] == [0, 0, 0]

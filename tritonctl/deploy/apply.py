@@ -355,9 +355,8 @@ def down(state_dir: Path, runtime: Runtime, log: Callable[[str], None] = print, 
         if act:
             stop_all(runtime, dict(state.instances), stopped)
             runtime.shutdown()
-        else:
-            for uid in list(state.instances):
-                stopped(uid)
+        else:  # a dry run: nothing is saved
+            state.instances.clear()
         state.cluster = state.plan = ""
         save(state)
         return count

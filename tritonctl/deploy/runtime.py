@@ -21,7 +21,6 @@ GRPC_CONTROL_HEADER = f"triton-grpc-protocol-{CONTROL_HEADER}"  # Triton prefixe
 # host (model load with file overrides, shared-memory regions, trace and log files). Inference, health,
 # metadata, model configuration and statistics stay open: read-only, and perf_analyzer needs them.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
-K = TypeVar("K")
 
 
 class StartError(Exception):
@@ -196,6 +195,9 @@ class Runtime(Protocol):
         """Stop what the runtime runs beside the instances, once none is left (the proxy)."""
 
     def health(self, record: InstanceRecord) -> Health: ...
+
+
+K = TypeVar("K")
 
 
 def stop_all(
