@@ -565,13 +565,32 @@ def test_a_calibration_says_how_far_apart_the_rounds_of_one_point_were():
     assert round_spread(points) == (0.05, 0.16)
 
 
-def test_the_demo_keeps_at_least_a_calibrations_worst_held_out_error_to_spare():
+def test_the_demo_keeps_a_calibrations_worst_held_out_error_and_half_its_rounds_spread_to_spare():
     from tritonctl.cli.demo import DEMO_MARGIN, demo_margin
 
-    assert demo_margin({}) == DEMO_MARGIN
-    assert demo_margin({"calibrated": {"held_out_error_after": [0.05, -0.08]}}) == DEMO_MARGIN
+    assert demo_margin({}) == pytest.approx(DEMO_MARGIN)
+    assert demo_margin({"calibrated": {"held_out_error_after": [0.05, -0.08]}}) == pytest.approx(DEMO_MARGIN)
     assert demo_margin({"calibrated": {"held_out_error_after": [0.1, -0.264]}}) == pytest.approx(0.264)
     assert demo_margin({"calibrated": {"held_out_error_after": [1.7]}}) == 0.6
+    # rounds 2%, 10% and 40% apart: the median point's 10%, half of it on top of the error
+    moving = {"held_out_error_after": [0.2], "round_spread": [0.4, 0.02, 0.1]}
+    assert demo_margin({"calibrated": moving}) == pytest.approx(1.2 * 1.05 - 1)
+    assert demo_margin({"calibrated": {**moving, "held_out_error_after": [0.01]}}) == pytest.approx(1.15 * 1.05 - 1)
+
+
+def test_the_demo_plans_with_nothing_to_spare_where_no_scale_keeps_its_margin(
+    synthetic_lm, mlp_cluster, monkeypatch, capsys
+):
+    """SYNTHETIC model. At 1200 requests/s a model, 0.05 x is served within the SLOs by the model as it predicts but
+    by none of the scales with 30% to spare: the demo plans 0.05 x, not predicted to miss, and says so."""
+    from tritonctl.cli import demo
+
+    monkeypatch.setattr(demo, "demo_margin", lambda meta: 0.3)
+    cluster = load_cluster(mlp_cluster).with_rates(lambda m: 1200.0)
+    scaled, misses = demo._demo_rates(cluster, str(synthetic_lm), "search")
+    assert [m.rate for m in scaled.spec.models] == pytest.approx([60.0, 60.0]) and not misses
+    out = capsys.readouterr().out
+    assert "with 30% to spare" in out and "nothing to spare at 0.05 x: planning for 0.05 x" in out
 
 
 def test_search_runs_the_loosest_slo_on_every_core_only_where_that_plan_is_predicted_to_serve_more(
