@@ -128,18 +128,6 @@ def load_model(url: str, model: str, timeout_s: float, key: str) -> str | None:
         return f"no answer from {url}: {exc}"
 
 
-def put_json(url: str, body: dict, timeout_s: float) -> tuple[bool, str]:
-    """PUT `body` as JSON: whether it was answered with success, and the answer's body (or the error)."""
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return True, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return False, exc.read().decode(errors="replace") or str(exc)
-    except (urllib.error.URLError, OSError) as exc:
-        return False, str(exc)
-
-
 def route_summary(port: int, backends: list[str], done: dict) -> str:
     """One line on a route the proxy took (`done`: servers drained, and cut off at the drain timeout)."""
     moved = f", drained {done['drained']} server(s)" if done.get("drained") else ""
