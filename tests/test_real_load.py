@@ -100,6 +100,35 @@ def test_the_own_client_reports_as_json(served, capsys):
     assert all(m["ok"] == m["sent"] > 40 and m["failed"] == 0 and m["p99_ms"] > 0 for m in models)
 
 
+def test_load_prints_the_plans_simulated_p99_beside_the_measured_one():
+    from tritonctl.triton.client import LoadResult, format_results
+
+    alpha, beta = LoadResult("alpha", 100.0, 10.0), LoadResult("beta", 100.0, 10.0)
+    for r in (alpha, beta):
+        r.latencies_ms += [20.0] * 100
+        r.sent_at_s += [0.0] * 100
+    plain = format_results([alpha, beta])
+    assert "sim p99" not in plain and all(len(line.split()) == 11 for line in plain.splitlines()[2:])
+    rows = {line.split()[0]: line.split() for line in format_results([alpha, beta], {"alpha": 16.0}).splitlines()}
+    assert rows["alpha"][-2:] == ["16.0", "+25%"] and rows["beta"][-2:] == ["-", "-"]
+
+
+@pytest.mark.triton
+def test_the_plans_simulated_p99_comes_with_a_load_at_its_rates_only(served, capsys):
+    import json
+
+    simulated = served.parent / "plan-simulated.yaml"  # beside the plan: its relative paths hold
+    simulated.write_text(served.read_text())
+    edit(simulated, lambda plan: plan["models"][0].update(simulated_p99_ms=4.0))
+    rc, out, _ = run_cli(capsys, "load", str(simulated), "--duration", "1")
+    alpha = next(line.split() for line in out.splitlines() if line.startswith("alpha"))
+    assert rc == 0 and alpha[-2] == "4.0" and alpha[-1].endswith("%") and "sim p99:" in out
+    rc, out, _ = run_cli(capsys, "load", str(simulated), "--duration", "1", "--rate-scale", "0.5")
+    assert rc == 0 and "sim p99" not in out
+    rc, out, _ = run_cli(capsys, "load", str(simulated), "--duration", "1", "--format", "json")
+    assert [m["simulated_p99_ms"] for m in json.loads(out)["models"]] == [4.0, None]
+
+
 @pytest.mark.triton
 def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served, capsys, monkeypatch):
     before = {uid: rec.pid for uid, rec in load_state(load_plan(served).state_dir).instances.items()}

@@ -374,7 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="load generator: tritonctl's own client (default) or NVIDIA perf_analyzer, one process per model",
     )
     p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
-    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
+    p.add_argument(
+        "--rate-scale",
+        type=_positive,
+        default=1.0,
+        help="multiply every model's rate (default 1: the planned rates, where the plan's simulated p99 is printed "
+        "beside the measured one)",
+    )
     p = add("demo", "demo.cmd_demo", "plan, apply and load the CPU demo cluster end to end")
     p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")
     p.add_argument("--policy", default="search", help="placement policy (default search, tritonctl's best here)")

@@ -286,13 +286,16 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
     after = energy_mj(gpus) if before is not None else None
     answered = sum(r.ok for r in results)
     joules = None if after is None else (after - before) / 1000
+    # the plan's simulation speaks for its own rates only
+    simulated = {m.name: m.simulated_p99_ms for m in loaded.plan.models if m.simulated_p99_ms and rate_scale == 1}
     if output.JSON:
         energy = (
             {} if joules is None else {"gpu_joules": round(joules, 2), "joules_per_request": joules / max(answered, 1)}
         )
-        emit({"tool": tool, "rate_scale": rate_scale, "models": [r.summary() for r in results], **energy})
+        models = [{**r.summary(), "simulated_p99_ms": simulated.get(r.model)} for r in results]
+        emit({"tool": tool, "rate_scale": rate_scale, "models": models, **energy})
     else:
-        say(format_results(results))
+        say(format_results(results, simulated))
         for r in results:
             if r.errors:
                 say(f"  {r.model}: first error: {r.errors[0]}")

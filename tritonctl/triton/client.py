@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,18 +200,26 @@ def run_load(targets: list[Endpoint], duration_s: float, rate_scale: float = 1.0
     return results
 
 
-def format_results(results: list[LoadResult]) -> str:
+def format_results(results: list[LoadResult], simulated: Mapping[str, float] | None = None) -> str:
     """One line per model: offered and achieved rate, latency percentiles, share within the SLO, failures
-    (errors and requests never answered)."""
+    (errors and requests never answered). With `simulated` (the plan's simulated p99 per model, at the rates
+    loaded), that p99 beside the measured one and how far the measured one is off it."""
     head = (
         f"{'model':18} {'sent':>6} {'ok':>6} {'failed':>6} {'offered/s':>9} {'ok/s':>7} {'p50 ms':>8} "
         f"{'p95 ms':>8} {'p99 ms':>8} {'SLO ms':>7} {'in SLO':>7}"
-    )
+    ) + (f" {'sim p99':>8} {'off':>6}" if simulated else "")
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(
+        p99 = r.percentile(99)
+        line = (
             f"{r.model:18} {r.sent:6d} {r.ok:6d} {r.sent - r.ok:6d} {r.sent / r.duration_s:9.1f} "
-            f"{r.throughput:7.1f} {r.percentile(50):8.1f} {r.percentile(95):8.1f} {r.percentile(99):8.1f} "
+            f"{r.throughput:7.1f} {r.percentile(50):8.1f} {r.percentile(95):8.1f} {p99:8.1f} "
             f"{r.slo_ms:7.0f} {100 * r.within_slo:6.1f}%"
         )
+        if simulated:
+            sim = simulated.get(r.model)
+            line += f" {sim:8.1f} {100 * (p99 / sim - 1):+5.0f}%" if sim and p99 == p99 else f" {'-':>8} {'-':>6}"
+        lines.append(line)
+    if simulated:
+        lines.append("sim p99: the plan's simulated p99 at these rates; off: the measured p99 against it")
     return "\n".join(lines)
