@@ -286,8 +286,9 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
     after = energy_mj(gpus) if before is not None else None
     answered = sum(r.ok for r in results)
     joules = None if after is None else (after - before) / 1000
-    # the plan's simulation speaks for its own rates only
-    simulated = {m.name: m.simulated_p99_ms for m in loaded.plan.models if m.simulated_p99_ms and rate_scale == 1}
+    simulated = {}  # the plan's simulated p99s speak for its own rates only
+    if rate_scale == 1:
+        simulated = {m.name: m.simulated_p99_ms for m in loaded.plan.models if m.simulated_p99_ms}
     if output.JSON:
         energy = (
             {} if joules is None else {"gpu_joules": round(joules, 2), "joules_per_request": joules / max(answered, 1)}
