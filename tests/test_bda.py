@@ -97,6 +97,17 @@ def test_a_latency_margin_leaves_headroom_for_slower_batches(lm):
         lm.with_margin(1.5)
 
 
+def test_batch_times_kept_for_a_layout_serve_every_margin_as_computed_for_it(lm):
+    """`t_infs` keeps a layout's batch times before the margin, shared by the model's copies with a margin: each
+    copy still answers what it predicts batch by batch."""
+    beside = (("beta", 40, 4),)
+    lm.t_infs("alpha", 60, beside)  # kept, without a margin
+    for model in (lm, lm.with_margin(0.1), lm.with_margin(0.25)):
+        scan = model.t_infs("alpha", 60, beside).tolist()
+        assert scan == [model.t_inf("alpha", b, 60, beside) for b in range(1, MAX_BATCH + 1)]
+    assert lm.with_margin(0.1).t_infs("alpha", 60, beside)[0] > lm.t_infs("alpha", 60, beside)[0]
+
+
 def test_a_scan_over_every_batch_size_says_what_each_single_check_says(lm):
     """`batch_checks` reads every batch size at once (`t_infs`, `p99s`); the answers must be the one-by-one ones,
     nearly idle, overloaded and out-of-memory batches included."""

@@ -11,6 +11,7 @@ import pytest
 from test_simulate import plan_of
 
 from synthetic import synthetic_dataset
+from tritonctl.latency import queueing
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import goodput, in_slo, sample_latencies
@@ -40,6 +41,22 @@ def test_in_slo_matches_the_sampled_distribution(rate, batch, slo):
     t = 10.0 * batch / 1.2  # batch time: load rate * t / b between 0.25 and 0.8
     sampled = float((sample_latencies(rate, batch, t) <= slo).mean())
     assert in_slo(rate, batch, t, slo) == pytest.approx(sampled, abs=0.03)
+
+
+def test_in_slo_reads_the_quantile_ladder_as_np_interp_reads_it():
+    """`in_slo` reads its table in Python floats, a few rungs of the ladder; the answers must be np.interp's on
+    the whole ladder, to the last bit, SLOs that fall exactly on a rung included."""
+    rng = np.random.default_rng(3)
+    loads = queueing._LOADS
+    for _ in range(1500):
+        batch, t, load = int(rng.integers(1, 33)), float(rng.uniform(1, 200)), float(rng.uniform(0.002, 0.99))
+        rate = load * 1000 * batch / t
+        rho = rate * t / (1000 * batch)
+        i = min(int(np.searchsorted(loads, rho, side="right")) - 1, len(loads) - 2)
+        w, quantiles = (rho - loads[i]) / (loads[i + 1] - loads[i]), queueing._table(batch)[2]
+        ladder = ((1 - w) * quantiles[i] + w * quantiles[i + 1]) * (t / rho)
+        for slo in (float(rng.uniform(0.5, 3) * ladder[-1]), float(ladder[int(rng.integers(0, len(ladder)))]), t):
+            assert in_slo(rate, batch, t, slo) == float(np.interp(slo, ladder, queueing.LEVELS, left=0.0, right=1.0))
 
 
 def test_goodput_below_and_above_saturation():

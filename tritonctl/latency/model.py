@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 FORMAT = "tritonctl-latency-model"
 VERSION = 1
+_BATCHES = np.arange(1, MAX_BATCH + 1)
+T_INFS_KEPT = 50_000  # `t_infs` scans a model keeps (about 300 bytes each) before it starts afresh
 
 
 @dataclass
@@ -132,6 +134,8 @@ class LatencyModel:
         self.meta = meta
         self._lwr = {name: self._make_lwr(p) for name, p in models.items()}
         self._table = {name: self._build_table(name) for name in models}
+        self._columns = {name: np.array(rows[1:]) for name, rows in self._table.items()}  # [batch - 1, share]
+        self._t_infs: dict[tuple, np.ndarray] = {}  # `t_infs` by the InSS formula before the margin, see there
         self._contention: dict[tuple[int, tuple[int, ...]], float] = {}  # (share, co-runners' shares) -> contention
         self.margin = 0.0  # see `with_margin`
         self.mlp: MlpPredictor | None = None  # set: t_inf is the MLP's (mlp.py), the rest stays this model's
@@ -248,16 +252,22 @@ class LatencyModel:
 
     def t_infs(self, model: str, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> np.ndarray:
         """`t_inf` of batches 1 ... MAX_BATCH at once (the same values), for a scan over batch sizes."""
-        batches = np.arange(1, MAX_BATCH + 1)
         if self.mlp is not None or not 1 <= share <= self.device.units:
-            return np.array([self.t_inf(model, int(b), share, corunners) for b in batches])
-        p, d = self.models[model], self.device
-        run = np.array([row[share] for row in self._table[model][1:]])
-        if corunners:
-            pressure = self.felt_pressure(share, corunners)
-            run *= 1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners)
-            run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
-        return (d.io_c0_ms + d.io_ms_per_byte * p.io_bytes * batches + run) * (1 + self.margin)
+            return np.array([self.t_inf(model, int(b), share, corunners) for b in _BATCHES])
+        key = (model, share, corunners)  # a planner asks again for the layouts it tried (the margin apart)
+        times = self._t_infs.get(key)
+        if times is None:
+            p, d = self.models[model], self.device
+            run = self._columns[model][:, share]
+            if corunners:
+                pressure = self.felt_pressure(share, corunners)
+                run = run * (1.0 + p.alpha_cache * pressure + d.contention * self.contention(share, corunners))
+                run = run + p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
+            times = d.io_c0_ms + d.io_ms_per_byte * p.io_bytes * _BATCHES + run
+            if len(self._t_infs) >= T_INFS_KEPT:
+                self._t_infs.clear()
+            self._t_infs[key] = times
+        return times * (1 + self.margin)
 
     def _predicted_by_mlp(
         self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...]

@@ -21,6 +21,7 @@ part of the tasks finish within an SLO, and `goodput` how many requests per seco
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import functools
@@ -92,6 +93,7 @@ def sample_latencies(rate: float, batch: int, t_inf_ms: float, seed: int = 0, ta
     return eq2(queued + 1, batch, t_inf_ms, exec_left, rate)
 
 
+@functools.lru_cache(maxsize=1024)  # off the tables' loads (nearly saturated) a planner asks the same again
 def sample_task_latency(
     rate: float, batch: int, t_inf_ms: float, seed: int = 0, tasks: int = SAMPLE_TASKS
 ) -> TaskLatency:
@@ -112,6 +114,15 @@ def _table(batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     p99 = _LOADS * np.array([np.percentile(x, 99) for x in samples])
     quantiles = _LOADS[:, None] * np.array([np.quantile(x, LEVELS) for x in samples])
     return mean, p99, quantiles
+
+
+_LOAD_LIST, _LEVEL_LIST = _LOADS.tolist(), LEVELS.tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def _ladders(batch: int) -> list[list[float]]:
+    """`_table`'s quantiles of `batch` as Python lists, one ladder per load, for `in_slo`."""
+    return _table(batch)[2].tolist()
 
 
 def warm_tables(max_batch: int) -> None:
@@ -136,10 +147,13 @@ def task_latency(rate: float, batch: int, t_inf_ms: float) -> TaskLatency:
 
 
 @functools.lru_cache(maxsize=4)
-def _p99_rows(max_batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """The p99 column of `_table` for batches 1..max_batch, one row each, and each row's slopes between loads."""
+def _p99_rows(max_batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The p99 column of `_table` for batches 1..max_batch, one row each; each row's slopes between loads; 1000 x
+    the batch; and where each row starts in the two flattened."""
     rows = np.stack([_table(b)[1] for b in range(1, max_batch + 1)])
-    return rows, (rows[:, 1:] - rows[:, :-1]) / (_LOADS[1:] - _LOADS[:-1])
+    slopes = (rows[:, 1:] - rows[:, :-1]) / (_LOADS[1:] - _LOADS[:-1])
+    batches = np.arange(max_batch)  # batch - 1
+    return rows, slopes, 1000.0 * (batches + 1), batches * rows.shape[1], batches * slopes.shape[1]
 
 
 def p99s(rate: float, t_inf_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,18 +162,18 @@ def p99s(rate: float, t_inf_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(t_inf_ms)
     if rate <= 0:
         return t_inf_ms.astype(float), np.ones(n, dtype=bool)
-    batches = np.arange(n)  # batch - 1
-    rho = rate * t_inf_ms / (1000.0 * (batches + 1))
+    (rows, slopes, per_batch, row_starts, slope_starts), loads = _p99_rows(n), _LOADS
+    rho = rate * t_inf_ms / per_batch
     stable = rho < 1
     if not _QUEUEING.get():
         return np.where(stable, t_inf_ms, np.inf), stable
-    (rows, slopes), loads = _p99_rows(n), _LOADS
-    j = np.searchsorted(loads, rho, side="right") - 1
+    j = np.searchsorted(loads, rho, side="right") - 1  # -1 below the table, len(loads) - 1 at or beyond its end
+    inside = 0 <= j.min() and j.max() < len(loads) - 1
     np.clip(j, 0, len(loads) - 2, out=j)
-    p99 = (slopes[batches, j] * (rho - loads[j]) + rows[batches, j]) * (t_inf_ms / rho)
-    p99[~stable] = np.inf
-    if rho.min() >= loads[0] and rho.max() < loads[-1]:
+    p99 = (slopes.take(slope_starts + j) * (rho - loads.take(j)) + rows.take(row_starts + j)) * (t_inf_ms / rho)
+    if inside:
         return p99, stable
+    p99[~stable] = np.inf
     for k in np.flatnonzero(stable & ((rho < loads[0]) | (rho >= loads[-1]))):  # at or beyond the table's ends
         if rho[k] == loads[-1]:
             p99[k] = rows[k, -1] * (t_inf_ms[k] / rho[k])
@@ -179,12 +193,35 @@ def in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
     if not _QUEUEING.get():
         return 1.0 if t_inf_ms <= slo_ms else 0.0
     if not _LOADS[0] <= rho <= _LOADS[-1]:
-        return float((sample_latencies(rate, batch, t_inf_ms) <= slo_ms).mean())
-    *_, quantiles = _table(batch)
-    i = min(int(np.searchsorted(_LOADS, rho, side="right")) - 1, len(_LOADS) - 2)
-    w = (rho - _LOADS[i]) / (_LOADS[i + 1] - _LOADS[i])
-    ladder = ((1 - w) * quantiles[i] + w * quantiles[i + 1]) * (t_inf_ms / rho)
-    return float(np.interp(slo_ms, ladder, LEVELS, left=0.0, right=1.0))
+        return _sampled_in_slo(rate, batch, t_inf_ms, slo_ms)
+    # The ladder of the quantiles at rho, interpolated between the two loads around it, read where the SLO falls
+    # on it as np.interp reads it (the same value): in Python floats, a few entries of it, since a planner asks
+    # this thousands of times a decision and numpy's cost per call would be most of the answer's.
+    loads, ladders, levels = _LOAD_LIST, _ladders(batch), _LEVEL_LIST
+    i = min(bisect.bisect_right(loads, rho) - 1, len(loads) - 2)
+    w, scale = (rho - loads[i]) / (loads[i + 1] - loads[i]), t_inf_ms / rho
+    v, below, above = 1 - w, ladders[i], ladders[i + 1]
+    low, high = 0, len(levels)  # the first rung above the SLO
+    while low < high:
+        mid = (low + high) // 2
+        if (v * below[mid] + w * above[mid]) * scale <= slo_ms:
+            low = mid + 1
+        else:
+            high = mid
+    if low == 0:
+        return levels[0]
+    j = low - 1
+    rung = (v * below[j] + w * above[j]) * scale
+    if low == len(levels) or rung == slo_ms:
+        return levels[j]
+    step = (v * below[low] + w * above[low]) * scale - rung
+    return (levels[low] - levels[j]) / step * (slo_ms - rung) + levels[j]
+
+
+@functools.lru_cache(maxsize=1024)
+def _sampled_in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
+    """`in_slo` off the tables' loads, from a sample (kept, as `sample_task_latency`)."""
+    return float((sample_latencies(rate, batch, t_inf_ms) <= slo_ms).mean())
 
 
 def goodput(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodputs
 from tritonctl.planning.plan import Device
@@ -235,11 +233,14 @@ def _stretch(others: list[tuple[float, int]], threads: int, cores: float) -> flo
     threads busy at once, averaged over which others are busy (the Poisson binomial of their threads). The mean
     of the slowdown, not the slowdown of the mean number busy: with 1.8 cores and a thread each, one other busy
     in two turns costs a batch 5%, not nothing."""
-    count = np.array([1.0])  # probability of each number of the others' threads busy
+    count = [1.0]  # probability of each number of the others' threads busy (Python floats: a few, asked often)
     for p, k in others:
-        count = np.concatenate([count * (1 - p), np.zeros(k)]) + np.concatenate([np.zeros(k), count * p])
-    busy = threads + np.arange(len(count))
-    return float(count @ np.maximum(1.0, busy / max(cores, threads)))
+        grown = [c * (1 - p) for c in count] + [0.0] * k
+        for m, c in enumerate(count):
+            grown[m + k] += c * p
+        count = grown
+    top = max(cores, threads)
+    return sum(c * max(1.0, (threads + m) / top) for m, c in enumerate(count))
 
 
 def _slack(group: list[Demand], planned: tuple[float, dict[str, int]], device: Device, lm: LatencyModel) -> float:
