@@ -8,6 +8,7 @@ gRPC client (async_infer), so what it measures is what any client would see.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -218,7 +219,8 @@ def format_results(results: list[LoadResult], simulated: Mapping[str, float] | N
         )
         if simulated:
             sim = simulated.get(r.model)
-            line += f" {sim:8.1f} {100 * (p99 / sim - 1):+5.0f}%" if sim and p99 == p99 else f" {'-':>8} {'-':>6}"
+            answered = not math.isnan(p99)  # nan: nothing was answered
+            line += f" {sim:8.1f} {100 * (p99 / sim - 1):+5.0f}%" if sim and answered else f" {'-':>8} {'-':>6}"
         lines.append(line)
     if simulated:
         lines.append("sim p99: the plan's simulated p99 at these rates; off: the measured p99 against it")
