@@ -1,7 +1,7 @@
 """What the proxy costs: the same deployment loaded through HAProxy and straight at the instances.
 
     python bench/proxy_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
-        [--tool tritonctl|perf_analyzer] [--perf FILE] [--images float32|uint8]
+        [--tool tritonctl|perf_analyzer] [--perf FILE] [--images float32|uint8] [--router-from COMMIT]
 
 Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
@@ -13,15 +13,22 @@ with no traffic, and taken off over each round's wall time), and the kernel's pa
 (/proc's system time over user + system, in 10 ms ticks). With `--perf FILE`, the first round
 through HAProxy is also recorded by Linux perf (call graphs of its worker) and FILE gets where
 its CPU went. With `--images uint8` the models take their images as bytes (the cluster's
-`input.dtype: uint8`): a request carries 150 KB instead of 602 KB.
+`input.dtype: uint8`): a request carries 150 KB instead of 602 KB. With `--router-from COMMIT`
+each round also loads, between the two, the hand-written asyncio HTTP/2 router HAProxy replaced,
+run as it was at COMMIT of this repository's history (`git show`; its last version is at
+4945c89^), in front of the same instances (every replica of a model, dealt per connection, as it
+did), and prints its CPU time per request measured the same way: the two proxies side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,15 +36,22 @@ from pathlib import Path
 from cpu_demo import CLUSTER, MODEL, REPO
 
 from tritonctl.deploy.apply import apply_plan, down
-from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, group_cpu_seconds, group_pids, proc_stat_fields
-from tritonctl.deploy.state import straight_to_instances
+from tritonctl.deploy.local import (
+    PROXY_FILE,
+    LocalRuntime,
+    free_ports,
+    group_cpu_seconds,
+    group_pids,
+    proc_stat_fields,
+)
+from tritonctl.deploy.state import load_state, straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import load_plan, save_plan
 from tritonctl.planning.planner import make_plan
 from tritonctl.spec import Cluster, load_cluster
 from tritonctl.triton.binary import find_tritonserver
-from tritonctl.triton.client import endpoints, run_load
+from tritonctl.triton.client import Endpoint, endpoints, run_load
 from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 
 WORK = REPO / ".tritonctl" / "proxy-bench"
@@ -73,6 +87,35 @@ def perf_summary(data: Path) -> str:
     return "\n".join(["# by binary", *keep, "", "# calls, including what they call (top 30)", *calls]) + "\n"
 
 
+def start_router(commit: str, backends: dict[str, list[str]], routed: list[Endpoint]) -> tuple[subprocess.Popen, list]:
+    """The hand-written router as it was at `commit`, serving each model of `routed` on a port of its own in
+    front of `backends` (model -> its instances' host:port); the process (leading its own group) and the
+    endpoints at its ports."""
+    shown = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{commit}:tritonctl/deploy/router.py"], capture_output=True, text=True
+    )
+    if shown.returncode != 0:
+        raise SystemExit(f"--router-from {commit}: no tritonctl/deploy/router.py there ({shown.stderr.strip()})")
+    (WORK / "router.py").write_text(shown.stdout)
+    *ports, control = free_ports("127.0.0.1", len(routed) + 1)
+    routes = {str(port): backends[e.model] for port, e in zip(ports, routed, strict=True)}
+    (WORK / "router-routes.json").write_text(json.dumps(routes))
+    command = [sys.executable, str(WORK / "router.py"), "--host", "127.0.0.1", "--control-port", str(control)]
+    proc = subprocess.Popen([*command, "--routes", str(WORK / "router-routes.json")], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            for port in ports:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit(f"the router from {commit} did not start") from None
+            time.sleep(0.1)
+    return proc, [dataclasses.replace(e, url=f"127.0.0.1:{port}") for port, e in zip(ports, routed, strict=True)]
+
+
 def with_images(cluster: Cluster, dtype: str) -> Cluster:
     """`cluster` with every model's input of type `dtype` (uint8: images as bytes)."""
     models = [m.model_copy(update={"input": m.input.model_copy(update={"dtype": dtype})}) for m in cluster.spec.models]
@@ -82,13 +125,14 @@ def with_images(cluster: Cluster, dtype: str) -> Cluster:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of (proxy, direct)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of (proxy, [router,] direct)")
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
     parser.add_argument("--policy", default="search", help="the plan to load (default search, the demo's)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
     parser.add_argument("--tool", choices=["tritonctl", "perf_analyzer"], default="tritonctl", help="load generator")
     parser.add_argument("--perf", type=Path, help="record the first round through HAProxy with perf; summary here")
     parser.add_argument("--images", choices=["float32", "uint8"], default="float32", help="the models' input type")
+    parser.add_argument("--router-from", metavar="COMMIT", help="also load the hand-written router of this commit")
     args = parser.parse_args()
     pa = find_perf_analyzer() if args.tool == "perf_analyzer" else None
     demo = load_cluster(CLUSTER)
@@ -104,18 +148,28 @@ def main() -> None:
     loaded = load_plan(path)
     triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     apply_plan(loaded, triton, log=lambda _: None)
+    router = None
     try:
         routed = endpoints(loaded.plan)
         direct = straight_to_instances(routed, loaded.state_dir)
-        proxy = json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]
-        before = group_cpu_seconds(proxy)
-        time.sleep(args.duration)
-        idle = (group_cpu_seconds(proxy) - before) / args.duration
-        print(f"HAProxy idle (health checks, timers): {1000 * idle:.2f} ms of CPU per second")
+        paths = [("proxy", routed, json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"], "HAProxy")]
+        if args.router_from:
+            backends: dict[str, list[str]] = {}
+            for r in load_state(loaded.state_dir).instances.values():
+                backends.setdefault(r.model, []).append(f"{r.host}:{r.backend_port}")
+            router, at_router = start_router(args.router_from, backends, routed)
+            paths.append(("router", at_router, router.pid, "router"))
+        paths.append(("direct", direct, None, ""))
+        idle: dict[str, float] = {}
+        for name, _, group, label in paths[:-1]:
+            before = group_cpu_seconds(group)
+            time.sleep(args.duration)
+            idle[name] = (group_cpu_seconds(group) - before) / args.duration
+            print(f"{label} idle: {1000 * idle[name]:.2f} ms of CPU per second")
         print(f"{'round':5} {'path':7} " + " ".join(f"{e.model + ' p50/p99 ms':>26}" for e in routed))
         for round_ in range(args.rounds):
-            for name, targets in (("proxy", routed), ("direct", direct)):
-                before, ticks = group_cpu_seconds(proxy), group_ticks(proxy)
+            for name, targets, proxy, label in paths:
+                before, ticks = (group_cpu_seconds(proxy), group_ticks(proxy)) if proxy else (0.0, (0, 0))
                 recording = name == "proxy" and round_ == 0 and args.perf
                 if recording:
                     perf = perf_record(worker_of(proxy), WORK / "perf.data")
@@ -130,18 +184,22 @@ def main() -> None:
                     perf.wait()
                     args.perf.write_text(perf_summary(WORK / "perf.data"))
                 cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
-                forwarded = sum(len(r.latencies_ms) for r in results) if name == "proxy" else 0
-                spent, elapsed = group_cpu_seconds(proxy) - before, time.monotonic() - began
-                (user, system), (user0, system0) = group_ticks(proxy), ticks
+                forwarded = sum(len(r.latencies_ms) for r in results) if proxy else 0
+                spent = group_cpu_seconds(proxy) - before if proxy else 0.0
+                elapsed = time.monotonic() - began
+                (user, system), (user0, system0) = group_ticks(proxy) if proxy else (0, 0), ticks
                 used = (
-                    f"  HAProxy CPU {1000 * spent / forwarded:.3f} ms/request"
-                    f" ({1000 * (spent - idle * elapsed) / forwarded:.3f} beyond idle,"
+                    f"  {label} CPU {1000 * spent / forwarded:.3f} ms/request"
+                    f" ({1000 * (spent - idle[name] * elapsed) / forwarded:.3f} beyond idle,"
                     f" {100 * (system - system0) / max(1, user - user0 + system - system0):.0f}% in the kernel)"
                     if forwarded
                     else ""
                 )
                 print(f"{round_:5d} {name:7} {cells}{used}", flush=True)
     finally:
+        if router is not None:
+            router.terminate()
+            router.wait()
         down(loaded.state_dir, triton, log=lambda _: None)
 
 
