@@ -87,7 +87,9 @@ def perf_summary(data: Path) -> str:
     return "\n".join(["# by binary", *keep, "", "# calls, including what they call (top 30)", *calls]) + "\n"
 
 
-def start_router(commit: str, backends: dict[str, list[str]], routed: list[Endpoint]) -> tuple[subprocess.Popen, list]:
+def start_router(
+    commit: str, backends: dict[str, list[str]], routed: list[Endpoint]
+) -> tuple[subprocess.Popen, list[Endpoint]]:
     """The hand-written router as it was at `commit`, serving each model of `routed` on a port of its own in
     front of `backends` (model -> its instances' host:port); the process (leading its own group) and the
     endpoints at its ports."""
