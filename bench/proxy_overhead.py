@@ -18,6 +18,9 @@ each round also loads, between the two, the hand-written asyncio HTTP/2 router H
 run as it was at COMMIT of this repository's history (`git show`; its last version is at
 4945c89^), in front of the same instances (every replica of a model, dealt per connection, as it
 did), and prints its CPU time per request measured the same way: the two proxies side by side.
+Last, over every round pooled, each path's p50 and p99 per model and what a proxy adds to the
+p99 of the instances' own ports, with its 95% bootstrap interval (one round's p99 of a few
+hundred requests moves by more than the hop costs).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from cpu_demo import CLUSTER, MODEL, REPO
 
 from tritonctl.deploy.apply import apply_plan, down
@@ -118,6 +122,15 @@ def start_router(
     return proc, [dataclasses.replace(e, url=f"127.0.0.1:{port}") for port, e in zip(ports, routed, strict=True)]
 
 
+def added_p99(through: list[float], own: list[float], draws: int = 2000) -> tuple[float, float, float]:
+    """p99 of `through` less p99 of `own` (ms), and its 95% bootstrap interval (both resampled, seeded)."""
+    a, b = np.asarray(through), np.asarray(own)
+    rng = np.random.default_rng(0)
+    deltas = [np.percentile(rng.choice(a, a.size), 99) - np.percentile(rng.choice(b, b.size), 99) for _ in range(draws)]
+    low, high = np.percentile(deltas, [2.5, 97.5])
+    return float(np.percentile(a, 99) - np.percentile(b, 99)), float(low), float(high)
+
+
 def with_images(cluster: Cluster, dtype: str) -> Cluster:
     """`cluster` with every model's input of type `dtype` (uint8: images as bytes)."""
     models = [m.model_copy(update={"input": m.input.model_copy(update={"dtype": dtype})}) for m in cluster.spec.models]
@@ -169,6 +182,7 @@ def main() -> None:
             idle[name] = (group_cpu_seconds(group) - before) / args.duration
             print(f"{label} idle: {1000 * idle[name]:.2f} ms of CPU per second")
         print(f"{'round':5} {'path':7} " + " ".join(f"{e.model + ' p50/p99 ms':>26}" for e in routed))
+        pooled: dict[str, list[list[float]]] = {name: [[] for _ in routed] for name, *_ in paths}
         for round_ in range(args.rounds):
             for name, targets, proxy, label in paths:
                 before, ticks = (group_cpu_seconds(proxy), group_ticks(proxy)) if proxy else (0.0, (0, 0))
@@ -186,6 +200,8 @@ def main() -> None:
                     perf.wait()
                     args.perf.write_text(perf_summary(WORK / "perf.data"))
                 cells = " ".join(f"{f'{r.percentile(50):.1f} / {r.percentile(99):.1f}':>26}" for r in results)
+                for kept, r in zip(pooled[name], results, strict=True):
+                    kept.extend(r.latencies_ms)
                 forwarded = sum(len(r.latencies_ms) for r in results) if proxy else 0
                 spent = group_cpu_seconds(proxy) - before if proxy else 0.0
                 elapsed = time.monotonic() - began
@@ -198,6 +214,12 @@ def main() -> None:
                     else ""
                 )
                 print(f"{round_:5d} {name:7} {cells}{used}", flush=True)
+        print("every round pooled: requests, p50 / p99 ms; through a proxy, the p99 it adds [95% bootstrap interval]")
+        for name, *_ in paths:
+            for e, through, own in zip(routed, pooled[name], pooled["direct"], strict=True):
+                p50, p99 = np.percentile(through, [50, 99])
+                added = "" if name == "direct" else " added {:+.1f} [{:+.1f}, {:+.1f}]".format(*added_p99(through, own))
+                print(f"  {name:7} {e.model:14} {len(through):6d}  {p50:6.1f} / {p99:6.1f}{added}")
     finally:
         if router is not None:
             router.terminate()
