@@ -19,8 +19,8 @@ run as it was at COMMIT of this repository's history (`git show`; its last versi
 4945c89^), in front of the same instances (every replica of a model, dealt per connection, as it
 did), and prints its CPU time per request measured the same way: the two proxies side by side.
 Last, over every round pooled, each path's p50 and p99 per model and what a proxy adds to the
-p99 of the instances' own ports, with its 95% bootstrap interval (one round's p99 of a few
-hundred requests moves by more than the hop costs).
+p99 of the instances' own ports, with its 95% bootstrap interval (one round's p99, of tens to
+hundreds of requests, moves by more than the hop costs).
 """
 
 from __future__ import annotations
