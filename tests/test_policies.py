@@ -230,6 +230,25 @@ def test_a_placement_that_cannot_serve_more_is_given_up(lm):
     assert fresh.beats(apart, fresh(together)) == Judge(heavy, cpus(2), lm)(apart)
 
 
+def test_no_device_is_judged_to_serve_more_than_its_batch_times_allow(lm):
+    """SYNTHETIC model: over random shares and rates, what a split device's models are judged to serve never
+    exceeds `most_served`, the bound on which a placement is given up before its devices are judged; the bound
+    falls below the rates where a share is too small for its model's rate."""
+    rng = np.random.default_rng(3)
+    below = 0
+    for _ in range(60):
+        demands = [Demand("alpha", float(rng.uniform(20, 200)), float(rng.uniform(20, 900)), 100),
+                   Demand("beta", float(rng.uniform(40, 500)), float(rng.uniform(5, 80)), 100)]  # fmt: skip
+        share = int(rng.integers(1, 20)) * 5
+        placement = {"alpha": Spot("cpu0", share), "beta": Spot("cpu0", 100 - share)}
+        judge = Judge(demands, cpus(1), lm)
+        members = tuple((d, placement[d.name]) for d in demands)
+        most = judge.most_served(members, turns=False)
+        assert sum(judge(placement).served.values()) <= most
+        below += most < sum(d.rate for d in demands) - 1
+    assert below >= 10
+
+
 def test_replica_keys_name_their_model_and_follow_device_order():
     placement = {"alpha#2": Spot("cpu0", 50), "alpha": Spot("cpu2", 100), "beta": Spot("cpu1", 100)}
     assert [model_of(k) for k in placement] == ["alpha", "alpha", "beta"]

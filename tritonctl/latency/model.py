@@ -254,7 +254,8 @@ class LatencyModel:
         """`t_inf` of batches 1 ... MAX_BATCH at once (the same values), for a scan over batch sizes."""
         if self.mlp is not None or not 1 <= share <= self.device.units:
             return np.array([self.t_inf(model, int(b), share, corunners) for b in _BATCHES])
-        key = (model, share, corunners)  # a planner asks again for the layouts it tried (the margin apart)
+        # a planner asks again for the layouts it tried (the margin apart); the co-runners' batches are not read
+        key = (model, share, tuple((m, s) for m, s, _ in corunners))
         times = self._t_infs.get(key)
         if times is None:
             p, d = self.models[model], self.device

@@ -358,6 +358,8 @@ def _partial(
             for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
                 if broken == "memory":
                     break  # memory grows with the batch
+                if min(demand.rate, 1000 * b / exec_ms) * (1 + 1e-9) <= best[0] + 1e-3:
+                    continue  # no goodput above what this batch size completes, nor above the rate
                 g = goodput(demand.rate, b, exec_ms, demand.slo_ms)
                 if g > best[0] + 1e-3:
                     best = (g, b)
@@ -427,22 +429,39 @@ class Judge:
     def beats(self, placement: Placement, best: Judged, slack: float = 0.0) -> Judged | None:
         """The placement's judgement, or None where it cannot score better than `best` with `slack` requests/s
         more: judged device by device, those with the most requests first (where most can be lost), it is given up
-        once its goodput with every device not yet judged serving its whole rate ranks below `best`'s less `slack`
-        (the score's first term)."""
+        once its goodput with every device not yet judged serving the most it can (`most_served`) ranks below
+        `best`'s less `slack` (the score's first term)."""
         key = tuple(sorted(placement.items()))
         if key in self._judged:
             return self._judged[key]
         pieces = self.pieces(placement)
-        unjudged, served = sum(d.rate for d in pieces.values()), 0.0
         groups = sorted(self._groups(placement, pieces), key=lambda g: -sum(d.rate for d, _ in g[3]))
-        for device, members, turns, spots in groups:
+        most = [self.most_served(spots, turns) for _, _, turns, spots in groups]
+        bar, unjudged, served = best.score[0] + round(slack / self.quantum), sum(most), 0.0
+        if -round(unjudged / self.quantum) > bar:
+            return None
+        for (device, members, turns, spots), most_here in zip(groups, most, strict=True):
             outcome = self._device(device, spots, turns)
-            for k in members:
-                unjudged -= pieces[k].rate
-                served += outcome.served[model_of(k)]
-            if -round((served + unjudged) / self.quantum) > best.score[0] + round(slack / self.quantum):
+            unjudged -= most_here
+            served += sum(outcome.served[model_of(k)] for k in members)
+            if -round((served + unjudged) / self.quantum) > bar:
                 return None
         return self(placement)
+
+    def most_served(self, members: tuple[tuple[Demand, Spot], ...], turns: bool) -> float:
+        """The most one device's members can serve within their SLOs, from their batch times alone: on a split
+        device each model its rate or the most requests per second its batches within the SLO complete, whichever
+        is less (`queueing.goodputs` credits no more). Their rates where they take turns, and under a latency
+        model whose times depend on the co-runners' batches (the MLP), which are not known before BDA."""
+        if turns or self.lm.mlp is not None:
+            return sum(d.rate for d, _ in members)
+        total = 0.0
+        for demand, spot in members:
+            others = tuple((d.name, s.share, 1) for d, s in members if d is not demand)  # in `corunners`' order
+            times = self.lm.t_infs(demand.name, spot.share, others).tolist()
+            fastest = max((b / t for b, t in enumerate(times, 1) if t <= demand.slo_ms), default=0.0)
+            total += min(demand.rate, 1000 * fastest)
+        return total * (1 + 1e-9)  # above what the judgement's own arithmetic rounds to
 
     def _groups(
         self, placement: Placement, pieces: dict[str, Demand]
