@@ -1,14 +1,14 @@
 """Record what `inss` and `search` decide on every setup with a trained actor, to check that a change meant to
 make deciding faster decides the same.
 
-    python bench/decisions.py record OUT.json [--vectors 40]
+    python bench/decisions.py record OUT.json [--vectors 40] [--search 5]
     python bench/decisions.py compare A.json B.json
 
 `record`: for each setup of bench/inss_choice.py (the CPU demo, the InSS setups on the scaled
 CPU profile, SYNTHETIC, and on the H100 profile), `inss.decide` at the setup's own rates and at
 `--vectors - 1` rate vectors drawn in 0.5-1.2x (a fixed seed): the placement, whose it is, why,
 and every choice (device, share, batch, queue delay, weight); `search`'s choices at the first
-five. `compare`: the decisions two records differ in, exit 1 where any does. Record with each
+`--search`. `compare`: the decisions two records differ in, exit 1 where any does. Record with each
 version of the code (a git worktree of the other commit, the same script) and compare.
 """
 
@@ -31,14 +31,14 @@ from tritonctl.planning.policies.search import search
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
-SEED, WITH_SEARCH = 7, 5
+SEED = 7
 
 
 def _choices(choices: dict) -> dict[str, list[str]]:
     return {model: [repr(c) for c in cs] for model, cs in choices.items()}
 
 
-def record(vectors: int) -> dict[str, list]:
+def record(vectors: int, with_search: int) -> dict[str, list]:
     out = {}
     for cluster_file, model_file in SETUPS:
         lm, cluster = load_latency_model(REPO / model_file), load_cluster(REPO / cluster_file)
@@ -54,7 +54,7 @@ def record(vectors: int) -> dict[str, list]:
                 row = [sorted(chosen.placement.items()), chosen.source, chosen.why, _choices(chosen.choices)]
             except PlacementError as exc:
                 row = ["refused", str(exc)]
-            if k < WITH_SEARCH:
+            if k < with_search:
                 try:
                     row.append(_choices(search(demands, devices, lm)))
                 except PlacementError as exc:
@@ -70,12 +70,13 @@ def main() -> int:
     rec = sub.add_parser("record", help="record every setup's decisions to a JSON file")
     rec.add_argument("out", type=Path)
     rec.add_argument("--vectors", type=int, default=40, help="rate vectors per setup, its own rates first")
+    rec.add_argument("--search", type=int, default=5, help="of those, how many also record search's plan")
     cmp = sub.add_parser("compare", help="the decisions two records differ in")
     cmp.add_argument("a", type=Path)
     cmp.add_argument("b", type=Path)
     args = parser.parse_args()
     if args.command == "record":
-        args.out.write_text(json.dumps(record(args.vectors), indent=1))
+        args.out.write_text(json.dumps(record(args.vectors, args.search), indent=1))
         return 0
     a, b = (json.loads(p.read_text()) for p in (args.a, args.b))
     differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))

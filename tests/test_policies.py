@@ -218,16 +218,19 @@ def test_search_splits_a_model_no_device_carries_into_replicas_on_several_device
 
 def test_a_placement_that_cannot_serve_more_is_given_up(lm):
     """SYNTHETIC model, alpha at 800/s on two devices: both on one device serves alpha short, so against the
-    placement with a device each it is given up (no judgement made); the better one, judged against the worse,
-    is judged in full, as the judge judges it."""
+    placement with a device each it is given up (on what its batch times allow, before BDA runs on its device);
+    the better one, judged against the worse, is judged in full, as the judge judges it. Each placement looked at
+    counts once towards the search's budget, given up or judged."""
     heavy = [Demand("alpha", 150, 800, 100), Demand("beta", 400, 40, 100)]
     apart, together = {"alpha": Spot("cpu0", 100), "beta": Spot("cpu1", 100)}, {
         "alpha": Spot("cpu0", 50), "beta": Spot("cpu0", 50)}  # fmt: skip
     judge = Judge(heavy, cpus(2), lm)
     assert sum(judge(apart).served.values()) > sum(Judge(heavy, cpus(2), lm)(together).served.values()) + 100
-    assert judge.beats(together, judge(apart)) is None and judge.evaluations == 1
+    assert judge.beats(together, judge(apart).score) is None and judge.evaluations == 2
+    assert judge.beats(together, judge(apart).score) is None and judge.evaluations == 2
+    assert judge(together) == Judge(heavy, cpus(2), lm)(together) and judge.evaluations == 2
     fresh = Judge(heavy, cpus(2), lm)
-    assert fresh.beats(apart, fresh(together)) == Judge(heavy, cpus(2), lm)(apart)
+    assert fresh.beats(apart, fresh(together).score) == Judge(heavy, cpus(2), lm)(apart)
 
 
 def test_no_device_is_judged_to_serve_more_than_its_batch_times_allow(lm):

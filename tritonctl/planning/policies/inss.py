@@ -458,7 +458,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
     best = theirs
     for candidate in proposals(trained, current, demands, devices, lm):
         candidates.append(candidate)
-        verdict = judge.beats(candidate, best, slack=window)
+        verdict = judge.beats(candidate, best.score, slack=window)
         if verdict is None:
             continue
         judged.append((candidate, verdict))

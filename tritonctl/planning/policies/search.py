@@ -405,6 +405,8 @@ class Judge:
         self.order = {d.name: k for k, d in enumerate(demands)}  # BDA sizes a device's models in model order
         self.quantum = max(1e-3, GOODPUT_TIE * sum(d.rate for d in demands))
         self.evaluations = 0
+        self._seen: set[tuple] = set()
+        self._fastest: dict[tuple, float] = {}  # a model's most requests/s in a layout by batches within its SLO
         self._judged: dict[tuple, Judged] = {}
         self._memo: dict[tuple, int] = {}
         self._scans: Scans = {}  # every batch size of a model in a device layout: BDA's and the batches' scans
@@ -413,9 +415,15 @@ class Judge:
     def __call__(self, placement: Placement) -> Judged:
         key = tuple(sorted(placement.items()))
         if key not in self._judged:
-            self.evaluations += 1
+            self._count(key)
             self._judged[key] = self._judge(placement)
         return self._judged[key]
+
+    def _count(self, key: tuple) -> None:
+        """`evaluations` counts the placements looked at, each once, whether judged in full or given up."""
+        if key not in self._seen:
+            self._seen.add(key)
+            self.evaluations += 1
 
     def pieces(self, placement: Placement) -> dict[str, Demand]:
         """Each key's demand, in model order: its model's, at the model's rate over its replicas."""
@@ -426,18 +434,19 @@ class Judge:
             out[key] = d if count[d.name] == 1 else Demand(d.name, d.slo_ms, d.rate / count[d.name], d.memory_mb)
         return out
 
-    def beats(self, placement: Placement, best: Judged, slack: float = 0.0) -> Judged | None:
-        """The placement's judgement, or None where it cannot score better than `best` with `slack` requests/s
-        more: judged device by device, those with the most requests first (where most can be lost), it is given up
-        once its goodput with every device not yet judged serving the most it can (`most_served`) ranks below
-        `best`'s less `slack` (the score's first term)."""
+    def beats(self, placement: Placement, best: tuple, slack: float = 0.0) -> Judged | None:
+        """The placement's judgement, or None where it cannot score better than the score `best` with `slack`
+        requests/s more: judged device by device, those with the most requests first (where most can be lost), it
+        is given up once its goodput with every device not yet judged serving the most it can (`most_served`) ranks
+        below `best`'s less `slack` (the score's first term)."""
         key = tuple(sorted(placement.items()))
         if key in self._judged:
             return self._judged[key]
+        self._count(key)
         pieces = self.pieces(placement)
         groups = sorted(self._groups(placement, pieces), key=lambda g: -sum(d.rate for d, _ in g[3]))
         most = [self.most_served(spots, turns) for _, _, turns, spots in groups]
-        bar, unjudged, served = best.score[0] + round(slack / self.quantum), sum(most), 0.0
+        bar, unjudged, served = best[0] + round(slack / self.quantum), sum(most), 0.0
         if -round(unjudged / self.quantum) > bar:
             return None
         for (device, members, turns, spots), most_here in zip(groups, most, strict=True):
@@ -458,9 +467,11 @@ class Judge:
         total = 0.0
         for demand, spot in members:
             others = tuple((d.name, s.share, 1) for d, s in members if d is not demand)  # in `corunners`' order
-            times = self.lm.t_infs(demand.name, spot.share, others).tolist()
-            fastest = max((b / t for b, t in enumerate(times, 1) if t <= demand.slo_ms), default=0.0)
-            total += min(demand.rate, 1000 * fastest)
+            key = (demand.name, demand.slo_ms, spot.share, others)
+            if key not in self._fastest:
+                times = enumerate(self.lm.t_infs(demand.name, spot.share, others).tolist(), 1)
+                self._fastest[key] = 1000 * max((b / t for b, t in times if t <= demand.slo_ms), default=0)
+            total += min(demand.rate, self._fastest[key])
         return total * (1 + 1e-9)  # above what the judgement's own arithmetic rounds to
 
     def _groups(
@@ -609,13 +620,15 @@ def _work_and_floor(
 def _ascend(
     judge: Judge, current: Placement, score: tuple, neighbours: Callable[[Placement], Iterator[Placement]], limit: int
 ) -> tuple[Placement, tuple]:
-    """Steepest ascent from `current`: the best neighbour while it improves, until `judge` has judged `limit`."""
+    """Steepest ascent from `current`: the best neighbour while it improves, until `judge` has looked at `limit`
+    placements (a neighbour that cannot beat the best so far is given up unjudged, `Judge.beats`)."""
     while judge.evaluations < limit:
         improved = None
         for candidate in neighbours(current):
-            candidate_score = judge(candidate).score
-            if candidate_score < score and (improved is None or candidate_score < improved[1]):
-                improved = (candidate, candidate_score)
+            bar = score if improved is None else improved[1]
+            verdict = judge.beats(candidate, bar)
+            if verdict is not None and verdict.score < bar:
+                improved = (candidate, verdict.score)
             if judge.evaluations >= limit:
                 break
         if improved is None:
