@@ -406,7 +406,7 @@ class Judge:
         self.quantum = max(1e-3, GOODPUT_TIE * sum(d.rate for d in demands))
         self.evaluations = 0
         self._seen: set[tuple] = set()
-        self._fastest: dict[tuple, float] = {}  # a model's most requests/s in a layout by batches within its SLO
+        self._most: dict[tuple, float] = {}  # `most_served` per device layout
         self._judged: dict[tuple, Judged] = {}
         self._memo: dict[tuple, int] = {}
         self._scans: Scans = {}  # every batch size of a model in a device layout: BDA's and the batches' scans
@@ -464,15 +464,15 @@ class Judge:
         model whose times depend on the co-runners' batches (the MLP), which are not known before BDA."""
         if turns or self.lm.mlp is not None:
             return sum(d.rate for d, _ in members)
-        total = 0.0
-        for demand, spot in members:
-            others = tuple((d.name, s.share, 1) for d, s in members if d is not demand)  # in `corunners`' order
-            key = (demand.name, demand.slo_ms, spot.share, others)
-            if key not in self._fastest:
+        most = self._most.get(members)
+        if most is None:
+            total = 0.0
+            for demand, spot in members:
+                others = tuple((d.name, s.share, 1) for d, s in members if d is not demand)  # in `corunners`' order
                 times = enumerate(self.lm.t_infs(demand.name, spot.share, others).tolist(), 1)
-                self._fastest[key] = 1000 * max((b / t for b, t in times if t <= demand.slo_ms), default=0)
-            total += min(demand.rate, self._fastest[key])
-        return total * (1 + 1e-9)  # above what the judgement's own arithmetic rounds to
+                total += min(demand.rate, 1000 * max((b / t for b, t in times if t <= demand.slo_ms), default=0))
+            most = self._most[members] = total * (1 + 1e-9)  # above what the judgement's arithmetic rounds to
+        return most
 
     def _groups(
         self, placement: Placement, pieces: dict[str, Demand]
