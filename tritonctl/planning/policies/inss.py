@@ -315,10 +315,16 @@ def undeployed(decision: BatchDecision) -> set[str]:
 
 
 def state(
-    layout: Layout, current: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel
+    layout: Layout,
+    current: dict[str, Choice],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    decision: BatchDecision | None = None,
 ) -> np.ndarray:
-    """The state the actor decides in: the current placement with BDA's batches on it at the current rates."""
-    decision = bda(current, demands, devices, lm)
+    """The state the actor decides in: the current placement with BDA's batches on it at the current rates
+    (`decision`, where BDA has run on it already)."""
+    decision = decision or bda(current, demands, devices, lm)
     return observe(layout, current, decision.batches, demands, lm, undeployed(decision))
 
 
@@ -336,10 +342,16 @@ def propose(
 
 
 def proposals(
-    trained: Trained, current: dict[str, Choice], demands: list[Demand], devices: list[Device], lm: LatencyModel
+    trained: Trained,
+    current: dict[str, Choice],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    decision: BatchDecision | None = None,
 ) -> list[Placement]:
-    """Up to PROPOSALS distinct placements of the actor: its greedy one first, then draws from its policy."""
-    obs = state(trained.layout, current, demands, devices, lm)
+    """Up to PROPOSALS distinct placements of the actor: its greedy one first, then draws from its policy
+    (`decision`: BDA's on the current placement, where it has run)."""
+    obs = state(trained.layout, current, demands, devices, lm, decision)
     mask = action_mask(trained.layout, demands, lm)
     out: list[Placement] = []
     for action in trained.actor.proposals(obs, mask, PROPOSALS):
@@ -446,7 +458,8 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
     as_spots = {n: Spot(c.device, c.share) for n, c in current.items()}
     judge = Judge(demands, devices, lm)
     slower = slower_judge(judge)
-    if bda(current, demands, devices, lm).ok:
+    first = bda(current, demands, devices, lm)
+    if first.ok:
         why = "BDA finds batches that meet every SLO on the current (spread) placement"
         return Decision(as_spots, "current", why, robust_choices(as_spots, judge, slower))
     if trained is None:
@@ -456,7 +469,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
     candidates: list[Placement] = []
     judged: list[tuple[Placement, Judged]] = []  # proposals that may be level with the best (the others given up)
     best = theirs
-    for candidate in proposals(trained, current, demands, devices, lm):
+    for candidate in proposals(trained, current, demands, devices, lm, first):
         candidates.append(candidate)
         verdict = judge.beats(candidate, best.score, slack=window)
         if verdict is None:
