@@ -357,6 +357,10 @@ class LatencyModel:
         p = self.models[model]
         return p.memory_mb0 + p.memory_mb1 * batch
 
+    def footprints_mb(self, model: str) -> list[float]:
+        """`footprint_mb` of batches 1 ... MAX_BATCH (the same values), for a scan over batch sizes."""
+        return [self.footprint_mb(model, b) for b in range(1, MAX_BATCH + 1)]
+
     def extrapolates(self, model: str, batch: int, share: int) -> bool:
         p = self.models[model]
         return not (p.batch_range[0] <= batch <= p.batch_range[1] and p.share_range[0] <= share <= p.share_range[1])

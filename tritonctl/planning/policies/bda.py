@@ -59,7 +59,6 @@ PROMPT_RATE, PROMPT_TIE = 1.5, 0.1
 # Every batch size's time, p99 and stability of a model at a share beside its co-runners, at a rate: what a
 # scan reads, kept by whoever scans the same layouts again (search's Judge). Keyed by `_scan_key`.
 Scans = dict[tuple, tuple[list[float], list[float], list[bool]]]
-_EVERY = np.arange(1, MAX_BATCH + 1)
 
 
 def _scan_key(name: str, share: int, others: tuple[tuple[str, int, int], ...], rate: float, lm: LatencyModel):
@@ -101,6 +100,24 @@ def _why(over: bool, stable: bool, p99_ms: float, slo_ms: float) -> str | None:
     return "memory" if over else "rate" if not stable else "slo" if p99_ms > slo_ms else None
 
 
+def batch_rows(
+    name: str,
+    placement: dict[str, Choice],
+    demands: dict[str, Demand],
+    batches: dict[str, int],
+    devices: dict[str, Device],
+    lm: LatencyModel,
+    scans: Scans | None = None,
+) -> tuple[list[bool], list[float], list[float], list[bool]]:
+    """Every batch size of model `name` beside its co-runners at `batches`, indexed by batch - 1: whether it
+    breaks device memory, its batch time, p99 and stability (one scan, kept in `scans` where given)."""
+    demand = demands[name]
+    others, left = _beside(name, placement, demands, batches, devices, lm)
+    footprints = lm.footprints_mb(name)
+    over = [demand.memory_mb + f - footprints[0] > left for f in footprints]  # `memory_at`, as it computes it
+    return over, *_scan(name, placement[name].share, others, demand, lm, scans)
+
+
 def batch_checks(
     name: str,
     placement: dict[str, Choice],
@@ -116,11 +133,11 @@ def batch_checks(
     memory breaks). Every size at once where `sizes` is the default (`LatencyModel.t_infs`, `queueing.p99s`),
     kept in `scans` where given."""
     demand, share = demands[name], placement[name].share
-    others, left = _beside(name, placement, demands, batches, devices, lm)
     if sizes is None:
-        over = (memory_at(demand, _EVERY, lm) > left).tolist()
-        rows = zip(range(1, MAX_BATCH + 1), over, *_scan(name, share, others, demand, lm, scans), strict=True)
+        every = batch_rows(name, placement, demands, batches, devices, lm, scans)
+        rows = zip(range(1, MAX_BATCH + 1), *every, strict=True)
     else:
+        others, left = _beside(name, placement, demands, batches, devices, lm)
         rows = (_one(name, b, share, others, demand, left, lm) for b in sizes)
     for batch, over, exec_ms, p99_ms, stable in rows:
         yield batch, _why(over, stable, p99_ms, demand.slo_ms), math.inf if over else exec_ms
@@ -149,12 +166,11 @@ def bda(
     batches = {d.name: placement[d.name].batch for d in demands}
     infeasible: dict[str, str] = {}
     for demand in demands:
-        others, left = _beside(demand.name, placement, by_name, batches, by_id, lm)
-        _, p99, stable = _scan(demand.name, placement[demand.name].share, others, demand, lm, scans)
+        over, _, p99, stable = batch_rows(demand.name, placement, by_name, batches, by_id, lm, scans)
         low, high, found, reason = 1, MAX_BATCH, None, ""
         while low <= high:
             mid = (low + high) // 2
-            broken = _why(memory_at(demand, mid, lm) > left, stable[mid - 1], p99[mid - 1], demand.slo_ms)
+            broken = _why(over[mid - 1], stable[mid - 1], p99[mid - 1], demand.slo_ms)
             if broken in ("memory", "slo"):
                 high, reason = mid - 1, broken
             elif broken == "rate":

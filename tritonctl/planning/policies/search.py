@@ -54,7 +54,7 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.latency.queueing import goodput, goodputs
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
-from tritonctl.planning.policies.bda import Scans, batch_checks, bda, corunners, with_batches
+from tritonctl.planning.policies.bda import Scans, batch_rows, bda, corunners, with_batches
 from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.policies.timesharing import Turns, time_sharing, turn_choices, turn_outcome
 from tritonctl.shares import threads_for_cores
@@ -344,9 +344,10 @@ def _partial(
         if name not in infeasible:  # BDA's largest feasible batch, or a smaller feasible one serving more per second
             key = ("feasible", name, by_name[name].rate, placement[name].share, corunners(name, placement, out))
             if key not in memo:
-                best_b, best_rate = out[name], 0.0
-                for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
-                    if broken is None and b / exec_ms > best_rate * (1 + 1e-9):
+                best_b, best_rate, slo_ms = out[name], 0.0, by_name[name].slo_ms
+                rows = batch_rows(name, placement, by_name, out, by_id, lm, scans)
+                for b, (over, exec_ms, p99_ms, stable) in enumerate(zip(*rows, strict=True), 1):
+                    if not over and stable and p99_ms <= slo_ms and b / exec_ms > best_rate * (1 + 1e-9):
                         best_b, best_rate = b, b / exec_ms
                 memo[key] = best_b
             out[name] = memo[key]
@@ -355,8 +356,9 @@ def _partial(
         others = corunners(name, placement, out)
         key = (name, demand.rate, placement[name].share, others)  # the same device layout recurs across placements
         if key not in memo:
-            for b, broken, exec_ms in batch_checks(name, placement, by_name, out, by_id, lm, None, scans):
-                if broken == "memory":
+            over, times, _, _ = batch_rows(name, placement, by_name, out, by_id, lm, scans)
+            for b, (too_big, exec_ms) in enumerate(zip(over, times, strict=True), 1):
+                if too_big:
                     break  # memory grows with the batch
                 if min(demand.rate, 1000 * b / exec_ms) * (1 + 1e-9) <= best[0] + 1e-3:
                     continue  # no goodput above what this batch size completes, nor above the rate
@@ -436,7 +438,7 @@ class Judge:
 
     def beats(self, placement: Placement, best: tuple, slack: float = 0.0) -> Judged | None:
         """The placement's judgement, or None where it cannot score better than the score `best` with `slack`
-        requests/s more: judged device by device, those with the most requests first (where most can be lost), it
+        requests/s more: judged device by device, those judged before first, then those with the most requests, it
         is given up once its goodput with every device not yet judged serving the most it can (`most_served`) ranks
         below `best`'s less `slack` (the score's first term)."""
         key = tuple(sorted(placement.items()))
@@ -444,7 +446,10 @@ class Judge:
             return self._judged[key]
         self._count(key)
         pieces = self.pieces(placement)
-        groups = sorted(self._groups(placement, pieces), key=lambda g: -sum(d.rate for d, _ in g[3]))
+        # the devices judged already first (they cost nothing), then those with the most requests (most can be lost)
+        groups = sorted(
+            self._groups(placement, pieces), key=lambda g: (g[3] not in self._devices, -sum(d.rate for d, _ in g[3]))
+        )
         most = [self.most_served(spots, turns) for _, _, turns, spots in groups]
         bar, unjudged, served = best[0] + round(slack / self.quantum), sum(most), 0.0
         if -round(unjudged / self.quantum) > bar:
