@@ -3,6 +3,8 @@ devices taken in turns inside the search, and the InSS six-model setup against i
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -57,6 +59,24 @@ def test_in_slo_reads_the_quantile_ladder_as_np_interp_reads_it():
         ladder = ((1 - w) * quantiles[i] + w * quantiles[i + 1]) * (t / rho)
         for slo in (float(rng.uniform(0.5, 3) * ladder[-1]), float(ladder[int(rng.integers(0, len(ladder)))]), t):
             assert in_slo(rate, batch, t, slo) == float(np.interp(slo, ladder, queueing.LEVELS, left=0.0, right=1.0))
+
+
+def test_a_scan_read_entry_by_entry_gives_p99s_to_the_last_bit():
+    """`P99Scan` computes a scan's p99 per batch size when first read (`p99_of`, Python floats); every entry must
+    be `p99s`'s, loads nearly idle, inside the table, exactly at its end, nearly saturated and overloaded included,
+    with the queueing model and without it."""
+    rng = np.random.default_rng(5)
+    loads = queueing._LOADS
+    rates = [0.0, 1e-4, float(loads[-1]) * 1000 / 7.5, *rng.uniform(0.5, 4000, 60).tolist()]
+    for rate in rates:
+        times = np.sort(rng.uniform(0.5, 400, 32)) if rate != rates[2] else np.full(32, 7.5)
+        for switch in (contextlib.nullcontext, queueing.without_queueing):
+            with switch():
+                p99, _ = queueing.p99s(rate, times)
+                lazy = queueing.P99Scan(rate, times.tolist())
+                assert [lazy[k] for k in (31, 0, 7)] == [p99[31], p99[0], p99[7]]
+                assert list(lazy) == p99.tolist()
+    assert queueing.P99Scan(rates[2], [7.5] * 32)[0] == queueing.p99s(rates[2], np.full(32, 7.5))[0][0] < math.inf
 
 
 def test_goodput_below_and_above_saturation():

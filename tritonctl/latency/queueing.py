@@ -26,7 +26,7 @@ import contextlib
 import contextvars
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,6 +180,50 @@ def p99s(rate: float, t_inf_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         else:  # nearly idle or nearly saturated
             p99[k] = sample_task_latency(rate, int(k + 1), float(t_inf_ms[k])).p99_ms
     return p99, stable
+
+
+@functools.lru_cache(maxsize=1)
+def _p99_lists(max_batch: int) -> tuple[list[list[float]], list[list[float]]]:
+    """`_p99_rows`' rows and slopes as Python lists, for `p99_of`."""
+    rows, slopes, *_ = _p99_rows(max_batch)
+    return rows.tolist(), slopes.tolist()
+
+
+def p99_of(rate: float, batch: int, t_inf_ms: float, max_batch: int) -> float:
+    """One entry of `p99s` (batch `batch` of 1 ... `max_batch`), computed as `p99s` computes it in Python floats:
+    a scan's binary search reads a few of its batch sizes, and numpy's cost per call would be most of the answer."""
+    if rate <= 0:
+        return t_inf_ms
+    rho = rate * t_inf_ms / (1000.0 * batch)
+    if not rho < 1:
+        return math.inf
+    if not _QUEUEING.get():
+        return t_inf_ms
+    loads = _LOAD_LIST
+    rows, slopes = _p99_lists(max_batch)
+    if rho == loads[-1]:
+        return rows[batch - 1][-1] * (t_inf_ms / rho)
+    if rho < loads[0] or rho > loads[-1]:  # nearly idle or nearly saturated
+        return sample_task_latency(rate, batch, t_inf_ms).p99_ms
+    j = bisect.bisect_right(loads, rho) - 1
+    return (slopes[batch - 1][j] * (rho - loads[j]) + rows[batch - 1][j]) * (t_inf_ms / rho)
+
+
+class P99Scan(Sequence[float]):
+    """`p99s(rate, times)[0]` read entry by entry (index batch - 1), each computed when first read (`p99_of`)."""
+
+    def __init__(self, rate: float, times: list[float]):
+        self.rate, self.times = rate, times
+        self._p99: list[float | None] = [None] * len(times)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __getitem__(self, k: int) -> float:  # type: ignore[override]  # an index from 0, no slices
+        p99 = self._p99[k]
+        if p99 is None:
+            p99 = self._p99[k] = p99_of(self.rate, k + 1, self.times[k], len(self.times))
+        return p99
 
 
 def in_slo(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import p99s, task_latency
+from tritonctl.latency.queueing import P99Scan, p99s, task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError
 from tritonctl.planning.policies.spread import spread
@@ -56,9 +56,10 @@ def broken_constraint(
 # the least tie, and the larger batch is served
 PROMPT_RATE, PROMPT_TIE = 1.5, 0.1
 
-# Every batch size's time, p99 and stability of a model at a share beside its co-runners, at a rate: what a
-# scan reads, kept by whoever scans the same layouts again (search's Judge). Keyed by `_scan_key`.
-Scans = dict[tuple, tuple[list[float], list[float], list[bool]]]
+# Every batch size's time, p99 (each computed when first read) and stability of a model at a share beside its
+# co-runners, at a rate: what a scan reads, kept by whoever scans the same layouts again (search's Judge). Keyed by
+# `_scan_key`.
+Scans = dict[tuple, tuple[list[float], P99Scan, list[bool]]]
 
 
 def _scan_key(name: str, share: int, others: tuple[tuple[str, int, int], ...], rate: float, lm: LatencyModel):
@@ -80,15 +81,15 @@ def _scan(
     demand: Demand,
     lm: LatencyModel,
     scans: Scans | None,
-) -> tuple[list[float], list[float], list[bool]]:
+) -> tuple[list[float], P99Scan, list[bool]]:
     """Model `name`'s batch times, p99s and stability for every batch size at `share` beside `others`, kept in
     `scans` where given."""
     key = _scan_key(name, share, others, demand.rate, lm)
     scan = scans.get(key) if scans is not None else None
     if scan is None:
-        times = lm.t_infs(name, share, others)
-        p99, stable = p99s(demand.rate, times)
-        scan = times.tolist(), p99.tolist(), stable.tolist()
+        times, rate = lm.t_infs(name, share, others).tolist(), demand.rate
+        stable = [rate <= 0 or rate * t / (1000.0 * b) < 1 for b, t in enumerate(times, 1)]  # as `p99s` reads it
+        scan = times, P99Scan(rate, times), stable
         if scans is not None:
             scans[key] = scan
     return scan
@@ -108,7 +109,7 @@ def batch_rows(
     devices: dict[str, Device],
     lm: LatencyModel,
     scans: Scans | None = None,
-) -> tuple[list[bool], list[float], list[float], list[bool]]:
+) -> tuple[list[bool], list[float], P99Scan, list[bool]]:
     """Every batch size of model `name` beside its co-runners at `batches`, indexed by batch - 1: whether it
     breaks device memory, its batch time, p99 and stability (one scan, kept in `scans` where given)."""
     demand = demands[name]
@@ -130,7 +131,7 @@ def batch_checks(
 ) -> Iterator[tuple[int, str | None, float]]:
     """For each batch size of `sizes` (default 1 ... MAX_BATCH), model `name` beside its co-runners at `batches`:
     the size, the first constraint it breaks ('memory', 'slo', 'rate') or None, and its batch time (ms; inf where
-    memory breaks). Every size at once where `sizes` is the default (`LatencyModel.t_infs`, `queueing.p99s`),
+    memory breaks). Every size at once where `sizes` is the default (`LatencyModel.t_infs`, `queueing.P99Scan`),
     kept in `scans` where given."""
     demand, share = demands[name], placement[name].share
     if sizes is None:
