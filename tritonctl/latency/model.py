@@ -137,6 +137,7 @@ class LatencyModel:
         self._columns = {name: np.array(rows[1:]) for name, rows in self._table.items()}  # [batch - 1, share]
         self._t_infs: dict[tuple, np.ndarray] = {}  # `t_infs` by the InSS formula before the margin, see there
         self._contention: dict[tuple[int, tuple[int, ...]], float] = {}  # (share, co-runners' shares) -> contention
+        self._footprints: dict[str, list[float]] = {}  # `footprints_mb` per model
         self.margin = 0.0  # see `with_margin`
         self.mlp: MlpPredictor | None = None  # set: t_inf is the MLP's (mlp.py), the rest stays this model's
         self._mlp_ms: dict[tuple, float] = {}
@@ -359,7 +360,9 @@ class LatencyModel:
 
     def footprints_mb(self, model: str) -> list[float]:
         """`footprint_mb` of batches 1 ... MAX_BATCH (the same values), for a scan over batch sizes."""
-        return [self.footprint_mb(model, b) for b in range(1, MAX_BATCH + 1)]
+        if model not in self._footprints:
+            self._footprints[model] = [self.footprint_mb(model, b) for b in range(1, MAX_BATCH + 1)]
+        return self._footprints[model]
 
     def extrapolates(self, model: str, batch: int, share: int) -> bool:
         p = self.models[model]

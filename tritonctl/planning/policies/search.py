@@ -345,10 +345,11 @@ def _partial(
             key = ("feasible", name, by_name[name].rate, placement[name].share, corunners(name, placement, out))
             if key not in memo:
                 best_b, best_rate, slo_ms = out[name], 0.0, by_name[name].slo_ms
-                rows = batch_rows(name, placement, by_name, out, by_id, lm, scans)
-                for b, (over, exec_ms, p99_ms, stable) in enumerate(zip(*rows, strict=True), 1):
-                    if not over and stable and p99_ms <= slo_ms and b / exec_ms > best_rate * (1 + 1e-9):
-                        best_b, best_rate = b, b / exec_ms
+                over, times, p99, stable = batch_rows(name, placement, by_name, out, by_id, lm, scans)
+                for b in range(1, len(times) + 1):  # a p99 is computed only where the batch would serve more
+                    faster = b / times[b - 1] > best_rate * (1 + 1e-9)
+                    if faster and not over[b - 1] and stable[b - 1] and p99[b - 1] <= slo_ms:
+                        best_b, best_rate = b, b / times[b - 1]
                 memo[key] = best_b
             out[name] = memo[key]
     for name in infeasible:
