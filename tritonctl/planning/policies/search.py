@@ -31,8 +31,10 @@ the number of models BDA can serve fully matters when the devices cannot carry e
 model: a plan that serves a heavy model at 90% beats one that leaves it out. A model that
 no placement serves at all is left to the planner to shed.
 
-It stops at a local optimum or after `MAX_EVALUATIONS` placements judged (a count, not a
-clock, so that a plan does not depend on the machine's speed).
+It stops at a local optimum or after `MAX_EVALUATIONS` placements looked at (a count, not a
+clock, so that a plan does not depend on the machine's speed). A neighbour is given up unjudged
+once what its devices' batch times allow them to serve cannot beat the best neighbour so far
+(`Judge.beats`): the climb finds what judging every neighbour in full finds.
 
 Then, only where the best placement serves some model short of its rate, a replica phase
 climbs again from it (and from time-sharing's plan where that splits a model into
