@@ -324,7 +324,7 @@ def state(
 ) -> np.ndarray:
     """The state the actor decides in: the current placement with BDA's batches on it at the current rates
     (`decision`, where BDA has run on it already)."""
-    decision = decision or bda(current, demands, devices, lm)
+    decision = decision if decision is not None else bda(current, demands, devices, lm)
     return observe(layout, current, decision.batches, demands, lm, undeployed(decision))
 
 
