@@ -458,7 +458,7 @@ def decide(demands: list[Demand], devices: list[Device], lm: LatencyModel, train
     as_spots = {n: Spot(c.device, c.share) for n, c in current.items()}
     judge = Judge(demands, devices, lm)
     slower = slower_judge(judge)
-    first = bda(current, demands, devices, lm)
+    first = bda(current, demands, devices, lm, judge.scans)  # the judge reads these scans again
     if first.ok:
         why = "BDA finds batches that meet every SLO on the current (spread) placement"
         return Decision(as_spots, "current", why, robust_choices(as_spots, judge, slower))

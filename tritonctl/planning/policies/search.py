@@ -414,7 +414,9 @@ class Judge:
         self._most: dict[tuple, float] = {}  # `most_served` per device layout
         self._judged: dict[tuple, Judged] = {}
         self._memo: dict[tuple, int] = {}
-        self._scans: Scans = {}  # every batch size of a model in a device layout: BDA's and the batches' scans
+        # every batch size of a model in a device layout, BDA's and the batches' scans: BDA on a placement of these
+        # demands elsewhere may read and add to them
+        self.scans: Scans = {}
         self._devices: dict[tuple, _Device] = {}  # one device's members: devices do not interact
 
     def __call__(self, placement: Placement) -> Judged:
@@ -528,9 +530,9 @@ class Judge:
     def _judge_split(self, device: Device, members: tuple[tuple[Demand, Spot], ...]) -> _Device:
         lm, here = self.lm, [d for d, _ in members]
         choices = {d.name: Choice(device.id, spot.share) for d, spot in members}
-        decision = bda(choices, here, self.devices, lm, self._scans)  # Algorithm 1 sizes beside the device's models
+        decision = bda(choices, here, self.devices, lm, self.scans)  # Algorithm 1 sizes beside the device's models
         infeasible = decision.infeasible
-        batches = _partial(choices, decision.batches, infeasible, here, self.devices, lm, self._memo, self._scans)
+        batches = _partial(choices, decision.batches, infeasible, here, self.devices, lm, self._memo, self.scans)
         # meeting the SLO at p99 (BDA's constraint) counts as serving the whole rate, as in problem (1)
         served = {d.name: d.rate for d in here if d.name not in infeasible}
         in_turn = dict(served)  # the same, with every request served in its turn (nothing rejected)
