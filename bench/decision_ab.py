@@ -1,12 +1,13 @@
-"""`inss`'s decision time with this checkout's code against another commit's, decision by decision.
+"""`inss`'s decision time (or `search`'s plan) with this checkout's code against another commit's, decision by
+decision.
 
-    python bench/decision_ab.py --against COMMIT [--setup eight-4] [--vectors 50]
+    python bench/decision_ab.py --against COMMIT [--setup eight-4] [--vectors 50] [--policy inss|search]
 
 Two warm worker processes, one running the code of COMMIT (`git archive` of its package folders into a
 temporary folder) and one this checkout's, each loading the InSS setup of examples/inss-scaled/ with the
 SCALED latency model and its own trained policy. Every held-out rate vector (each model's rate drawn in
 0.5-1.2x, a fixed seed; the setup's own rates first) goes to both in turn, which one first alternating,
-and each times its `inss.decide` alone. A machine whose speed drifts moves both of a pair alike, so the
+and each times its `inss.decide` (or `search`) alone. A machine whose speed drifts moves both of a pair alike, so the
 ratio per vector is what compares; the script prints its median, each side's median decision, and how
 many decisions differ (placement, whose, why and every choice). Run it on a quiet machine.
 """
@@ -31,12 +32,13 @@ FOLDERS = ("tritonctl", "rl", "profiler", "templates")  # the package and the fo
 SEED = 20
 
 
-def worker(setup: str) -> None:
+def worker(setup: str, policy: str) -> None:
     """Answer each JSON line of rate factors on stdin with the decision's time (ms) and what it decided."""
     from tritonctl.latency.model import load_latency_model
     from tritonctl.latency.queueing import warm_tables
     from tritonctl.planning.planner import demands_of, devices_of
     from tritonctl.planning.policies.inss import decide, default_policy_file, load_trained
+    from tritonctl.planning.policies.search import search
     from tritonctl.spec import load_cluster
 
     lm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
@@ -50,15 +52,18 @@ def worker(setup: str) -> None:
     for line in sys.stdin:
         demands = [replace(d, rate=d.rate * x) for d, x in zip(base, json.loads(line), strict=True)]
         started = time.perf_counter()
-        chosen = decide(demands, devices, lm, trained)
+        if policy == "search":
+            what = sorted(search(demands, devices, lm).items())
+        else:
+            chosen = decide(demands, devices, lm, trained)
+            what = [sorted(chosen.placement.items()), chosen.source, chosen.why, sorted(chosen.choices.items())]
         ms = 1000 * (time.perf_counter() - started)
-        what = [sorted(chosen.placement.items()), chosen.source, chosen.why, sorted(chosen.choices.items())]
         print(json.dumps([ms, repr(what)]), flush=True)
 
 
-def start(code: Path, setup: str) -> subprocess.Popen:
+def start(code: Path, setup: str, policy: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    args = [sys.executable, __file__, "--worker", "--setup", setup]
+    args = [sys.executable, __file__, "--worker", "--setup", setup, "--policy", policy]
     return subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
@@ -77,10 +82,11 @@ def main() -> int:
     parser.add_argument("--against", help="the commit whose code is timed beside this checkout's")
     parser.add_argument("--setup", default="eight-4", help="examples/inss-scaled/SETUP.yaml (default eight-4)")
     parser.add_argument("--vectors", type=int, default=50, help="rate vectors, the setup's own rates first")
+    parser.add_argument("--policy", choices=("inss", "search"), default="inss", help="what is timed (default inss)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.setup)
+        worker(args.setup, args.policy)
         return 0
     if not args.against:
         parser.error("--against COMMIT is needed")
@@ -89,7 +95,7 @@ def main() -> int:
         if archive.returncode:
             sys.exit(f"git archive {args.against}: {archive.stderr.decode().strip()}")
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        theirs, ours = start(Path(tmp), args.setup), start(REPO, args.setup)
+        theirs, ours = start(Path(tmp), args.setup, args.policy), start(REPO, args.setup, args.policy)
         models = json.loads(theirs.stdout.readline())
         if json.loads(ours.stdout.readline()) != models:
             sys.exit("the two workers load different setups")
@@ -110,9 +116,9 @@ def main() -> int:
     theirs_ms, ours_ms = statistics.median(times["theirs"]), statistics.median(times["ours"])
     low, high = np.percentile(ratios, [25, 75])
     print(
-        f"{args.setup}, {args.vectors} rate vectors: {args.against} median {theirs_ms:.2f} ms, this checkout "
-        f"{ours_ms:.2f} ms; per vector {args.against} / this checkout: median {statistics.median(ratios):.2f} "
-        f"(quartiles {low:.2f}-{high:.2f}); {differ} of {args.vectors} decisions differ"
+        f"{args.policy}, {args.setup}, {args.vectors} rate vectors: {args.against} median {theirs_ms:.2f} ms, "
+        f"this checkout {ours_ms:.2f} ms; per vector {args.against} / this checkout: median "
+        f"{statistics.median(ratios):.2f} (quartiles {low:.2f}-{high:.2f}); {differ} of {args.vectors} decisions differ"
     )
     return 0
 
