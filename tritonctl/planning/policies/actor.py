@@ -94,7 +94,7 @@ class TrainedActor:
         actor.load_state_dict(state["actor"])
         return cls(actor, state["metadata"])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs, mask=None) -> np.ndarray:
         """The most likely allowed action of every head for one observation."""
         rows = torch.as_tensor(np.asarray(obs, np.float32)[None])
@@ -102,7 +102,7 @@ class TrainedActor:
             mask = torch.as_tensor(check_mask(mask, self.actor.sizes)[None])
         return np.array([int(z.argmax()) for z in self.actor(rows, mask)])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def proposals(self, obs, mask, count: int, seed: int = 0) -> np.ndarray:
         """`count` actions for one observation, one per row: the greedy one first, then draws from the policy
         (each head independently, seeded: the same observation gives the same proposals)."""
