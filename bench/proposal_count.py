@@ -7,32 +7,30 @@ For each InSS setup of examples/inss-scaled/ (SCALED latency model, SYNTHETIC) w
 count of proposals (`inss.PROPOSALS`, 16 as shipped): `inss.decide` on `--vectors` held-out rate vectors (every
 model's rate drawn in 0.5-1.2x, a fixed seed), its median decision time (warm, this machine), the goodput it is
 predicted to serve (`search.Judge`) as a share of `search`'s on the same vector (mean and lowest), and on how many
-vectors the actor's placement was deployed. The counts are timed one after the other, not paired: compare them
+vectors the actor's placement was deployed (a decision leaving a model unserved serves nothing, as in
+bench/inss_choice.py, whose helpers this reads). The counts are timed one after the other, not paired: compare them
 within one run, on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from inss_choice import decided_served, decision, inss_module, served, timed
 
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import warm_tables
 from tritonctl.planning.planner import demands_of, devices_of
-from tritonctl.planning.policies.search import Judge, climb
+from tritonctl.planning.policies.search import climb
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = 20
-# the module (the package exports a function of that name)
-inss = importlib.import_module("tritonctl.planning.policies.inss")
 
 
 def rows(setup: str, counts: list[int], vectors: int) -> list[str]:
@@ -40,34 +38,26 @@ def rows(setup: str, counts: list[int], vectors: int) -> list[str]:
     cluster = load_cluster(REPO / f"examples/inss-scaled/{setup}.yaml")
     devices, base = devices_of(cluster), demands_of(cluster, {}, lm)
     name = cluster.spec.name
-    trained = inss.load_trained(inss.default_policy_file(name), name, [d.name for d in base], devices)
+    trained = inss_module.load_trained(inss_module.default_policy_file(name), name, [d.name for d in base], devices)
     warm_tables(32)
-    inss.decide(base, devices, lm, trained)  # torch's first call
+    decision(base, devices, lm, trained)  # torch's first call
     rng = np.random.default_rng(SEED)
     workloads = [[replace(d, rate=d.rate * x) for d, x in zip(base, rng.uniform(0.5, 1.2, len(base)), strict=True)]
                  for _ in range(vectors)]  # fmt: skip
-    searched = []
-    for demands in workloads:
-        placement, judge = climb(demands, devices, lm)
-        searched.append(sum(judge(placement).served.values()))
-    out, shipped = [], inss.PROPOSALS
-    try:
-        for count in counts:
-            inss.PROPOSALS = count
-            times, shares, actor = [], [], 0
-            for demands, theirs in zip(workloads, searched, strict=True):
-                started = time.perf_counter()
-                chosen = inss.decide(demands, devices, lm, trained)
-                times.append(1000 * (time.perf_counter() - started))
-                shares.append(sum(Judge(demands, devices, lm)(chosen.placement).served.values()) / theirs)
-                actor += chosen.source == "actor"
-            out.append(
-                f"| {setup} | {count} | {statistics.median(times):.1f} ms | {100 * np.mean(shares):.2f}% | "
-                f"{100 * min(shares):.2f}% | {actor} of {vectors} |"
-            )
-            print(out[-1], flush=True)
-    finally:
-        inss.PROPOSALS = shipped
+    searched = [served(climb(demands, devices, lm)[0], demands, devices, lm) for demands in workloads]
+    out = []
+    for count in counts:
+        times, shares, actor = [], [], 0
+        for demands, theirs in zip(workloads, searched, strict=True):
+            chosen, ms = timed(lambda demands=demands, count=count: decision(demands, devices, lm, trained, count))
+            times.append(ms)
+            shares.append(decided_served(chosen, demands, devices, lm) / theirs)
+            actor += chosen is not None and chosen.source == "actor"
+        out.append(
+            f"| {setup} | {count} | {statistics.median(times):.1f} ms | {100 * np.mean(shares):.2f}% | "
+            f"{100 * min(shares):.2f}% | {actor} of {vectors} |"
+        )
+        print(out[-1], flush=True)
     return out
 
 

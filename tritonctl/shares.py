@@ -4,7 +4,6 @@ model, the simulator, the policies and the runtimes all follow it."""
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -121,30 +120,13 @@ def turn_layout(device: Device, slos: list[float]) -> list[Turn]:
     where only one is: it runs on a thread per core. It only takes the cores the higher ranks leave it (the
     kernel runs them first), so its threads do not stall theirs, and while they are idle a long batch of a
     loose SLO runs on every core instead of one."""
-    traits = _Traits(device.kind, device.cores, device.units, device.turn_priority, device.turn_threads)
-    return list(_turn_layout(traits, tuple(slos)))
-
-
-@dataclass(frozen=True)
-class _Traits:
-    """What `turn_layout` reads of a device, as a key: a planner asks for the same layouts again and again."""
-
-    kind: str
-    cores: float
-    units: int
-    turn_priority: str
-    turn_threads: str
-
-
-@functools.lru_cache(maxsize=4096)
-def _turn_layout(device: _Traits, slos: tuple[float, ...]) -> tuple[Turn, ...]:
     if device.kind != "cpu":
-        return (Turn(1, device.units, None),) * len(slos)
+        return [Turn(1, device.units, None)] * len(slos)
     ranks = turn_ranks(device, slos)
     threads = [turn_threads(device, len(slos))] * len(slos)
     if device.turn_threads == "lightest" and ranks is not None and ranks.count(max(ranks)) == 1:
         threads[ranks.index(max(ranks))] = threads_for_cores(device.cores)
-    return tuple(Turn(k, _threads_share(device, k), None if ranks is None else ranks[i]) for i, k in enumerate(threads))
+    return [Turn(k, _threads_share(device, k), None if ranks is None else ranks[i]) for i, k in enumerate(threads)]
 
 
 def cpu_weight(device: Device, share: int) -> int:
