@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tritonctl.cli import main
 from tritonctl.deploy.apply import down
-from tritonctl.deploy.local import LocalRuntime
+from tritonctl.deploy.local import LocalRuntime, ephemeral_ports
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
 
@@ -74,13 +75,14 @@ def _no_stray_instances(request):
 
 
 def free_base_port(span: int = 8) -> int:
-    """A port with `span` free ports above it (best effort: checked when chosen)."""
+    """A port with `span` free ports above it, below the kernel's ephemeral range (best effort: checked when
+    chosen). Inside that range an instance's port or an outgoing connection can take a model port before
+    HAProxy binds it."""
+    ephemeral = ephemeral_ports()
+    top = min(ephemeral.start if ephemeral else 32768, 65000) - span
+    rng = random.Random()
     for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + span > 65000:
-            continue
+        base = rng.randrange(20000, top)
         ok = True
         for port in range(base, base + span):
             with socket.socket() as probe:

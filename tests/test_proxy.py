@@ -20,9 +20,11 @@ import yaml
 
 from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
+from tritonctl.deploy.apply import ephemeral_clash
 from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, haproxy_binary, process_alive
 from tritonctl.deploy.proxy import Server, balance, haproxy_weights, parse_stat, render_config
 from tritonctl.deploy.state import load_state
+from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import load_plan
 
 SERVERS = {
@@ -253,6 +255,39 @@ def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts
     assert f"port {port} is in use by another process" in err and "Traceback" not in err
     state_dir = load_plan(plan).state_dir
     assert not load_state(state_dir).instances and not Path(state_dir, PROXY_FILE).exists()
+
+
+def test_a_model_port_taken_after_the_check_fails_the_reload_naming_haproxys_alert(tmp_path):
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    assert main(["apply", str(plan)]) == 0
+    try:
+        loaded = load_plan(plan)
+        (record,) = load_state(loaded.state_dir).instances.values()
+        runtime = LocalRuntime(None, loaded.state_dir)
+        with socket.socket() as taken:  # bound, not listening: as an outgoing connection holds its source port
+            taken.bind(("127.0.0.1", 0))
+            port = taken.getsockname()[1]
+            with pytest.raises(TritonctlError, match="cannot bind socket") as raised:
+                runtime.route("127.0.0.1", port, [(record, 1.0)])
+        assert f":{port}" in str(raised.value)
+        assert runtime.proxy_ok()  # the old worker resumed and keeps serving the model
+        assert f"port{port}" not in (loaded.state_dir / "haproxy.cfg").read_text()  # the saved configuration too
+    finally:
+        assert main(["down", str(plan)]) == 0
+
+
+def test_model_ports_in_the_ephemeral_range_are_warned_of(tmp_path):
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    loaded = load_plan(plan)
+    port = loaded.plan.models[0].port
+    assert ephemeral_clash(loaded, range(port + 1, 60000)) is None
+    assert ephemeral_clash(loaded, None) is None
+    line = ephemeral_clash(loaded, range(port, 60000))
+    assert f"model ports {port} lie in" in line and f"below {port}" in line
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from tritonctl.deploy.local import port_is_free
+from tritonctl.deploy.local import ephemeral_ports, port_is_free
 from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError, stop_all
 from tritonctl.deploy.state import State, apply_lock, load_state, save_state
 from tritonctl.errors import RolledBack, TritonctlError
@@ -278,8 +278,10 @@ def apply_plan(
     with a runtime that rehearses (Compose in dry-run mode), walks through them with it, so
     that runtime prints every command it would run (host ports are not checked).
     """
-    if runtime.name == "local" and (line := exposure(loaded)):
-        log(line)
+    if runtime.name == "local":
+        for line in (exposure(loaded), ephemeral_clash(loaded, ephemeral_ports())):
+            if line:
+                log(line)
     if dry_run and not runtime.rehearses:
         loaded = runtime.prepare(loaded, write=False)
         return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)
@@ -328,6 +330,19 @@ def exposure(loaded: LoadedPlan) -> str | None:
         f"note: runtime.host is {host}: model ports {ports} and every instance's gRPC, HTTP and metrics ports "
         "are reachable beyond this machine (Triton's control APIs ask for the deployment's key; HAProxy's runtime API "
         "is a unix socket in the state folder)"
+    )
+
+
+def ephemeral_clash(loaded: LoadedPlan, ephemeral: range | None) -> str | None:
+    """A warning when model ports lie in the kernel's ephemeral range: an instance's ports or an outgoing
+    connection's source port can hold one of them when HAProxy comes to bind it."""
+    inside = sorted({model.port for model in loaded.plan.models if ephemeral is not None and model.port in ephemeral})
+    if not inside:
+        return None
+    return (
+        f"warning: model ports {', '.join(map(str, inside))} lie in this machine's ephemeral port range "
+        f"({ephemeral.start}-{ephemeral.stop - 1}), where the kernel hands out ports to instances and outgoing "
+        f"connections, so one may be taken when HAProxy binds it; choose runtime.base_port below {ephemeral.start}"
     )
 
 

@@ -90,6 +90,15 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def ephemeral_ports() -> range | None:
+    """The ports the kernel hands out to sockets bound to port 0 and to outgoing connections (None off Linux)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(low, high + 1)
+
+
 def proc_stat_fields(pid: int) -> list[str]:
     """The fields of /proc/PID/stat after the command name (state first); [] when it does not exist."""
     try:
@@ -145,6 +154,23 @@ def _log_tail(log: Path, lines: int = 12) -> str:
         return ""
     errors = [line for line in text if line.startswith("E") or "error" in line.lower()]
     return "\n".join((errors or text)[-lines:])
+
+
+def _log_since(log: Path, since: int) -> list[str]:
+    """The lines a log gained after byte `since`."""
+    try:
+        with log.open("rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def _proxy_alerts(log: Path, since: int = 0) -> str:
+    """HAProxy's alerts logged after byte `since` (why a worker did not start), else its last lines."""
+    text = _log_since(log, since)
+    alerts = [line for line in text if "[ALERT]" in line]
+    return "\n".join((alerts or text)[-4:])
 
 
 def _answers(record: InstanceRecord) -> Health:
@@ -417,6 +443,7 @@ class LocalRuntime:
         config = self._write_routes(routes, host, metrics_port)
         log_path = self.state_dir / "logs" / "haproxy.log"
         group = self._proxy_group()
+        since = log_path.stat().st_size if log_path.exists() else 0
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 share.joining(group, [haproxy_binary(), "-W", "-db", "-f", str(config)]),
@@ -429,7 +456,7 @@ class LocalRuntime:
         while not self._api.answers():
             if proc.poll() is not None or time.monotonic() > deadline:
                 self._stop_proxy(rec)
-                raise TritonctlError(f"HAProxy did not start: {_log_tail(log_path, 4)}", file=log_path)
+                raise TritonctlError(f"HAProxy did not start: {_proxy_alerts(log_path, since)}", file=log_path)
             time.sleep(0.05)
         write_json_atomic(self.state_dir / PROXY_FILE, rec)
         return rec
@@ -444,9 +471,19 @@ class LocalRuntime:
         except OSError:
             return None
 
-    def _reload_proxy(self, rec: dict, routes: Routes) -> None:
-        """Rewrite the configuration for a new set of model ports and reload (the old worker finishes its requests)."""
+    def _reload_proxy(self, rec: dict, routes: Routes, before: Routes) -> None:
+        """Rewrite the configuration for a new set of model ports and reload (the old worker finishes its requests).
+        If the new configuration does not load, the saved one goes back to what still runs."""
+        try:
+            self._reload_to(rec, routes)
+        except TritonctlError:
+            self._write_routes(before, rec["host"], rec["metrics_port"])
+            raise
+
+    def _reload_to(self, rec: dict, routes: Routes) -> None:
         self._write_routes(routes, rec["host"], rec["metrics_port"])
+        log_path = self.state_dir / "logs" / "haproxy.log"
+        since = log_path.stat().st_size if log_path.exists() else 0
         os.kill(rec["pid"], signal.SIGUSR2)
         wanted = {backend(port) for port in routes}
         deadline = time.monotonic() + 10
@@ -455,9 +492,9 @@ class LocalRuntime:
                 listed = {line.split(",", 1)[0] for line in self._api("show stat -1 1 -1").splitlines()[1:] if line}
                 if listed - {"metrics", ""} == wanted:
                     return
-            if time.monotonic() > deadline:
-                log_path = self.state_dir / "logs" / "haproxy.log"
-                raise TritonctlError(f"HAProxy did not reload: {_log_tail(log_path, 4)}", file=log_path)
+            # A new configuration that cannot load (a port taken) fails at once; the old worker resumes serving.
+            if time.monotonic() > deadline or any("Loading failure" in line for line in _log_since(log_path, since)):
+                raise TritonctlError(f"HAProxy did not reload: {_proxy_alerts(log_path, since)}", file=log_path)
             time.sleep(0.05)
 
     def route(self, host: str, port: int, backends: list[tuple[InstanceRecord, float]]) -> str:
@@ -478,7 +515,7 @@ class LocalRuntime:
             else:
                 (self.state_dir / ROUTES_FILE).unlink(missing_ok=True)
         elif set(routes) != set(before) or balance(servers) != balance(before.get(port, servers)):
-            self._reload_proxy(rec, routes)
+            self._reload_proxy(rec, routes, before)
         else:
             done = self._api.set_servers(port, servers)
             self._write_routes(routes, rec["host"], rec["metrics_port"])
