@@ -24,7 +24,6 @@ from tritonctl.deploy.apply import ephemeral_clash
 from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, haproxy_binary, process_alive
 from tritonctl.deploy.proxy import Server, balance, haproxy_weights, parse_stat, render_config
 from tritonctl.deploy.state import load_state
-from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import load_plan
 
 SERVERS = {
@@ -257,23 +256,37 @@ def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts
     assert not load_state(state_dir).instances and not Path(state_dir, PROXY_FILE).exists()
 
 
-def test_a_model_port_taken_after_the_check_fails_the_reload_naming_haproxys_alert(tmp_path):
+def test_a_model_port_taken_after_the_check_rolls_the_apply_back_naming_haproxys_alert(tmp_path, capsys, monkeypatch):
     make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha")])
     plan = tmp_path / "plan.yaml"
-    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    assert main(["plan", str(cluster), "-o", str(plan)]) == 0
     assert main(["apply", str(plan)]) == 0
     try:
+        spec = yaml.safe_load(cluster.read_text())
+        spec["models"].append(mlp_model("beta"))
+        cluster.write_text(yaml.safe_dump(spec, sort_keys=False))
+        assert main(["plan", str(cluster), "-o", str(plan)]) == 0
         loaded = load_plan(plan)
-        (record,) = load_state(loaded.state_dir).instances.values()
-        runtime = LocalRuntime(None, loaded.state_dir)
+        port = next(m.port for m in loaded.plan.models if m.name == "beta")
+        before = load_state(loaded.state_dir).instances
         with socket.socket() as taken:  # bound, not listening: as an outgoing connection holds its source port
-            taken.bind(("127.0.0.1", 0))
-            port = taken.getsockname()[1]
-            with pytest.raises(TritonctlError, match="cannot bind socket") as raised:
-                runtime.route("127.0.0.1", port, [(record, 1.0)])
-        assert f":{port}" in str(raised.value)
-        assert runtime.proxy_ok()  # the old worker resumed and keeps serving the model
-        assert f"port{port}" not in (loaded.state_dir / "haproxy.cfg").read_text()  # the saved configuration too
+
+            def taken_after_the_check(*_):
+                taken.bind(("127.0.0.1", port))
+
+            monkeypatch.setattr("tritonctl.deploy.apply._check_ports", taken_after_the_check)
+            capsys.readouterr()
+            assert main(["apply", str(plan)]) == 3
+            monkeypatch.undo()
+        err = capsys.readouterr().err
+        assert "rolled back" in err and "cannot bind socket" in err and f":{port}" in err and "Traceback" not in err
+        runtime = LocalRuntime(None, loaded.state_dir)
+        assert load_state(loaded.state_dir).instances.keys() == before.keys()  # beta's instance stopped
+        assert runtime.proxy_ok() and all(runtime.health(r).model_ready for r in before.values())
+        assert f"port{port}" not in (loaded.state_dir / "haproxy.cfg").read_text()  # what runs, as saved
+        assert main(["apply", str(plan)]) == 0  # the port free again: the same plan applies
+        assert len(load_state(loaded.state_dir).instances) == 2
     finally:
         assert main(["down", str(plan)]) == 0
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Collection
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -235,8 +235,8 @@ class _Run:
             self.save(self.state)
             self.log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
 
-    def route(self, steps: list[Step], log: Callable[[str], None]) -> None:
-        """Point every model address at the instances the plan keeps; connections to the others drain."""
+    def _backends(self, steps: list[Step]) -> dict[int, list[tuple[InstanceRecord, float]]]:
+        """Every model address and the instances (with their weights) the plan keeps behind it."""
         leaving = {step.uid for step in steps if step.action == "stop"}
         weights = {p.instance: p.weight for _, p in self.loaded.plan.instances()}
         ports: dict[int, list[tuple[InstanceRecord, float]]] = {model.port: [] for model in self.loaded.plan.models}
@@ -244,8 +244,24 @@ class _Run:
             ports.setdefault(record.grpc_port, [])
             if uid not in leaving:
                 ports[record.grpc_port].append((record, weights.get(record.instance, 1.0)))
-        for port, backends in ports.items():
-            log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, backends)}")
+        return ports
+
+    def open_new(self, steps: list[Step], started: list[InstanceRecord], opened: list[int]) -> None:
+        """Open the model addresses no instance served before this apply, before anything that serves is touched,
+        adding each to `opened` (to close again if the apply rolls back)."""
+        new = {record.uid for record in started}
+        served = {r.grpc_port for uid, r in self.state.instances.items() if uid not in new}
+        for port, backends in self._backends(steps).items():
+            if port not in served and backends:
+                self.log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, backends)}")
+                opened.append(port)
+
+    def route(self, steps: list[Step], log: Callable[[str], None], opened: Collection[int] = ()) -> None:
+        """Point every model address (but those `opened` already) at the instances the plan keeps; connections to
+        the others drain."""
+        for port, backends in self._backends(steps).items():
+            if port not in opened:
+                log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, backends)}")
 
     def stop_steps(self, steps: list[Step]) -> None:
         """The stop steps, all at once; the state saved as each instance has stopped."""
@@ -268,9 +284,10 @@ def apply_plan(
     """Apply the plan; returns the steps taken. Raises TritonctlError after rolling back.
 
     Order: start every new instance (shadows included) and wait until each is warm; then
-    reload in place; then point the model addresses at the instances to keep (the proxy
-    drains the others); then stop what the plan no longer has. A failed start
-    or reload stops the instances this apply started and touches nothing else. The model
+    open the addresses of models new to the deployment; then reload in place; then point the
+    other model addresses at the instances to keep (the proxy drains the others); then stop
+    what the plan no longer has. A failed start, opening or reload closes what this apply
+    opened, stops the instances it started and touches nothing else. The model
     repositories on disk always hold the latest applied plan; a running instance keeps what
     it loaded until it is reloaded or replaced.
 
@@ -302,16 +319,27 @@ def apply_plan(
         state.cluster, state.plan, state.runtime = loaded.plan.cluster, str(loaded.path), runtime.name
         try:
             started = run.start_all(steps)
+            opened: list[int] = []
             try:
+                run.open_new(steps, started, opened)  # a port taken meanwhile fails here, nothing else touched
                 run.reload_all(steps)
-            except BaseException:
+            except BaseException as exc:
+                for port in opened:
+                    with suppress(TritonctlError):
+                        runtime.route(loaded.plan.runtime.host, port, [])
                 run.discard(started)
+                if isinstance(exc, TritonctlError) and not isinstance(exc, RolledBack):
+                    raise RolledBack(
+                        f"apply failed and was rolled back (the running instances keep serving): {exc.message}",
+                        file=exc.file or loaded.path,
+                        field=exc.field,
+                    ) from None
                 raise
         except BaseException:  # rolled back: the state says what runs, which is the previous plan
             state.cluster, state.plan, state.runtime = before
             save(state)
             raise
-        run.route(steps, log)
+        run.route(steps, log, opened)
         run.stop_steps(steps)
         return steps
 
