@@ -31,7 +31,7 @@ def test_demo_serves_every_model_of_the_cpu_demo(tmp_path):
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": path}
     run = subprocess.run(
-        [sys.executable, "-m", "tritonctl", "demo", str(cluster), "--duration", "20", "--teardown"],
+        [sys.executable, "-m", "tritonctl", "demo", str(cluster), "--duration", "10", "--teardown"],
         env=env,
         capture_output=True,
         text=True,
