@@ -251,7 +251,8 @@ def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts
         capsys.readouterr()
         assert main(["apply", str(plan)]) == 2
     err = capsys.readouterr().err
-    assert f"port {port} is in use by another process" in err and "Traceback" not in err
+    assert f"port {port} is in use by another process: python" in err and f"(pid {os.getpid()})" in err
+    assert "Traceback" not in err
     state_dir = load_plan(plan).state_dir
     assert not load_state(state_dir).instances and not Path(state_dir, PROXY_FILE).exists()
 

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from tritonctl.deploy.local import ephemeral_ports, port_is_free
+from tritonctl.deploy.local import ephemeral_ports, port_holder, port_is_free
 from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError, stop_all
 from tritonctl.deploy.state import State, apply_lock, load_state, save_state
 from tritonctl.errors import RolledBack, TritonctlError
@@ -99,8 +99,9 @@ def _check_ports(loaded: LoadedPlan, steps: list[Step], rendered: dict[str, tupl
         launch = rendered[step.instance][1]
         ours = any(rec.grpc_port == launch.grpc_port and rec.model == launch.model for rec in state.instances.values())
         if not ours and not port_is_free(host, launch.grpc_port):
+            holder = port_holder(launch.grpc_port)
             raise TritonctlError(
-                f"port {launch.grpc_port} is in use by another process",
+                f"port {launch.grpc_port} is in use by another process" + (f": {holder}" if holder else ""),
                 file=loaded.path,
                 field=f"models.{launch.model}.port",
             )

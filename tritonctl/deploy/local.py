@@ -90,6 +90,25 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def port_holder(port: int) -> str | None:
+    """Which process listens on the TCP port, as "NAME (pid N)" (from /proc: Linux, and the processes this user may
+    see); None where none is found."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: listening
+                    inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir() if inodes else ():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                return f"{(proc / 'comm').read_text().strip()} (pid {proc.name})"
+    return None
+
+
 def ephemeral_ports() -> range | None:
     """The ports the kernel hands out to sockets bound to port 0 and to outgoing connections (None off Linux)."""
     try:
