@@ -277,7 +277,7 @@ def test_a_batch_taking_turns_is_stretched_by_the_mean_slowdown_over_how_many_ot
 
 def test_the_stretch_in_python_floats_is_the_poisson_binomial_computed_with_arrays_to_the_last_bit():
     """The recursion to the last bit, its sum taken in order; numpy's dot product sums in an order that depends
-    on the CPU's vector units, so against it only to a few units in the last place."""
+    on the CPU's vector units, so against it only to 1e-14."""
     from tritonctl.planning.policies.timesharing import _stretch
 
     def with_arrays(others, threads, cores):

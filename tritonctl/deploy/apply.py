@@ -318,9 +318,9 @@ def apply_plan(
             _check_ports(loaded, steps, run.rendered, state)
         before = (state.cluster, state.plan, state.runtime)
         state.cluster, state.plan, state.runtime = loaded.plan.cluster, str(loaded.path), runtime.name
+        opened: list[int] = []
         try:
             started = run.start_all(steps)
-            opened: list[int] = []
             try:
                 run.open_new(steps, started, opened)  # a port taken meanwhile fails here, nothing else touched
                 run.reload_all(steps)
