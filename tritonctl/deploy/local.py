@@ -492,14 +492,7 @@ class LocalRuntime:
 
     def _reload_proxy(self, rec: dict, routes: Routes, before: Routes) -> None:
         """Rewrite the configuration for a new set of model ports and reload (the old worker finishes its requests).
-        If the new configuration does not load, the saved one goes back to what still runs."""
-        try:
-            self._reload_to(rec, routes)
-        except TritonctlError:
-            self._write_routes(before, rec["host"], rec["metrics_port"])
-            raise
-
-    def _reload_to(self, rec: dict, routes: Routes) -> None:
+        If the new configuration does not load, the saved one goes back to `before`, what still runs."""
         self._write_routes(routes, rec["host"], rec["metrics_port"])
         log_path = self.state_dir / "logs" / "haproxy.log"
         since = log_path.stat().st_size if log_path.exists() else 0
@@ -513,6 +506,7 @@ class LocalRuntime:
                     return
             # A new configuration that cannot load (a port taken) fails at once; the old worker resumes serving.
             if time.monotonic() > deadline or any("Loading failure" in line for line in _log_since(log_path, since)):
+                self._write_routes(before, rec["host"], rec["metrics_port"])
                 raise TritonctlError(f"HAProxy did not reload: {_proxy_alerts(log_path, since)}", file=log_path)
             time.sleep(0.05)
 
