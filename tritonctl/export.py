@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -154,7 +155,9 @@ def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
             f"(for example: {', '.join(sorted(available)[:6])}, ...)"
         )
     torch.manual_seed(SEED)
-    net = torchvision.models.get_model(model.source, weights=None).eval()
+    with warnings.catch_warnings():  # e.g. GoogLeNet's notice that its default initialisation will change
+        warnings.simplefilter("ignore", FutureWarning)
+        net = torchvision.models.get_model(model.source, weights=None).eval()
     if model.input.dtype == "uint8":
         net = _image_bytes(net)
     dtype = getattr(torch, model.input.dtype)
