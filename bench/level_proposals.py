@@ -60,22 +60,13 @@ def simulated(plan, cluster, lm, seeds: int) -> list[float]:
     return [violations(plan, cluster, lm, seed, ERROR)[1] for seed in range(seeds)]
 
 
-def beyond(setup: str, cluster, artifacts, demands, devices, lm, seeds: int) -> list[str]:
-    """Rows for the level neighbours of the deployed placement and for `optimal`'s plan (see the docstring)."""
-    trained_decide, deployed = inss_module.decide, {}
-
-    def capture(*args):
-        decision = trained_decide(*args)
-        deployed["placement"] = decision.placement
-        return decision
-
-    inss_module.decide = capture
-    try:
-        make_plan(cluster, artifacts, "inss", Path("plan.yaml"), lm, log=lambda _: None)
-    finally:
-        inss_module.decide = trained_decide
-    base, judge = deployed["placement"], Judge(demands, devices, lm)
+def beyond(setup: str, cluster, artifacts, demands, devices, trained, lm, seeds: int) -> list[str]:
+    """Rows for the level neighbours of the deployed placement and for `optimal`'s plan (see the docstring). Each
+    neighbour is planned as the one `decide` deploys (not proposed: `decide` would weigh it against the current
+    placement)."""
+    base, judge = inss_module.decide(demands, devices, lm, trained).placement, Judge(demands, devices, lm)
     slow = inss_module.slower_judge(judge)
+    trained_decide = inss_module.decide
     work, floor = _work_and_floor(demands, devices, lm)
     bar = sum(judge(base).served.values()) - inss_module.LEVEL * sum(d.rate for d in demands)
     level = [n for n in _neighbours(base, devices, work, floor) if sum(judge(n).served.values()) >= bar]
@@ -141,7 +132,7 @@ def main() -> None:
             off = simulated(plan, cluster, lm, args.seeds)
             deployed = "yes" if k == chosen else ""
             if deployed and max(off) > 0.01:
-                missing.append((setup, cluster, artifacts, demands, devices))
+                missing.append((setup, cluster, artifacts, demands, devices, trained))
             lines.append(
                 f"| {setup} | {k} | {deployed} | {sum(judge(placement).served.values()):.1f} | "
                 f"{sum(slow(placement).served.values()):.1f} | {100 * statistics.mean(off):.2f}% | "
