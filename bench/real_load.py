@@ -282,15 +282,16 @@ def summary(rows: list[Row], cpu: str, added: list[str]) -> str:
     lines = [f"CPU: {cpu}", "", *later, "| deployment | tool | capacity (x rates) | " + " | ".join(
         f"goodput x{s:g}" for s in sorted({r.scale for r in rows})) + " |"]  # fmt: skip
     lines.append("|" + "---|" * (3 + len({r.scale for r in rows})))
+    lowest = min(r.scale for r in rows)
     for deployment in dict.fromkeys(r.deployment for r in rows):
         for tool in dict.fromkeys(r.tool for r in rows):
             goods = []
             for scale in sorted({r.scale for r in rows}):
                 cells = [r for r in rows if (r.deployment, r.tool, r.scale) == (deployment, tool, scale)]
                 goods.append(f"{sum(r.good_rps for r in cells):.1f}/{sum(r.offered_rps for r in cells):.1f}")
-            lines.append(
-                f"| {deployment} | {tool} | {capacity(rows, deployment, tool):g} | " + " | ".join(goods) + " |"
-            )
+            held = capacity(rows, deployment, tool)
+            cap = f"{held:g}" if held else f"<{lowest:g}"  # no scale held: below the lowest loaded
+            lines.append(f"| {deployment} | {tool} | {cap} | " + " | ".join(goods) + " |")
     models = list(dict.fromkeys(r.model for r in rows))
     lines += ["", "Per model at 1x: p99 ms measured (predicted by eq. 2 / simulated), % in SLO", "",
               "| deployment | tool | " + " | ".join(models) + " |", "|" + "---|" * (2 + len(models))]  # fmt: skip
