@@ -588,6 +588,34 @@ def test_copies_taking_turns_are_kept_only_where_their_simulation_answers_more_i
         assert any(n.startswith("one instance a model: simulated") for n in plan.notes) != copies_win
 
 
+def test_a_search_plan_short_of_its_slos_gives_way_to_time_sharing_where_that_simulates_ahead(
+    synthetic_lm, mlp_cluster
+):
+    """At 100 requests/s each search's plan is simulated to miss beta's SLO and time-sharing's answers more than 1%
+    of the offered load more in time: that plan is kept, saying why. At 60/s search's plan meets every SLO and
+    stays."""
+    from tritonctl.export import materialize
+    from tritonctl.latency.model import load_latency_model
+    from tritonctl.planning.planner import TURNS_GAIN, make_plan, simulated_goodput, simulated_plan
+    from tritonctl.planning.simulate import with_simulation
+
+    edit(mlp_cluster, lambda c: [m.update(slo_ms=40) for m in c["models"]])
+    lm = load_latency_model(synthetic_lm)
+    for rate, turns_win in ((100, True), (60, False)):
+        cluster = load_cluster(mlp_cluster).with_rates(lambda m, r=rate: r)
+        artifacts = materialize(cluster, log=lambda _: None)
+        said: list[str] = []
+        plan = simulated_plan(cluster, artifacts, "search", mlp_cluster, lm, log=said.append)
+        searched = with_simulation(make_plan(cluster, artifacts, "search", mlp_cluster, lm, log=print), lm)
+        assert plan.policy == ("time-sharing" if turns_win else "search")
+        assert any(s.startswith("time-sharing's plan: simulated") for s in said) == turns_win
+        assert any(n.startswith("time-sharing's plan: simulated") for n in plan.notes) == turns_win
+        if turns_win:
+            assert simulated_goodput(plan) >= simulated_goodput(searched) + TURNS_GAIN * 2 * rate
+        else:
+            assert plan.models == searched.models
+
+
 def test_a_calibration_says_how_far_apart_the_rounds_of_one_point_were():
     assert spread_of([43.0, 51.0, 50.0]) == pytest.approx(8 / 50)
     points = [Point("alpha", 1, 100, True, 10.0, 10.0, spread=s) for s in (0.02, 0.16, 0.05)]

@@ -80,7 +80,7 @@ def _plan(
         clock = plan.devices[0].clock_mhz
         plan = with_simulation(plan, lm if clock is None else clocked(lm, energy, clock, sources_of(cluster)))
     save_plan(plan, out)
-    say(f"plan ({policy}) written to {out}")
+    say(f"plan ({plan.policy}) written to {out}")
     for model, placement in plan.instances():
         device = plan.device(placement.device)
         line = (
