@@ -572,14 +572,15 @@ def simulated_plan(
     log: Callable[[str], None] = print,
     **options,
 ) -> Plan:
-    """`make_plan` (without an energy model) with the plan's simulation (`simulate.with_simulation`). `search` on
-    a CPU cluster also chooses, by simulation, whether a model runs as copies taking turns with one device
-    (`search_with_copies`), and where device groups leave `turn_threads` to the planner (`DeviceGroup.threads_open`),
-    one setting for all of them: whether the one instance of a device's lowest rank runs on every core
-    (`lightest`) or on its even part of them (`even`). `lightest` where that plan leaves no more models unserved,
-    is predicted to miss no SLO the other meets, and answers LIGHTEST_GAIN of the offered load more within the SLOs
-    in simulation, or no more than that less and is predicted to meet every SLO where the other is not (or where
-    only it is planned at all). The plan's notes say when it was chosen, and why."""
+    """`make_plan` (without an energy model) with the plan's simulation (`simulate.with_simulation`). `search` on a CPU
+    cluster also chooses, by simulation, whether a model runs as copies taking turns with one device and whether
+    time-sharing's plan replaces one short of its SLOs (`search_with_copies`), and where device groups leave
+    `turn_threads` to the planner (`DeviceGroup.threads_open`), one setting for all of them: whether the one
+    instance of a device's lowest rank runs on every core (`lightest`) or on its even part of them (`even`).
+    `lightest` where that plan leaves no more models unserved, is predicted to miss no SLO the other meets, and
+    answers LIGHTEST_GAIN of the offered load more within the SLOs in simulation, or no more than that less and is
+    predicted to meet every SLO where the other is not (or where only it is planned at all). The plan's notes say
+    when it was chosen, and why."""
     if policy != "search" or cluster.kind != "cpu":
         return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
     if not cluster.open_turn_threads():
@@ -657,8 +658,9 @@ def search_with_copies(
     """`search`'s plan with its simulation. Where it runs a model as several copies taking turns with one CPU
     device, the plan without copies is simulated too, and the copies are kept unless it leaves no more models
     unserved and answers more requests within their SLOs: the search judges copies by the mean slowdown of the
-    cores' sharing, the simulation also by how the batches in flight slow each other. The plan's notes say when
-    the copies were given up."""
+    cores' sharing, the simulation also by how the batches in flight slow each other. Where the plan kept is
+    simulated short of an SLO, time-sharing's plan takes its place if it simulates ahead (`_turns_if_ahead`).
+    The plan's notes say when the copies or search's plan were given up."""
     said: list[str] = []  # what the plan kept says, told once it is kept
     try:
         plan = with_simulation(make_plan(cluster, artifacts, "search", plan_path, lm, log=said.append, **options), lm)
