@@ -686,8 +686,8 @@ def search_with_copies(
                     f"with copies of {', '.join(copied)} taking turns"
                 )
                 plan, said = single.model_copy(update={"notes": [*single.notes, why]}), [*said_single, why]
-    if simulated_misses(plan):
-        plan, said = _turns_if_ahead(cluster, artifacts, plan_path, lm, plan, said, **options)
+    if simulated_misses(plan) and (ahead := _turns_if_ahead(cluster, artifacts, plan_path, lm, plan, **options)):
+        plan, said = ahead
     for line in said:
         log(line)
     return plan
@@ -699,22 +699,21 @@ def _turns_if_ahead(
     plan_path: Path,
     lm: LatencyModel,
     plan: Plan,
-    said: list[str],
     **options,
-) -> tuple[Plan, list[str]]:
+) -> tuple[Plan, list[str]] | None:
     """time-sharing's plan, with what planning it said, where it answers TURNS_GAIN of the offered load more
-    within the SLOs in simulation than `plan` (a search plan simulated short of its SLOs); else `plan` and `said`."""
+    within the SLOs in simulation than `plan` (a search plan simulated short of its SLOs); else None."""
     said_turns: list[str] = []
     try:
         turns = with_simulation(
             make_plan(cluster, artifacts, "time-sharing", plan_path, lm, log=said_turns.append, **options), lm
         )
     except TritonctlError:  # it serves no model, or leaves one out where --strict forbids it
-        return plan, said
+        return None
     offered = sum(m.rate for m in cluster.spec.models)
     theirs, mine = simulated_goodput(turns), simulated_goodput(plan)
     if theirs < mine + TURNS_GAIN * offered:
-        return plan, said
+        return None
     why = (
         f"time-sharing's plan: simulated {theirs:.1f} requests/s within the SLOs, against {mine:.1f} with search's, "
         f"which misses {', '.join(m.name for m in simulated_misses(plan))}"
