@@ -13,6 +13,10 @@ log-batch.
 Solo, held out: off-grid batches (3, 6, 12, 24) x off-grid shares (35%, 60%, 85%),
 measured but never fitted, to judge interpolation honestly.
 
+Solo, repeated: three held-out configurations of each model measured again after everything
+else (`repeat_runs`), so that the report can say how far the machine repeats itself over a
+profile's length: no model predicts a measurement closer than the measurement repeats.
+
 Co-located, for fitting (InSS used five sets): every pair at 50/50 with batch 4 each and at
 25/75 with batches 2 and 8, and for three or more models every group of three at
 25/25/50 with batch 4. Co-located, held out: every pair at 75/25 with batches 8 and 2, and
@@ -38,6 +42,7 @@ TRAIN_SHARES = (0.25, 0.375, 0.5, 0.75, 0.875, 1.0)
 TRAIN_BATCHES = (1, 2, 4, 8, 16, 32)
 HELDOUT_SHARES = (0.35, 0.6, 0.85)
 HELDOUT_BATCHES = (3, 6, 12, 24)
+REPEATED = ((0.35, 6), (0.6, 3), (0.85, 6))  # held-out (share, batch) measured again at the end: short runs
 MAX_PAIRS = 6
 MAX_TRIPLES = 3
 SLOWER_THAN_SLO = 2.0  # a solo configuration this many SLOs slow ends its model's larger batches at no more share
@@ -55,7 +60,7 @@ class Run:
     """One measurement: a single model (solo) or several at once (coloc), each at share and batch."""
 
     kind: str  # solo | coloc
-    split: str  # train | heldout
+    split: str  # train | heldout | repeat
     members: tuple[Member, ...]
 
     @property
@@ -76,6 +81,15 @@ def solo_runs(models: list[str], units: int) -> list[Run]:
         for frac, batch in itertools.product(HELDOUT_SHARES, HELDOUT_BATCHES):
             runs.append(Run("solo", "heldout", (Member(model, _units(frac, units), batch),)))
     return runs
+
+
+def repeat_runs(models: list[str], units: int) -> list[Run]:
+    """`REPEATED`'s held-out configurations of every model, to be measured again last."""
+    return [
+        Run("solo", "repeat", (Member(model, _units(frac, units), batch),))
+        for model in models
+        for frac, batch in REPEATED
+    ]
 
 
 def coloc_runs(

@@ -40,6 +40,7 @@ from .grid import (
     colocated,
     in_waves,
     left_out,
+    repeat_runs,
     solo_runs,
 )
 from .harness import Harness
@@ -152,6 +153,7 @@ def profile(
         )
     names = list(artifacts)
     runs = in_waves(solo_runs(names, device.units) + coloc_runs(names, device.units))
+    runs += repeat_runs(names, device.units)  # last: as far from the first measurements as the profile allows
     measured_colocated = colocated(runs)
     limits = {m.name: SLOWER_THAN_SLO * m.slo_ms for m in cluster.spec.models}
     dataset.metadata["slower_than_ms"] = limits  # the fit takes the configurations beyond it as floors

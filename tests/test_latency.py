@@ -25,9 +25,10 @@ from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import MAX_BATCH, LatencyModel, load_latency_model
 from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency, warm_tables
+from tritonctl.latency.report import repeat_gaps
 from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import predict
-from tritonctl.profiler.grid import Member, beyond, coloc_runs, colocated, in_waves, left_out, solo_runs
+from tritonctl.profiler.grid import Member, beyond, coloc_runs, colocated, in_waves, left_out, repeat_runs, solo_runs
 
 
 def test_lwr_is_a_scikit_learn_estimator():
@@ -165,6 +166,35 @@ def test_a_profile_measures_each_solo_configuration_after_its_smaller_batches_an
     solo = {r.members[0]: r for r in runs if r.kind == "solo"}
     assert left_out(solo[Member("beta", 50, 8)], slow, colocated(runs))
     assert not left_out(solo[Member("beta", 50, 4)], [Member("beta", 50, 2)], colocated(runs))  # measured co-located
+
+
+def test_held_out_configurations_measured_again_say_how_far_the_machine_repeats_and_are_never_fitted(tmp_path):
+    repeats = repeat_runs(["alpha", "beta"], 100)
+    held_out = {r.members for r in solo_runs(["alpha", "beta"], 100) if r.split == "heldout"}
+    assert len(repeats) == 6 and all(r.split == "repeat" and r.members in held_out for r in repeats)
+    assert (
+        len({r.group for r in repeats} | {r.group for r in solo_runs(["alpha", "beta"], 100)})
+        == len(solo_runs(["alpha", "beta"], 100)) + 6
+    )  # a row of its own in the dataset, never the held-out one's
+    dataset = synthetic_dataset(tmp_path / "profile")
+    before = fit_latency_model(dataset, log=lambda _: None)
+    first = {(r.model, r.share, r.batch): r for r in dataset.rows if r.kind == "solo" and r.split == "heldout"}
+    again = [
+        replace(
+            first[(m.model, m.share, m.batch)],
+            config_id=run.group,
+            split="repeat",
+            p50_ms=factor * first[(m.model, m.share, m.batch)].p50_ms,
+        )
+        for run, factor in zip(repeats, (1.1, 0.8, 1.0, 1.3, 0.95, 1.0), strict=True)
+        for m in run.members
+    ]
+    assert repeat_gaps(dataset) == []
+    dataset.rows += again
+    assert sorted(repeat_gaps(dataset)) == pytest.approx([0.0, 0.0, 0.05, 0.1, 0.2, 0.3])
+    after = fit_latency_model(dataset, log=lambda _: None)  # 30% off on one: fitted, it would move the surface
+    for r in again:
+        assert after.t_inf(r.model, r.batch, r.share) == before.t_inf(r.model, r.batch, r.share)
 
 
 def test_configurations_left_out_of_a_profile_are_predicted_no_faster_than_the_slow_one_that_ruled_them_out(tmp_path):

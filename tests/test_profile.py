@@ -74,6 +74,7 @@ def test_profile_measures_the_wake_up_and_request_cost_of_every_model(tmp_path, 
     and a real HAProxy."""
     monkeypatch.setattr(run, "solo_runs", lambda names, units: [])
     monkeypatch.setattr(run, "coloc_runs", lambda names, units: [])
+    monkeypatch.setattr(run, "repeat_runs", lambda names, units: [])
     monkeypatch.setattr(run, "WAKE_GAPS_MS", (0, 30))
     monkeypatch.setattr(run, "WAKE_REQUESTS", 5)
     # enough requests that HAProxy's share of this tiny model's CPU spans several 10 ms clock ticks

@@ -134,6 +134,7 @@ def _report(dataset, model_path: Path, out: Path) -> None:
         f"                       linear     {figures['coloc_linear']}\n"
         f"                       MLP        {figures['coloc_mlp']}"
     )
+    say(f"  measured again:      held-out configurations moved by {figures['repeat']}: how far this machine repeats")
     say(f"  cache proxy vs slowdown r = {figures['proxy_r']:.2f}; prediction {figures['cost_us']:.1f} us/query")
 
 

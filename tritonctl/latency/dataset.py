@@ -3,7 +3,7 @@
     <dir>/metadata.json     format and version, cluster, device fingerprint, software
                             versions, share mechanism, grid, date, whether it is complete
     <dir>/measurements.csv  one row per (configuration, model): kind solo|coloc, split
-                            train|heldout, batch, share, co-runners, p50/p95/p99/mean client
+                            train|heldout|repeat, batch, share, co-runners, p50/p95/p99/mean client
                             latency, Triton's server-side compute and queue time, memory
     <dir>/models.csv        per model: operators, input/output/weight/activation bytes
     <dir>/memory.csv        per instance warm-up: resident memory after each batch size
@@ -34,7 +34,7 @@ VERSION = 1
 class Measurement:
     config_id: str  # the run: co-located members share it
     kind: str  # solo | coloc
-    split: str  # train | heldout
+    split: str  # train | heldout | repeat (a held-out configuration measured again, last)
     model: str
     batch: int
     share: int  # device units

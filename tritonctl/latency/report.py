@@ -6,7 +6,8 @@ plain linear regression per model on the same inputs (batch, effective share, co
 cache pressure, number of co-located models), and an Abacus-style MLP (mlp.py; the file's
 own where it has one), all fitted on the same training rows. A learning curve refits the
 InSS-style, Gpulet and MLP predictors on part of the co-located training configurations,
-to show what each needs profiled to reach its accuracy.
+to show what each needs profiled to reach its accuracy. Held-out configurations the profile
+measured again at its end (split `repeat`) say how far the machine repeats itself.
 """
 
 from __future__ import annotations
@@ -137,6 +138,17 @@ def _summary(errors: list[float]) -> str:
     return f"median {np.median(e):.1f}%, p95 {np.percentile(e, 95):.1f}%, max {e.max():.1f}% (n={len(e)})"
 
 
+def repeat_gaps(dataset: Dataset) -> list[float]:
+    """How far each configuration measured again at the end of the profile (split `repeat`) lies from its first
+    measurement, |again - first| / first of the median latency: the machine's own spread over the profile."""
+    first = {(r.model, r.share, r.batch): r.p50_ms for r in dataset.rows if r.kind == "solo" and r.split == "heldout"}
+    return [
+        abs(r.p50_ms - first[key]) / first[key]
+        for r in dataset.rows
+        if r.split == "repeat" and (key := (r.model, r.share, r.batch)) in first
+    ]
+
+
 def prediction_cost_us(model: LatencyModel, queries: int = 100_000) -> float:
     """Mean wall time of one t_inf query with two co-runners."""
     names = list(model.models)
@@ -181,6 +193,7 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path, curve: bool =
         "solo_mlp": _summary([e.error("mlp") for e in solo]) if mlp else "n/a",
         "coloc_mlp": _summary([e.error("mlp") for e in coloc]) if mlp else "n/a",
         "coloc_mlp_mean": float(np.mean([e.error("mlp") for e in coloc])) if mlp and coloc else math.nan,
+        "repeat": _summary(repeat_gaps(dataset)),
         "proxy_r": proxy_correlation(model, dataset),
         "cost_us": prediction_cost_us(model),
     }
@@ -204,6 +217,10 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path, curve: bool =
         f"{figures['solo_mlp']} |",
         f"| co-located | {figures['coloc_inss']} | {figures['coloc_gpulet']} | {figures['coloc_linear']} | "
         f"{figures['coloc_mlp']} |",
+        "",
+        f"Measured again at the end of the profile, held-out configurations moved by {figures['repeat']} of their "
+        "first measurement: how far this machine repeats itself, and about as close as a predictor judged against "
+        "one measurement can come" + (" (this profile measured none again)." if figures["repeat"] == "n/a" else "."),
         "",
         f"MLP: {mlp_source}."
         + (
