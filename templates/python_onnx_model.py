@@ -13,11 +13,14 @@ With the `reject_late_slo_ms` parameter (`runtime.reject_late`), an overloaded i
 request that can no longer meet its SLO when its batch starts, before it costs any compute: one that
 arrived at the proxy (the `tritonctl-arrival-ms` parameter HAProxy stamps and tritonserver forwards)
 so long ago that the run it would join ends past arrival + SLO even at the fastest of this
-instance's recent runs: what can only be late. Overloaded: at least OVERLOADED of its last
-RECENT_REQUESTS requests could only be late (refused or not), a share no instance within its SLOs
-(99% of requests in time) reaches, so that below capacity a burst's late requests are served late,
-not refused, and a client (perf_analyzer among them) sees no error. With `reject_late_always`
-(`runtime.reject_late: always`) every such request is refused, overloaded or not.
+instance's recent runs: what can only be late. Overloaded: of the requests of the last RECENT_S
+seconds, at least OVERLOADED_SHARE could only be late (refused or not), and at least OVERLOADED_MIN
+of them. Late requests come in clusters (a stall of 80 ms leaves five of a 62/s model's requests
+late at once), so a share of a short run of requests mistakes one stall for overload; over
+seconds, an instance within its SLOs (99% of requests in time) mostly stays under 5%. Below
+capacity a stall's late requests are served late, not refused, and a client (perf_analyzer among
+them) sees no error. With `reject_late_always` (`runtime.reject_late: always`) every such request
+is refused, overloaded or not.
 """
 
 import json
@@ -31,7 +34,8 @@ import triton_python_backend_utils as pb_utils
 
 STALE_S = 1.0  # runs that ended longer ago than this are not trusted to refuse a request
 RECENT_RUNS = 16  # how many runs' time per item the fastest is taken of
-RECENT_REQUESTS, OVERLOADED = 100, 5  # overloaded: this many of the last RECENT_REQUESTS could only be late
+RECENT_S = 10.0  # the requests of this many seconds judge whether the instance is overloaded
+OVERLOADED_SHARE, OVERLOADED_MIN = 0.05, 10  # overloaded: this share of them could only be late, and this many
 
 
 class TritonPythonModel:
@@ -50,7 +54,7 @@ class TritonPythonModel:
         slo = config["parameters"].get("reject_late_slo_ms")
         self.slo_ms = float(slo["string_value"]) if slo else None
         self.always = config["parameters"].get("reject_late_always", {}).get("string_value") == "1"
-        self.hopeless = deque(maxlen=RECENT_REQUESTS)  # per recent request: whether it could only be late
+        self.hopeless = deque()  # per request of the last RECENT_S: (when it came to a batch, could only be late)
         self.item_ms = deque(maxlen=RECENT_RUNS)  # the recent runs' time per item (the warm-up runs seed it)
         self.ran_at = 0.0  # when the last run ended (time.time())
 
@@ -97,8 +101,11 @@ class TritonPythonModel:
         stamps = [json.loads(r.parameters() or "{}").get("tritonctl-arrival-ms") for r in requests]
         arrivals = [None if stamp is None else float(stamp) for stamp in stamps]
         hopeless = [a is not None and a + self.slo_ms < ends_ms for a in arrivals]
-        self.hopeless.extend(hopeless)
-        if not self.always and sum(self.hopeless) < OVERLOADED:
+        self.hopeless.extend((now_ms, late) for late in hopeless)
+        while self.hopeless[0][0] < now_ms - 1000 * RECENT_S:
+            self.hopeless.popleft()
+        late_ones = sum(late for _, late in self.hopeless)
+        if not self.always and late_ones < max(OVERLOADED_MIN, OVERLOADED_SHARE * len(self.hopeless)):
             return [None] * len(requests)
         return [
             pb_utils.TritonError(

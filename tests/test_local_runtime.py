@@ -388,10 +388,10 @@ FEATURES = 1024  # x (1, 1024) @ W (1024, 2048): about a millisecond on one core
 def test_reject_late_refuses_what_can_only_be_late(tmp_path):
     """HAProxy stamps every request with its arrival (over any stamp the client sent); with reject_late the
     model's glue refuses, before running it, a request that arrived too long ago to be answered within its
-    25 ms SLO, while the instance is overloaded (5 of its last 100 requests could only be late: the tail of a
-    burst of 400), and serves a lone late request on an idle instance (which `always` refuses too). Without
-    reject_late every request is answered, late or not. The model takes about a millisecond a request, so that
-    a burst queues at the instance (a lighter one is served as fast as the client sends)."""
+    25 ms SLO, while the instance is overloaded (5% of its requests of the last 10 s, and ten at least, could only
+    be late: the tail of a burst of 400), and serves a lone late request on an idle instance (which `always`
+    refuses too). Without reject_late every request is answered, late or not. The model takes about a millisecond a
+    request, so that a burst queues at the instance (a lighter one is served as fast as the client sends)."""
     make_mlp(tmp_path / "mlp.onnx", features=FEATURES, classes=2048)
     plan = tmp_path / "plan.yaml"
     stale, bursts = {}, {}
