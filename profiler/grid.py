@@ -15,7 +15,7 @@ measured but never fitted, to judge interpolation honestly.
 
 Solo, repeated: three held-out configurations of each model measured again after everything
 else (`repeat_runs`), so that the report can say how far the machine repeats itself over a
-profile's length: no model predicts a measurement closer than the measurement repeats.
+profile's length: no fit can be expected to predict one measurement much closer than that.
 
 Co-located, for fitting (InSS used five sets): every pair at 50/50 with batch 4 each and at
 25/75 with batches 2 and 8, and for three or more models every group of three at
