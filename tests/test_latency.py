@@ -254,8 +254,9 @@ def test_fit_report_and_saved_model_round_trip(tmp_path, capsys):
     assert main(["fit", str(tmp_path / "profile"), "--report"]) == 0
     out = capsys.readouterr().out
     assert "held-out solo" in out and "us/query" in out
+    assert "measured again:      none" in out  # a synthetic profile measures nothing twice
     report = tmp_path / "profile" / "report"
-    assert (report / "report.md").is_file()
+    assert "measured no configuration twice" in (report / "report.md").read_text()
     for png in ("predicted_vs_observed", "errors", "surfaces", "inss_vs_gpulet"):
         assert (report / f"{png}.png").stat().st_size > 10_000
     model = load_latency_model(tmp_path / "profile" / "latency-model.json")

@@ -134,7 +134,11 @@ def _report(dataset, model_path: Path, out: Path) -> None:
         f"                       linear     {figures['coloc_linear']}\n"
         f"                       MLP        {figures['coloc_mlp']}"
     )
-    say(f"  measured again:      held-out configurations moved by {figures['repeat']}: how far this machine repeats")
+    repeat = figures["repeat"]
+    say(
+        "  measured again:      "
+        + (f"held-out configurations moved by {repeat}: how far this machine repeats" if repeat != "n/a" else "none")
+    )
     say(f"  cache proxy vs slowdown r = {figures['proxy_r']:.2f}; prediction {figures['cost_us']:.1f} us/query")
 
 

@@ -220,7 +220,9 @@ def write_report(model: LatencyModel, dataset: Dataset, out: Path, curve: bool =
         "",
         f"Measured again at the end of the profile, held-out configurations moved by {figures['repeat']} of their "
         "first measurement: how far this machine repeats itself, and about as close as a predictor judged against "
-        "one measurement can come" + (" (this profile measured none again)." if figures["repeat"] == "n/a" else "."),
+        "one measurement can come."
+        if figures["repeat"] != "n/a"
+        else "This profile measured no configuration twice: it does not say how far the machine repeats itself.",
         "",
         f"MLP: {mlp_source}."
         + (
