@@ -701,3 +701,61 @@ def test_a_replan_keeps_the_threads_chosen_for_the_groups_that_leave_them_to_the
     devices = [plan.devices[0], plan.devices[1].model_copy(update={"turn_threads": "lightest"})]
     assert chosen_turn_threads(cluster, plan.model_copy(update={"devices": devices})) == "lightest"
     assert chosen_turn_threads(load_cluster(mlp_cluster).with_turn_threads("even"), plan) == "even"
+
+
+def test_the_turns_priority_is_the_planners_where_a_cluster_leaves_it(mlp_cluster):
+    """Unset, a CPU group's turn_priority is left to the planner (ranked by SLO until it chooses); set, or with
+    turn_threads: lightest (which goes by the ranks), it is the cluster's."""
+    cluster = load_cluster(mlp_cluster)
+    assert cluster.open_turn_priority() and cluster.spec.devices[0].turn_priority == "slo"
+    alike = cluster.with_turn_priority("equal")
+    assert not alike.open_turn_priority() and not alike.open_turn_threads()
+    assert alike.spec.devices[0].turn_priority == "equal"
+    assert cluster.with_turn_threads("even").open_turn_priority()
+    assert not cluster.with_turn_threads("lightest").open_turn_priority()
+    edit(mlp_cluster, lambda c: c["devices"][0].update(turn_priority="slo"))
+    assert not load_cluster(mlp_cluster).open_turn_priority()
+
+
+def test_a_ranked_plan_short_of_an_slo_gives_way_to_turns_weighed_alike_that_meet_every_one(
+    monkeypatch, synthetic_lm, mlp_cluster
+):
+    """Where the cluster leaves the priority open and search's plan ranked by SLO is simulated short of one, the
+    same search with the turns weighed alike is kept if it is simulated within every SLO, saying why, and a re-plan
+    keeps it; not where the alike plan is short too, nor where the cluster sets the priority. (search's plans are
+    made for real; what their simulation says is set here.)"""
+    from tritonctl.export import materialize
+    from tritonctl.latency.model import load_latency_model
+    from tritonctl.planning import planner
+
+    lm = load_latency_model(synthetic_lm)
+    made = planner.search_with_copies
+
+    def searched(in_slo: dict[str, float]):
+        def search(cluster, *args, **kwargs):
+            plan = made(cluster, *args, **kwargs)
+            priority = cluster.spec.devices[0].turn_priority
+            models = [m.model_copy(update={"simulated_in_slo": in_slo[priority][m.name]}) for m in plan.models]
+            return plan.model_copy(update={"models": models})
+
+        return search
+
+    def plan_of(path, in_slo):
+        monkeypatch.setattr(planner, "search_with_copies", searched(in_slo))
+        cluster = load_cluster(path)
+        said: list[str] = []
+        artifacts = materialize(cluster, log=lambda _: None)
+        plan = planner.simulated_plan(cluster, artifacts, "search", path, lm, said.append)
+        return cluster, plan, said
+
+    short, whole = {"alpha": 1.0, "beta": 0.9}, {"alpha": 0.999, "beta": 0.995}
+    cluster, plan, said = plan_of(mlp_cluster, {"slo": short, "equal": whole})
+    assert plan.devices[0].turn_priority == "equal" and planner.chosen_turn_priority(cluster, plan) == "equal"
+    why = "turns weighed alike (turn_priority: equal): every model simulated within its SLO, where ranked by SLO beta"
+    assert any(n.startswith(why) for n in plan.notes) and any(s.startswith(why) for s in said)
+    cluster, plan, said = plan_of(mlp_cluster, {"slo": short, "equal": {"alpha": 0.95, "beta": 1.0}})
+    assert plan.devices[0].turn_priority == "slo" and planner.chosen_turn_priority(cluster, plan) == "slo"
+    assert not any(n.startswith("turns weighed alike") for n in plan.notes)
+    edit(mlp_cluster, lambda c: c["devices"][0].update(turn_priority="slo"))
+    cluster, plan, said = plan_of(mlp_cluster, {"slo": short, "equal": whole})
+    assert plan.devices[0].turn_priority == "slo"

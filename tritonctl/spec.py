@@ -82,7 +82,9 @@ class DeviceGroup(_Strict):
     `turn_priority` (CPU only): how instances taking turns with a device share its cores when more are busy
     than it holds: `slo`, the tighter a model's SLO the higher its priority rank, each rank running on what
     the higher ones leave (deadline-monotonic, `shares.turn_ranks`), or `equal`, alike (what a hand-written
-    deployment gets).
+    deployment gets). Unset, it is `slo`, and `plan --policy search` with a latency model takes `equal` for
+    every CPU group that leaves it so where the ranked plan is simulated short of an SLO and the alike one
+    is not (`planner.simulated_plan`).
 
     `turn_threads` (CPU only): the onnxruntime threads of instances taking turns with a device: `even`, cores /
     instances each (one at least), or `lightest`, the same but the one instance of the lowest rank under
@@ -104,6 +106,12 @@ class DeviceGroup(_Strict):
     reserved_cores: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     turn_priority: Literal["slo", "equal"] = "slo"
     turn_threads: Literal["even", "lightest"] | None = None
+
+    @property
+    def priority_open(self) -> bool:
+        """Whether the group leaves `turn_priority` to the planner: a CPU group that does not set it, nor
+        `turn_threads: lightest` (which goes by the ranks)."""
+        return self.kind == "cpu" and "turn_priority" not in self.model_fields_set and self.turn_threads != "lightest"
 
     @property
     def threads_open(self) -> bool:
@@ -244,6 +252,17 @@ class Cluster:
     def open_turn_threads(self) -> bool:
         """Whether a device group leaves `turn_threads` to the planner (`DeviceGroup.threads_open`)."""
         return any(d.threads_open for d in self.spec.devices)
+
+    def open_turn_priority(self) -> bool:
+        """Whether a device group leaves `turn_priority` to the planner (`DeviceGroup.priority_open`)."""
+        return any(d.priority_open for d in self.spec.devices)
+
+    def with_turn_priority(self, priority: str) -> Cluster:
+        """The same cluster with `turn_priority: priority` on every device group that leaves it to the planner."""
+        devices = [
+            d.model_copy(update={"turn_priority": priority}) if d.priority_open else d for d in self.spec.devices
+        ]
+        return Cluster(self.spec.model_copy(update={"devices": devices}), self.path)
 
     def with_turn_threads(self, threads: str) -> Cluster:
         """The same cluster with `turn_threads: threads` on every device group that leaves it to the planner."""

@@ -29,7 +29,7 @@ from tritonctl.files import sha256_file
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import warm_tables
 from tritonctl.planning.plan import LoadedPlan, Plan, load_plan, save_plan
-from tritonctl.planning.planner import chosen_turn_threads, make_plan, replan_artifacts
+from tritonctl.planning.planner import chosen_turn_priority, chosen_turn_threads, make_plan, replan_artifacts
 from tritonctl.spec import load_cluster
 
 HTTP_TIMEOUT_S = 5.0  # the state endpoint closes a connection that sends nothing for this long
@@ -168,10 +168,12 @@ class Controller:
 
     def _replan(self, current: LoadedPlan, rates: dict[str, float]) -> Plan:
         """The second layer: the configured policy on the cluster at the new rates, its CPU devices' instances
-        taking turns on the threads the current plan runs them on where the cluster leaves them to the planner."""
+        taking turns by the priority and on the threads the current plan runs them on where the cluster leaves
+        them to the planner."""
         spec_path = current.resolve(current.plan.cluster_file)
         cluster = load_cluster(spec_path)
         scaled = cluster.with_rates(lambda m: round(rates.get(m.name, m.rate), 2))
+        scaled = scaled.with_turn_priority(chosen_turn_priority(cluster, current.plan))
         scaled = scaled.with_turn_threads(chosen_turn_threads(cluster, current.plan))
         artifacts = replan_artifacts(current, scaled)
         return make_plan(

@@ -579,10 +579,65 @@ def simulated_plan(
     instance of a device's lowest rank runs on every core (`lightest`) or on its even part of them (`even`).
     `lightest` where that plan leaves no more models unserved, is predicted to miss no SLO the other meets, and
     answers LIGHTEST_GAIN of the offered load more within the SLOs in simulation, or no more than that less and is
-    predicted to meet every SLO where the other is not (or where only it is planned at all). The plan's notes say
-    when it was chosen, and why."""
+    predicted to meet every SLO where the other is not (or where only it is planned at all). Where device groups
+    leave `turn_priority` to the planner (`DeviceGroup.priority_open`) and the plan kept is simulated short of an
+    SLO, the same search with their turns weighed alike (`equal`) takes its place where it is simulated within
+    every SLO and leaves no more models unserved (`_alike_if_whole`). The plan's notes say when either was
+    chosen, and why."""
     if policy != "search" or cluster.kind != "cpu":
         return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
+    said: list[str] = []  # what the plan kept says, told once it is kept
+    try:
+        plan = _threads_chosen(cluster, artifacts, plan_path, lm, said.append, **options)
+    except TritonctlError:
+        for line in said:
+            log(line)
+        raise
+    if cluster.open_turn_priority() and simulated_misses(plan):
+        alike = _alike_if_whole(cluster, artifacts, plan_path, lm, plan, **options)
+        if alike is not None:
+            plan, said = alike
+    for line in said:
+        log(line)
+    return plan
+
+
+def _alike_if_whole(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    plan_path: Path,
+    lm: LatencyModel,
+    ranked: Plan,
+    **options,
+) -> tuple[Plan, list[str]] | None:
+    """`search`'s plan with the open device groups' turns weighed alike, with what planning it said, where it is
+    simulated within every SLO and leaves no more models unserved than `ranked` (a plan simulated short of an
+    SLO with the turns ranked by SLO); else None."""
+    said: list[str] = []
+    try:
+        alike = search_with_copies(
+            cluster.with_turn_priority("equal"), artifacts, plan_path, lm, said.append, **options
+        )
+    except TritonctlError:  # it serves no model, or misses where --strict forbids it
+        return None
+    if simulated_misses(alike) or len(alike.unserved) > len(ranked.unserved):
+        return None
+    why = (
+        "turns weighed alike (turn_priority: equal): every model simulated within its SLO, where ranked by SLO "
+        f"{', '.join(m.name for m in simulated_misses(ranked))} is not"
+    )
+    return alike.model_copy(update={"notes": [*alike.notes, why]}), [*said, why]
+
+
+def _threads_chosen(
+    cluster: Cluster,
+    artifacts: dict[str, Artifact],
+    plan_path: Path,
+    lm: LatencyModel,
+    log: Callable[[str], None],
+    **options,
+) -> Plan:
+    """`search`'s simulated plan, with `turn_threads` chosen where device groups leave it open (`simulated_plan`)."""
     if not cluster.open_turn_threads():
         return search_with_copies(cluster, artifacts, plan_path, lm, log, **options)
     said: list[str] = []  # what the plan kept says, told once it is kept
@@ -638,6 +693,13 @@ def chosen_turn_threads(cluster: Cluster, plan: Plan) -> str:
     where none does): what a re-plan keeps."""
     open_ids = {d.id for group, members in device_groups(cluster) if group.threads_open for d in members}
     return next((d.turn_threads for d in plan.devices if d.id in open_ids), "even")
+
+
+def chosen_turn_priority(cluster: Cluster, plan: Plan) -> str:
+    """The `turn_priority` a plan of `cluster` runs the CPU device groups on that leave it to the planner (`slo`
+    where none does): what a re-plan keeps."""
+    open_ids = {d.id for group, members in device_groups(cluster) if group.priority_open for d in members}
+    return next((d.turn_priority for d in plan.devices if d.id in open_ids), "slo")
 
 
 def models_predicted_to_miss(plan: Plan) -> list[str]:
