@@ -613,13 +613,12 @@ def _alike_if_whole(
     """`search`'s plan with the open device groups' turns weighed alike, with what planning it said, where it is
     simulated within every SLO and leaves no more models unserved than `ranked` (a plan simulated short of an
     SLO with the turns ranked by SLO); else None."""
-    said: list[str] = []
-    try:
-        alike = search_with_copies(
-            cluster.with_turn_priority("equal"), artifacts, plan_path, lm, said.append, **options
-        )
-    except TritonctlError:  # it serves no model, or misses where --strict forbids it
+    other = _other_plan(
+        lambda log: search_with_copies(cluster.with_turn_priority("equal"), artifacts, plan_path, lm, log, **options)
+    )
+    if other is None:
         return None
+    alike, said = other
     if simulated_misses(alike) or len(alike.unserved) > len(ranked.unserved):
         return None
     why = (
@@ -627,6 +626,16 @@ def _alike_if_whole(
         f"{', '.join(m.name for m in simulated_misses(ranked))} is not"
     )
     return alike.model_copy(update={"notes": [*alike.notes, why]}), [*said, why]
+
+
+def _other_plan(planned: Callable[[Callable[[str], None]], Plan]) -> tuple[Plan, list[str]] | None:
+    """The plan `planned` makes (given where to say what it does), with what it said; None where it finds none (it
+    serves no model, or leaves one out where --strict forbids it)."""
+    said: list[str] = []
+    try:
+        return planned(said.append), said
+    except TritonctlError:
+        return None
 
 
 def _threads_chosen(
@@ -765,13 +774,14 @@ def _turns_if_ahead(
 ) -> tuple[Plan, list[str]] | None:
     """time-sharing's plan, with what planning it said, where it answers TURNS_GAIN of the offered load more
     within the SLOs in simulation than `plan` (a search plan simulated short of its SLOs); else None."""
-    said_turns: list[str] = []
-    try:
-        turns = with_simulation(
-            make_plan(cluster, artifacts, "time-sharing", plan_path, lm, log=said_turns.append, **options), lm
+    other = _other_plan(
+        lambda log: with_simulation(
+            make_plan(cluster, artifacts, "time-sharing", plan_path, lm, log=log, **options), lm
         )
-    except TritonctlError:  # it serves no model, or leaves one out where --strict forbids it
+    )
+    if other is None:
         return None
+    turns, said_turns = other
     offered = sum(m.rate for m in cluster.spec.models)
     theirs, mine = simulated_goodput(turns), simulated_goodput(plan)
     if theirs < mine + TURNS_GAIN * offered:
