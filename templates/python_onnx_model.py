@@ -55,6 +55,7 @@ class TritonPythonModel:
         self.slo_ms = float(slo["string_value"]) if slo else None
         self.always = config["parameters"].get("reject_late_always", {}).get("string_value") == "1"
         self.hopeless = deque()  # per request of the last RECENT_S: (when it came to a batch, could only be late)
+        self.late_ones = 0  # how many of `hopeless` could only be late
         self.item_ms = deque(maxlen=RECENT_RUNS)  # the recent runs' time per item (the warm-up runs seed it)
         self.ran_at = 0.0  # when the last run ended (time.time())
 
@@ -102,10 +103,10 @@ class TritonPythonModel:
         arrivals = [None if stamp is None else float(stamp) for stamp in stamps]
         hopeless = [a is not None and a + self.slo_ms < ends_ms for a in arrivals]
         self.hopeless.extend((now_ms, late) for late in hopeless)
+        self.late_ones += sum(hopeless)
         while self.hopeless[0][0] < now_ms - 1000 * RECENT_S:
-            self.hopeless.popleft()
-        late_ones = sum(late for _, late in self.hopeless)
-        if not self.always and late_ones < max(OVERLOADED_MIN, OVERLOADED_SHARE * len(self.hopeless)):
+            self.late_ones -= self.hopeless.popleft()[1]
+        if not self.always and self.late_ones < max(OVERLOADED_MIN, OVERLOADED_SHARE * len(self.hopeless)):
             return [None] * len(requests)
         return [
             pb_utils.TritonError(

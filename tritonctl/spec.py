@@ -259,14 +259,15 @@ class Cluster:
 
     def with_turn_priority(self, priority: str) -> Cluster:
         """The same cluster with `turn_priority: priority` on every device group that leaves it to the planner."""
-        devices = [
-            d.model_copy(update={"turn_priority": priority}) if d.priority_open else d for d in self.spec.devices
-        ]
-        return Cluster(self.spec.model_copy(update={"devices": devices}), self.path)
+        return self._with_open({"turn_priority": priority}, lambda d: d.priority_open)
 
     def with_turn_threads(self, threads: str) -> Cluster:
         """The same cluster with `turn_threads: threads` on every device group that leaves it to the planner."""
-        devices = [d.model_copy(update={"turn_threads": threads}) if d.threads_open else d for d in self.spec.devices]
+        return self._with_open({"turn_threads": threads}, lambda d: d.threads_open)
+
+    def _with_open(self, update: dict, is_open: Callable[[DeviceGroup], bool]) -> Cluster:
+        """The same cluster with `update` on every device group `is_open` says leaves it to the planner."""
+        devices = [d.model_copy(update=update) if is_open(d) else d for d in self.spec.devices]
         return Cluster(self.spec.model_copy(update={"devices": devices}), self.path)
 
     def reserving(self, cores: float = 0.0, part: float = 0.0) -> Cluster:

@@ -582,7 +582,7 @@ def simulated_plan(
     predicted to meet every SLO where the other is not (or where only it is planned at all). Where device groups
     leave `turn_priority` to the planner (`DeviceGroup.priority_open`) and the plan kept is simulated short of an
     SLO, the same search with their turns weighed alike (`equal`) takes its place where it is simulated within
-    every SLO and leaves no more models unserved (`_alike_if_whole`). The plan's notes say when either was
+    every SLO and leaves no more models unserved (`_alike_whole`). The plan's notes say when either was
     chosen, and why."""
     if policy != "search" or cluster.kind != "cpu":
         return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
@@ -594,38 +594,27 @@ def simulated_plan(
             log(line)
         raise
     if cluster.open_turn_priority() and simulated_misses(plan):
-        alike = _alike_if_whole(cluster, artifacts, plan_path, lm, plan, **options)
-        if alike is not None:
-            plan, said = alike
+        alike = _other_plan(
+            lambda say: search_with_copies(
+                cluster.with_turn_priority("equal"), artifacts, plan_path, lm, say, **options
+            )
+        )
+        if alike is not None and (why := _alike_whole(plan, alike[0])):
+            plan, said = _noted(*alike, why)
     for line in said:
         log(line)
     return plan
 
 
-def _alike_if_whole(
-    cluster: Cluster,
-    artifacts: dict[str, Artifact],
-    plan_path: Path,
-    lm: LatencyModel,
-    ranked: Plan,
-    **options,
-) -> tuple[Plan, list[str]] | None:
-    """`search`'s plan with the open device groups' turns weighed alike, with what planning it said, where it is
-    simulated within every SLO and leaves no more models unserved than `ranked` (a plan simulated short of an
-    SLO with the turns ranked by SLO); else None."""
-    other = _other_plan(
-        lambda log: search_with_copies(cluster.with_turn_priority("equal"), artifacts, plan_path, lm, log, **options)
-    )
-    if other is None:
-        return None
-    alike, said = other
+def _alike_whole(ranked: Plan, alike: Plan) -> str | None:
+    """Why the plan with the turns weighed alike is kept over `ranked` (a plan ranked by SLO simulated short of an
+    SLO): it is simulated within every SLO and leaves no more models unserved; else None."""
     if simulated_misses(alike) or len(alike.unserved) > len(ranked.unserved):
         return None
-    why = (
+    return (
         "turns weighed alike (turn_priority: equal): every model simulated within its SLO, where ranked by SLO "
         f"{', '.join(m.name for m in simulated_misses(ranked))} is not"
     )
-    return alike.model_copy(update={"notes": [*alike.notes, why]}), [*said, why]
 
 
 def _other_plan(planned: Callable[[Callable[[str], None]], Plan]) -> tuple[Plan, list[str]] | None:
@@ -636,6 +625,11 @@ def _other_plan(planned: Callable[[Callable[[str], None]], Plan]) -> tuple[Plan,
         return planned(said.append), said
     except TritonctlError:
         return None
+
+
+def _noted(plan: Plan, said: list[str], why: str) -> tuple[Plan, list[str]]:
+    """A plan kept over another, with `why` among its notes and after what planning it said."""
+    return plan.model_copy(update={"notes": [*plan.notes, why]}), [*said, why]
 
 
 def _threads_chosen(
@@ -669,7 +663,7 @@ def _threads_chosen(
     offered = sum(m.rate for m in cluster.spec.models)
     why = _lightest_ahead(plan, failed, lightest, offered) if lightest is not None else None
     if why is not None:
-        plan, said = lightest.model_copy(update={"notes": [*lightest.notes, why]}), [*said_lightest, why]
+        plan, said = _noted(lightest, said_lightest, why)
     for line in said:
         log(line)
     return plan
@@ -730,7 +724,7 @@ def search_with_copies(
     device, the plan without copies is simulated too, and the copies are kept unless it leaves no more models
     unserved and answers more requests within their SLOs: the search judges copies by the mean slowdown of the
     cores' sharing, the simulation also by how the batches in flight slow each other. Where the plan kept is
-    simulated short of an SLO, time-sharing's plan takes its place if it simulates ahead (`_turns_if_ahead`).
+    simulated short of an SLO, time-sharing's plan takes its place if it simulates ahead (`_turns_ahead`).
     The plan's notes say when the copies or search's plan were given up."""
     said: list[str] = []  # what the plan kept says, told once it is kept
     try:
@@ -741,56 +735,43 @@ def search_with_copies(
         raise
     copied = sorted({m.name for m in plan.models for p in m.placements if _same_device(m, p)})
     if copied:
-        said_single: list[str] = []
-        try:
-            single = with_simulation(
-                make_plan(cluster, artifacts, "search", plan_path, lm, log=said_single.append, copies=False, **options),
-                lm,
+        single = _other_plan(
+            lambda say: with_simulation(
+                make_plan(cluster, artifacts, "search", plan_path, lm, log=say, copies=False, **options), lm
             )
-        except TritonctlError:  # it serves no model, or misses where --strict forbids it
-            single = None
-        if single is not None and len(single.unserved) <= len(plan.unserved):
-            with_copies, one = simulated_goodput(plan), simulated_goodput(single)
+        )
+        if single is not None and len(single[0].unserved) <= len(plan.unserved):
+            with_copies, one = simulated_goodput(plan), simulated_goodput(single[0])
             if one >= with_copies * (1 + SIMULATED_GAIN):
                 why = (
                     f"one instance a model: simulated {one:.1f} requests/s within the SLOs, against {with_copies:.1f} "
                     f"with copies of {', '.join(copied)} taking turns"
                 )
-                plan, said = single.model_copy(update={"notes": [*single.notes, why]}), [*said_single, why]
-    if simulated_misses(plan) and (ahead := _turns_if_ahead(cluster, artifacts, plan_path, lm, plan, **options)):
-        plan, said = ahead
+                plan, said = _noted(*single, why)
+    if simulated_misses(plan):
+        turns = _other_plan(
+            lambda say: with_simulation(
+                make_plan(cluster, artifacts, "time-sharing", plan_path, lm, log=say, **options), lm
+            )
+        )
+        offered = sum(m.rate for m in cluster.spec.models)
+        if turns is not None and (why := _turns_ahead(plan, turns[0], offered)):
+            plan, said = _noted(*turns, why)
     for line in said:
         log(line)
     return plan
 
 
-def _turns_if_ahead(
-    cluster: Cluster,
-    artifacts: dict[str, Artifact],
-    plan_path: Path,
-    lm: LatencyModel,
-    plan: Plan,
-    **options,
-) -> tuple[Plan, list[str]] | None:
-    """time-sharing's plan, with what planning it said, where it answers TURNS_GAIN of the offered load more
-    within the SLOs in simulation than `plan` (a search plan simulated short of its SLOs); else None."""
-    other = _other_plan(
-        lambda log: with_simulation(
-            make_plan(cluster, artifacts, "time-sharing", plan_path, lm, log=log, **options), lm
-        )
-    )
-    if other is None:
-        return None
-    turns, said_turns = other
-    offered = sum(m.rate for m in cluster.spec.models)
-    theirs, mine = simulated_goodput(turns), simulated_goodput(plan)
+def _turns_ahead(searched: Plan, turns: Plan, offered: float) -> str | None:
+    """Why time-sharing's plan is kept over `searched` (a search plan simulated short of its SLOs), the cluster
+    offering `offered` requests/s: it answers TURNS_GAIN of that more within the SLOs in simulation; else None."""
+    theirs, mine = simulated_goodput(turns), simulated_goodput(searched)
     if theirs < mine + TURNS_GAIN * offered:
         return None
-    why = (
+    return (
         f"time-sharing's plan: simulated {theirs:.1f} requests/s within the SLOs, against {mine:.1f} with search's, "
-        f"which misses {', '.join(m.name for m in simulated_misses(plan))}"
+        f"which misses {', '.join(m.name for m in simulated_misses(searched))}"
     )
-    return turns.model_copy(update={"notes": [*turns.notes, why]}), [*said_turns, why]
 
 
 def _same_device(model: PlannedModel, placement: Placement) -> bool:
