@@ -54,17 +54,16 @@ def _plan(
 ) -> Path:
     cluster = cluster_arg if isinstance(cluster_arg, Cluster) else load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
+    if margin and not latency_model:
+        raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
+    lm = load_latency_model(latency_model) if latency_model else None  # read before the exports take their time
+    energy = load_energy_model(energy_model) if energy_model else None
     say(f"models of {cluster.spec.name}:")
     artifacts = materialize(cluster, log=say)
-    lm = None
-    if latency_model:
-        lm = load_latency_model(latency_model)
+    if lm is not None:
         check_latency_model(cluster, artifacts, lm, Path(latency_model), say)
         lm = lm.with_margin(margin)
-    elif margin:
-        raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     trained = Path(policy_file) if policy_file else None
-    energy = load_energy_model(energy_model) if energy_model else None
     if minimise:  # "devices", the one objective offered
         plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained)
     elif lm is not None and energy is None:
