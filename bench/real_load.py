@@ -8,6 +8,8 @@ Deployments:
 - handwritten: what a user writes by hand: one tritonserver, one Python-backend instance per
   model running onnxruntime on 1 thread, no batching, no quotas (rendered from the same exports);
   for a GPU cluster one instance per model on the whole GPU (no MPS), dynamic batching up to 32;
+  `handwritten-batched` the same with Triton's dynamic batching up to HANDWRITTEN_CPU_BATCH on a CPU
+  too, no queue delay (a batch of what is queued when the instance is free);
 - naive: tritonctl's `spread` plan (equal shares, batch 1);
 - best: `search`'s plan with the latency model, its batches filled (`plan --batching fill`);
 - bda: BDA's batches on spread's equal shares (`plan --policy bda`);
@@ -74,6 +76,7 @@ from tritonctl.triton.render import MODEL_VERSION, place_file, python_glue, rend
 
 ANSWERED_IN_SLO = 0.99  # a scale is served when every model answers this part of its requests within the SLO
 HANDWRITTEN_GPU_BATCH = 32  # the largest batch a hand-written GPU deployment lets Triton's dynamic batcher form
+HANDWRITTEN_CPU_BATCH = 4  # `handwritten-batched` on a CPU (most profiles serve the most at 2-8: batching_gain.py)
 
 
 @dataclass
@@ -126,17 +129,19 @@ def stopped_row(deployment: str, scale: float, target: Endpoint, predicted: Pred
 
 
 @contextlib.contextmanager
-def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
+def handwritten(plan_path: Path, folder: Path, batched: bool = False) -> Iterator[list[Endpoint]]:
     """One tritonserver serving every model of the plan's exports, no quota or MPS share: on a CPU 1 onnxruntime
-    thread each and batch 1; on a GPU the whole GPU each, Triton's dynamic batching up to HANDWRITTEN_GPU_BATCH,
-    served by tritonctl's GPU glue where this tritonserver has no onnxruntime backend."""
+    thread each and batch 1 (`batched`: up to HANDWRITTEN_CPU_BATCH); on a GPU the whole GPU each, Triton's dynamic
+    batching up to HANDWRITTEN_GPU_BATCH, served by tritonctl's GPU glue where this tritonserver has no onnxruntime
+    backend. No queue delay: a batch is what is queued when the instance is free."""
     loaded = load_plan(plan_path)
     binary = find_tritonserver()
     if loaded.plan.target == "gpu":
         device = Device(id="gpu0", kind="gpu", index=0, memory_mb=1, units=100)
         batch, backend = HANDWRITTEN_GPU_BATCH, binary.gpu_backend()
     else:
-        device, batch, backend = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=1, cores=1.0), 1, "python"
+        device, backend = Device(id="cpu", kind="cpu", index=0, memory_mb=1, units=1, cores=1.0), "python"
+        batch = HANDWRITTEN_CPU_BATCH if batched else 1
     repo = folder / "models"
     for model in loaded.plan.models:
         placement = Placement(instance=f"{model.name}-0", device=device.id, share=device.units, batch=batch)
@@ -179,8 +184,8 @@ def handwritten(plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
 
 @contextlib.contextmanager
 def deployed(name: str, plan_path: Path, folder: Path) -> Iterator[list[Endpoint]]:
-    if name == "handwritten":
-        with handwritten(plan_path, folder) as targets:
+    if name.startswith("handwritten"):
+        with handwritten(plan_path, folder, batched=name == "handwritten-batched") as targets:
             yield targets
         return
     assert tritonctl(["apply", str(plan_path), "--accept-misses"]) == 0
@@ -411,8 +416,9 @@ def main() -> None:
         rows = [Row(**r) for r in earlier if r["deployment"] not in args.deployments]
     cluster = load_cluster(args.cluster)
     for name in args.deployments:
-        plan_path = plan_for("naive" if name == "handwritten" else name, args.cluster, args.latency_model, args.out)
-        predicted = predicted_p99(plan_path) if name != "handwritten" else {}
+        by_hand = name.startswith("handwritten")
+        plan_path = plan_for("naive" if by_hand else name, args.cluster, args.latency_model, args.out)
+        predicted = {} if by_hand else predicted_p99(plan_path)
         folder = raw / name  # the hand-written repository, perf_analyzer's logs and exports: not kept
         folder.mkdir()
         with deployed(name, plan_path, folder) as targets:  # targets: the rates at 1x, scaled by the load
