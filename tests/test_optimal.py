@@ -68,6 +68,14 @@ def test_the_optimum_is_what_trying_every_layout_finds_and_it_says_it_proved_it(
     assert len(lines) == 1 and lines[0].startswith(f"optimal policy: goodput {outcome.goodput:.2f} requests/s")
 
 
+def test_the_optimum_knowing_each_models_error_plans_each_as_with_its_own_margin(lm):
+    demands = [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)]  # tight: not every layout serves both
+    knowing = lm.with_errors({"alpha": 0.3})  # beta as fitted
+    for demand, same in ((demands[0], lm.with_margin(0.3)), (demands[1], lm)):
+        assert solver.split_options(demand, cpu(), knowing, 0.5, 1) == solver.split_options(demand, cpu(), same, 0.5, 1)
+    assert solver.solve(demands, [cpu()], knowing).goodput < solver.solve(demands, [cpu()], lm).goodput
+
+
 def test_on_two_devices_it_serves_what_one_cannot_and_keeps_each_within_its_units(lm):
     demands = [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)]
     one = solver.solve(demands, [cpu()], lm)

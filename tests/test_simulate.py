@@ -18,7 +18,14 @@ from tritonctl.latency.ablation import no_interference
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device, Placement, Plan, PlannedModel, RuntimeSettings, Tensor, save_plan
-from tritonctl.planning.simulate import deal, read_trace, simulate, simulated_misses, with_simulation
+from tritonctl.planning.simulate import (
+    deal,
+    latency_errors,
+    read_trace,
+    simulate,
+    simulated_misses,
+    with_simulation,
+)
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +318,16 @@ def test_latency_errors_are_fixed_per_model_seeded_and_leave_arrivals_alone(lm):
         assert (m.p50_ms > base.p50_ms) == (e > 0)  # light load: latency moves with the error's sign
     with pytest.raises(TritonctlError, match="latency error"):
         simulate(plan, lm, duration_s=5, latency_error=1.5)
+    assert latency_errors(plan, 3, 0.1) == off.latency_errors and latency_errors(plan, 3, 0.0) == {}
+    # a latency model that knows the draw predicts what the simulator then runs: each model its own error
+    knowing = lm.with_errors(off.latency_errors)
+    for name, e in off.latency_errors.items():
+        assert knowing.t_inf(name, 2, 50) == pytest.approx(lm.t_inf(name, 2, 50) * (1 + e))
+        assert knowing.t_infs(name, 50)[1] == pytest.approx(knowing.t_inf(name, 2, 50))
+    assert lm.with_errors({"alpha": 0.1}).t_inf("beta", 1, 50) == lm.t_inf("beta", 1, 50)  # unnamed: exact
+    assert knowing.with_margin(0.1).t_inf("alpha", 1, 50) == pytest.approx(lm.with_margin(0.1).t_inf("alpha", 1, 50))
+    with pytest.raises(TritonctlError, match=r"latency errors must be in \(-1, 1\)"):
+        lm.with_errors({"alpha": -1.0})
 
 
 def test_the_last_requests_are_judged_like_the_others(lm):

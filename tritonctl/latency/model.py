@@ -139,6 +139,7 @@ class LatencyModel:
         self._contention: dict[tuple[int, tuple[int, ...]], float] = {}  # (share, co-runners' shares) -> contention
         self._footprints: dict[str, list[float]] = {}  # `footprints_mb` per model
         self.margin = 0.0  # see `with_margin`
+        self.margins: dict[str, float] = {}  # per model where set, see `with_errors`
         self.mlp: MlpPredictor | None = None  # set: t_inf is the MLP's (mlp.py), the rest stays this model's
         self._mlp_ms: dict[tuple, float] = {}
 
@@ -148,8 +149,21 @@ class LatencyModel:
         if not 0 <= margin < 1:
             raise TritonctlError(f"a latency margin must be in [0, 1), not {margin}")
         pessimist = copy.copy(self)
-        pessimist.margin = margin
+        pessimist.margin, pessimist.margins = margin, {}
         return pessimist
+
+    def with_errors(self, errors: dict[str, float]) -> LatencyModel:
+        """This model predicting model i's batches (1 + errors[i]) times as long, each error in (-1, 1): what it
+        would predict knowing a draw of `simulate --latency-error` (`simulate.latency_errors`)."""
+        if not all(-1 < e < 1 for e in errors.values()):
+            raise TritonctlError(f"latency errors must be in (-1, 1): {errors}")
+        knowing = copy.copy(self)
+        knowing.margins = dict(errors)
+        return knowing
+
+    def margin_of(self, model: str) -> float:
+        """How much longer than fitted this model predicts `model`'s batches: its error where set, else the margin."""
+        return self.margins.get(model, self.margin)
 
     def without_mlp(self) -> LatencyModel:
         """This model predicting by the InSS formula even where the file carries an MLP."""
@@ -241,7 +255,7 @@ class LatencyModel:
         `in_turns`: they take turns with a CPU beside it, so their interference counts but not the wait for a core
         (`contention`), which the caller counts by sharing the cores (the simulator's processor sharing)."""
         if self.mlp is not None:
-            return self._predicted_by_mlp(model, batch, share, corunners) * (1 + self.margin)
+            return self._predicted_by_mlp(model, batch, share, corunners) * (1 + self.margin_of(model))
         p, d = self.models[model], self.device
         run = self.run_ms(model, batch, share)
         if corunners:
@@ -249,7 +263,7 @@ class LatencyModel:
             waits = 0.0 if in_turns else d.contention * self.contention(share, corunners)
             run *= 1.0 + p.alpha_cache * pressure + waits
             run += p.n_ops * (d.sched_a * (len(corunners) + 1) + d.sched_b)
-        return (self.io_ms(model, batch) + run) * (1 + self.margin)
+        return (self.io_ms(model, batch) + run) * (1 + self.margin_of(model))
 
     def t_infs(self, model: str, share: int, corunners: tuple[tuple[str, int, int], ...] = ()) -> np.ndarray:
         """`t_inf` of batches 1 ... MAX_BATCH at once (the same values), for a scan over batch sizes."""
@@ -269,7 +283,7 @@ class LatencyModel:
             if len(self._t_infs) >= T_INFS_KEPT:
                 self._t_infs.clear()
             self._t_infs[key] = times
-        return times * (1 + self.margin)
+        return times * (1 + self.margin_of(model))
 
     def _predicted_by_mlp(
         self, model: str, batch: int, share: int, corunners: tuple[tuple[str, int, int], ...]
@@ -323,7 +337,7 @@ class LatencyModel:
         factor = 1.0  # pairwise factors, their excess over 1 added up for groups larger than a pair
         for other, share_j, _ in corunners:
             factor += gpulet_factor(self.device.gpulet, self.gpulet_features(model, share, other, share_j)) - 1.0
-        return solo * max(factor, 0.1) * (1 + self.margin)
+        return solo * max(factor, 0.1) * (1 + self.margin_of(model))
 
     def gpulet_features(self, model: str, share: int, other: str, share_j: int) -> list[float]:
         """Gpulet's (L2_i, L2_j, mem_i, mem_j): here cache pressure and the share in cores."""

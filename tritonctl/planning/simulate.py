@@ -333,6 +333,15 @@ def _share_cores(
             heapq.heappush(ready, (nxt, k))
 
 
+def latency_errors(plan: Plan, seed: int, latency_error: float) -> dict[str, float]:
+    """The fixed error e_i per model of the plan that `simulate` draws for `seed` within +-`latency_error` (none
+    without one): model i's batches run (1 + e_i) times as long as predicted."""
+    if not latency_error:
+        return {}
+    draws = np.random.default_rng([seed, 1]).uniform(-latency_error, latency_error, len(plan.models))
+    return {m.name: float(e) for m, e in zip(plan.models, draws, strict=True)}
+
+
 def simulate(
     plan: Plan,
     lm: LatencyModel,
@@ -352,10 +361,7 @@ def simulate(
         raise TritonctlError(f"wake {wake!r} must be 'instance' or 'device'")
     started = time.perf_counter()
     arrivals = _arrivals(plan, duration_s, rate_scale, trace, seed)
-    errors = {}
-    if latency_error:
-        draws = np.random.default_rng([seed, 1]).uniform(-latency_error, latency_error, len(plan.models))
-        errors = {m.name: float(e) for m, e in zip(plan.models, draws, strict=True)}
+    errors = latency_errors(plan, seed, latency_error)
     spread = _normals(np.random.default_rng([seed, 2]))  # each batch's draw around the predicted latency
     exec_cache: dict[tuple, tuple[float, float]] = {}  # -> (predicted batch time, its spread's sigma)
 

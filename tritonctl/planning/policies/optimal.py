@@ -138,7 +138,7 @@ def split_options(model: Demand, device: Device, lm: LatencyModel, pressure: flo
     """The options of one of a model's `replicas` replicas on a split device that hold at least alone, dominated
     batches left out (`pressure`: the most its co-runners can put on it)."""
     demand = part(model, replicas)
-    p, d = lm.models[demand.name], lm.device
+    p, d, margin = lm.models[demand.name], lm.device, lm.margin_of(demand.name)
     out = []
     for share in range(max(STEP, math.ceil(p.share_range[0] / STEP) * STEP), device.units + 1, STEP):
         candidates = []
@@ -146,8 +146,8 @@ def split_options(model: Demand, device: Device, lm: LatencyModel, pressure: flo
             memory = memory_at(demand, batch, lm)
             if memory > device.memory_mb:
                 break
-            alone = lm.t_inf(demand.name, batch, share) / (1 + lm.margin)
-            slack = longest_batch_ms(demand, batch, alone * (1 + lm.margin)) / (1 + lm.margin) - alone
+            alone = lm.t_inf(demand.name, batch, share) / (1 + margin)
+            slack = longest_batch_ms(demand, batch, alone * (1 + margin)) / (1 + margin) - alone
             if slack < 0:
                 continue
             run = lm.run_ms(demand.name, batch, share)
