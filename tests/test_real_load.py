@@ -360,6 +360,17 @@ def test_predicted_load_adds_each_placements_busy_part_of_its_device(capsys, syn
     )
     assert predicted_load(plan) == {"cpu0": pytest.approx(expected)} and 0 < expected < 1
 
+    # taking turns, each instance is busy for its batches' time alone on its threads, not for the longer time the
+    # others' batches stretch them to (its predicted capacity there), which would count the others twice
+    assert main(["plan", str(mlp_cluster), "--policy", "time-sharing", "--latency-model", str(synthetic_lm)]) == 0
+    plan = load_plan(plan_path).plan
+    layout, units = plan.turn_layout(), plan.devices[0].units
+    placed = [(m, p) for m in plan.models for p in m.placements]
+    assert len(placed) >= 2 and all(p.instance in layout for _, p in placed)
+    alone = sum(m.rate_of(p) * p.predicted.exec_ms / (1000 * p.batch) * layout[p.instance].share for m, p in placed)
+    stretched = sum(m.rate_of(p) / p.predicted.throughput_rps * layout[p.instance].share for m, p in placed)
+    assert predicted_load(plan) == {"cpu0": pytest.approx(alone / units)} and alone < stretched
+
 
 def test_calibration_recovers_a_speed_batching_and_share_factor(synthetic_lm):
     """Measurements that are 1.6 x batch^0.2 x (cores / all)^0.3 the model's running time give back k = 1.6,

@@ -817,8 +817,10 @@ HEADROOM = 0.85  # a device predicted busier than this has no room for bursts or
 
 def predicted_load(plan: Plan, lm: LatencyModel | None = None) -> dict[str, float]:
     """Per device, the part of it the plan predicts busy: each placement's rate over its predicted capacity,
-    weighted by the part of the device it holds (in turns every placement holds all of it); on a GPU taken in
-    turns, the time its batches' GPU parts hold it (less the host's part, `LatencyModel.host_ms`, with `lm`)."""
+    weighted by the part of the device it holds; on a CPU taken in turns, the time its batches take alone on its
+    threads, weighted by their part of the cores (its capacity there is what the others' batches leave it, which
+    would count them again); on a GPU taken in turns, the time its batches' GPU parts hold it (less the host's
+    part, `LatencyModel.host_ms`, with `lm`)."""
     load: dict[str, float] = {}
     in_turns = plan.turn_layout()
     for model in plan.models:
@@ -830,8 +832,12 @@ def predicted_load(plan: Plan, lm: LatencyModel | None = None) -> dict[str, floa
                 gpu_ms = p.predicted.exec_ms - (lm.host_ms(model.name, p.batch) if lm is not None else 0.0)
                 load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) * max(gpu_ms, 0.0) / (1000 * p.batch)
                 continue
-            held = (in_turns[p.instance].share if p.instance in in_turns else p.share) / device.units
-            load[p.device] = load.get(p.device, 0.0) + model.rate_of(p) / p.predicted.throughput_rps * held
+            if p.instance in in_turns:
+                busy = model.rate_of(p) * p.predicted.exec_ms / (1000 * p.batch)
+                held = in_turns[p.instance].share / device.units
+            else:
+                busy, held = model.rate_of(p) / p.predicted.throughput_rps, p.share / device.units
+            load[p.device] = load.get(p.device, 0.0) + busy * held
     return load
 
 
