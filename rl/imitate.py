@@ -131,7 +131,8 @@ def _labels_key(env: InssEnv, lm: LatencyModel, config: ImitationConfig) -> str:
     code = hashlib.sha256()
     for source in sorted([*root.glob("planning/**/*.py"), *root.glob("latency/*.py"), root / "shares.py"]):
         code.update(source.read_bytes())
-    model = hashlib.sha256(repr((lm.device, sorted(lm.models.items()), lm.margin)).encode()).hexdigest()
+    margins = (lm.margin, sorted(lm.margins.items()))
+    model = hashlib.sha256(repr((lm.device, sorted(lm.models.items()), margins)).encode()).hexdigest()
     return repr((env.layout.metadata(), asdict(config.env), config.seed, model, code.hexdigest()))
 
 

@@ -72,7 +72,11 @@ def test_the_optimum_knowing_each_models_error_plans_each_as_with_its_own_margin
     demands = [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)]  # tight: not every layout serves both
     knowing = lm.with_errors({"alpha": 0.3})  # beta as fitted
     for demand, same in ((demands[0], lm.with_margin(0.3)), (demands[1], lm)):
-        assert solver.split_options(demand, cpu(), knowing, 0.5, 1) == solver.split_options(demand, cpu(), same, 0.5, 1)
+        options = solver.split_options(demand, cpu(), knowing, 0.5, 1)
+        assert options and options == solver.split_options(demand, cpu(), same, 0.5, 1)
+    assert solver.split_options(demands[0], cpu(), knowing, 0.5, 1) != solver.split_options(
+        demands[0], cpu(), lm, 0.5, 1
+    )
     assert solver.solve(demands, [cpu()], knowing).goodput < solver.solve(demands, [cpu()], lm).goodput
 
 

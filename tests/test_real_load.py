@@ -400,6 +400,10 @@ def test_calibration_recovers_a_speed_batching_and_share_factor(synthetic_lm):
     assert carried.wake_ms("alpha", 100) == 1.5 and carried.models["beta"].wake == lm.models["beta"].wake
     assert carried.t_inf("alpha", 3, 35) == pytest.approx(truth(3, 35), rel=0.02)
     assert carried.device.fingerprint == {"id": "here"} and carried.t_inf("beta", 4, 75) == lm.t_inf("beta", 4, 75)
+    knowing = scaled(
+        lm.with_margin(0.1).with_errors({"beta": 0.2}), factors, {"id": "here"}, {}, {"alpha": 1, "beta": 1}
+    )
+    assert (knowing.margin_of("alpha"), knowing.margin_of("beta")) == (0.1, 0.2)  # what it plans with, carried
     one_share = [p for p in points if p.share == 100]  # batch alone: no share term to fit
     assert factors_of(lm, one_share)["alpha"][2] == 0.0
 

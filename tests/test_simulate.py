@@ -324,6 +324,9 @@ def test_latency_errors_are_fixed_per_model_seeded_and_leave_arrivals_alone(lm):
     for name, e in off.latency_errors.items():
         assert knowing.t_inf(name, 2, 50) == pytest.approx(lm.t_inf(name, 2, 50) * (1 + e))
         assert knowing.t_infs(name, 50)[1] == pytest.approx(knowing.t_inf(name, 2, 50))
+        assert knowing.t_inf_gpulet(name, 2, 50) == pytest.approx(lm.t_inf_gpulet(name, 2, 50) * (1 + e))
+        # slower still (inss's headroom): every model's own error grown alike, none dropped
+        assert knowing.slower(0.1).t_inf(name, 2, 50) == pytest.approx(lm.t_inf(name, 2, 50) * (1 + e) * 1.1)
     assert lm.with_errors({"alpha": 0.1}).t_inf("beta", 1, 50) == lm.t_inf("beta", 1, 50)  # unnamed: exact
     assert knowing.with_margin(0.1).t_inf("alpha", 1, 50) == pytest.approx(lm.with_margin(0.1).t_inf("alpha", 1, 50))
     with pytest.raises(TritonctlError, match=r"latency errors must be in \(-1, 1\)"):

@@ -144,8 +144,9 @@ class LatencyModel:
         self._mlp_ms: dict[tuple, float] = {}
 
     def with_margin(self, margin: float) -> LatencyModel:
-        """This model predicting every batch (1 + margin) times as long: planning against it leaves
-        headroom for a latency model that is off by up to that much. Shares the fitted tables."""
+        """This model predicting every batch (1 + margin) times as long, any per-model errors (`with_errors`)
+        replaced: planning against it leaves headroom for a latency model that is off by up to that much. Shares
+        the fitted tables."""
         if not 0 <= margin < 1:
             raise TritonctlError(f"a latency margin must be in [0, 1), not {margin}")
         pessimist = copy.copy(self)
@@ -159,6 +160,14 @@ class LatencyModel:
             raise TritonctlError(f"latency errors must be in (-1, 1): {errors}")
         knowing = copy.copy(self)
         knowing.margins = dict(errors)
+        return knowing
+
+    def slower(self, headroom: float) -> LatencyModel:
+        """This model predicting every batch (1 + headroom) times as long again as it does: its margin and each
+        model's error (`with_errors`) grown alike, each at most 0.99."""
+        knowing = copy.copy(self)
+        knowing.margin = min(0.99, (1 + self.margin) * (1 + headroom) - 1)
+        knowing.margins = {name: min(0.99, (1 + e) * (1 + headroom) - 1) for name, e in self.margins.items()}
         return knowing
 
     def margin_of(self, model: str) -> float:
@@ -448,4 +457,6 @@ def scaled(
 
     models = {name: times(name, p) for name, p in lm.models.items() if name in factors}
     device = dataclasses.replace(lm.device, fingerprint=fingerprint)
-    return LatencyModel(device, models, {**lm.meta, **meta})
+    carried = LatencyModel(device, models, {**lm.meta, **meta})
+    carried.margin, carried.margins = lm.margin, dict(lm.margins)  # what `lm` plans with, kept
+    return carried

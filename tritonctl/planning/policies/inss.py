@@ -422,9 +422,7 @@ def _served(judged: Judged) -> float:
 def slower_judge(judge: Judge) -> Judge:
     """`judge` with every model HEADROOM slower than its latency model predicts, judging what a placement then
     serves: a CPU taken in turns by an instance that no longer keeps up serves it in part (`Judge`'s `in_part`)."""
-    lm = judge.lm
-    slower = lm.with_margin(min(0.99, (1 + lm.margin) * (1 + HEADROOM) - 1))
-    return Judge(judge.demands, judge.devices, slower, in_part=True)
+    return Judge(judge.demands, judge.devices, judge.lm.slower(HEADROOM), in_part=True)
 
 
 def robust_choices(placement: Placement, judge: Judge, slower: Judge) -> dict[str, list[Choice]]:
