@@ -12,7 +12,8 @@ the optimum planned knowing the draw.
 2. `inss`'s plan simulated 60 s with `--seeds` error draws (as bench/latency_error.py). For the first `--knowing`
    draws it misses more than 1% in, `optimal` planned knowing that draw's error per model
    (`LatencyModel.with_errors`) and simulated with the same draw: where it misses more than 1% too, knowing the
-   error does not make the draw holdable.
+   error does not make the draw holdable. Where that plan leaves a model out, the simulator would deal the draw to
+   other models, and it is not simulated (its bound still says what any plan serves).
 """
 
 from __future__ import annotations
