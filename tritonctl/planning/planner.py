@@ -586,13 +586,7 @@ def simulated_plan(
     chosen, and why."""
     if policy != "search" or cluster.kind != "cpu":
         return with_simulation(make_plan(cluster, artifacts, policy, plan_path, lm, log=log, **options), lm)
-    said: list[str] = []  # what the plan kept says, told once it is kept
-    try:
-        plan = _threads_chosen(cluster, artifacts, plan_path, lm, said.append, **options)
-    except TritonctlError:
-        for line in said:
-            log(line)
-        raise
+    plan, said = _first_plan(lambda say: _threads_chosen(cluster, artifacts, plan_path, lm, say, **options), log)
     if cluster.open_turn_priority() and simulated_misses(plan):
         alike = _other_plan(
             lambda say: search_with_copies(
@@ -615,6 +609,18 @@ def _alike_whole(ranked: Plan, alike: Plan) -> str | None:
         "turns weighed alike (turn_priority: equal): every model simulated within its SLO, where ranked by SLO "
         f"{', '.join(m.name for m in simulated_misses(ranked))} is not"
     )
+
+
+def _first_plan(planned: Callable[[Callable[[str], None]], Plan], log: Callable[[str], None]) -> tuple[Plan, list[str]]:
+    """The plan `planned` makes (given where to say what it does), with what it said, to be told once a plan is
+    kept; where it finds none, what it said is told to `log` and its error raised."""
+    said: list[str] = []
+    try:
+        return planned(said.append), said
+    except TritonctlError:
+        for line in said:
+            log(line)
+        raise
 
 
 def _other_plan(planned: Callable[[Callable[[str], None]], Plan]) -> tuple[Plan, list[str]] | None:
@@ -694,15 +700,20 @@ def _lightest_ahead(even: Plan | None, failed: Exception | None, lightest: Plan,
 def chosen_turn_threads(cluster: Cluster, plan: Plan) -> str:
     """The `turn_threads` a plan of `cluster` runs the CPU device groups on that leave it to the planner (`even`
     where none does): what a re-plan keeps."""
-    open_ids = {d.id for group, members in device_groups(cluster) if group.threads_open for d in members}
-    return next((d.turn_threads for d in plan.devices if d.id in open_ids), "even")
+    return _chosen(cluster, plan, lambda group: group.threads_open, "turn_threads", "even")
 
 
 def chosen_turn_priority(cluster: Cluster, plan: Plan) -> str:
     """The `turn_priority` a plan of `cluster` runs the CPU device groups on that leave it to the planner (`slo`
     where none does): what a re-plan keeps."""
-    open_ids = {d.id for group, members in device_groups(cluster) if group.priority_open for d in members}
-    return next((d.turn_priority for d in plan.devices if d.id in open_ids), "slo")
+    return _chosen(cluster, plan, lambda group: group.priority_open, "turn_priority", "slo")
+
+
+def _chosen(cluster: Cluster, plan: Plan, is_open: Callable[[DeviceGroup], bool], setting: str, default: str) -> str:
+    """The `setting` a plan of `cluster` runs the device groups on that `is_open` says leave it to the planner
+    (`default` where none does)."""
+    open_ids = {d.id for group, members in device_groups(cluster) if is_open(group) for d in members}
+    return next((getattr(d, setting) for d in plan.devices if d.id in open_ids), default)
 
 
 def models_predicted_to_miss(plan: Plan) -> list[str]:
@@ -726,13 +737,10 @@ def search_with_copies(
     cores' sharing, the simulation also by how the batches in flight slow each other. Where the plan kept is
     simulated short of an SLO, time-sharing's plan takes its place if it simulates ahead (`_turns_ahead`).
     The plan's notes say when the copies or search's plan were given up."""
-    said: list[str] = []  # what the plan kept says, told once it is kept
-    try:
-        plan = with_simulation(make_plan(cluster, artifacts, "search", plan_path, lm, log=said.append, **options), lm)
-    except TritonctlError:
-        for line in said:
-            log(line)
-        raise
+    plan, said = _first_plan(
+        lambda say: with_simulation(make_plan(cluster, artifacts, "search", plan_path, lm, log=say, **options), lm),
+        log,
+    )
     copied = sorted({m.name for m in plan.models for p in m.placements if _same_device(m, p)})
     if copied:
         single = _other_plan(
