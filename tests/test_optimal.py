@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import time
 
 import pytest
 
@@ -107,10 +108,43 @@ def test_a_model_no_device_serves_alone_is_split_into_equal_replicas_on_two(lm):
         assert task_latency(400, c.batch, lm.t_inf("alpha", c.batch, c.share)).p99_ms <= 40
 
 
-def test_a_time_limit_reports_the_gap_instead_of_optimal():
+def test_a_time_limit_reports_the_gap_instead_of_optimal(lm, monkeypatch):
     stopped = solver.Outcome({}, goodput=90.0, bound=100.0, status="Time limit reached", seconds=300.0, cuts=0)
     assert stopped.gap == pytest.approx(0.1)
     assert "best found, gap 10.00% (Time limit reached)" in stopped.summary() and ": optimal" not in stopped.summary()
+    # a best plan that leaves a model out is not called the optimum
+    monkeypatch.setattr(solver, "solve", lambda *_: stopped)
+    with pytest.raises(PlacementError, match=r"the best plan found \(gap 10.00%\) leaves alpha unserved"):
+        solver.optimal([Demand("alpha", 150, 150, 100)], [cpu()], lm, log=lambda _: None)
+
+
+def chosen_alone(program, forced) -> bool:
+    """Whether the program still has a solution with every option of `forced` chosen."""
+    xs = [program.index[o.device, o.model, o.share, o.batch, o.replicas] for o in forced]
+    for x in xs:
+        program.h.changeColBounds(x.index, 1.0, 1.0)
+    status = program.solve(time.monotonic() + 30)[0]
+    for x in xs:
+        program.h.changeColBounds(x.index, 0.0, 1.0)
+    return status == "Optimal"
+
+
+def test_a_model_late_beside_its_co_runners_is_cut_off_beside_them_at_any_batch_of_theirs(lm):
+    demands = [Demand("alpha", 150, 150, 100), Demand("beta", 400, 50, 100)]
+    program = solver._Program(demands, [cpu()], lm)
+    options = {d.name: [o for o, _ in program.options if o.model == d.name] for d in demands}
+    a, b, other_b = next(  # alpha beside beta at one share with two batches, each pair a solution
+        (a, b, c)
+        for a in options["alpha"]
+        for b, c in itertools.permutations(options["beta"], 2)
+        if b.share == c.share and a.share + b.share <= 100 and all(chosen_alone(program, [a, x]) for x in (b, c))
+    )
+    exact = solver._Program(demands, [cpu()], lm)
+    exact.cut([a, b], [])  # memory broke: only these batches together
+    assert not chosen_alone(exact, [a, b]) and chosen_alone(exact, [a, other_b])
+    late = solver._Program(demands, [cpu()], lm)
+    late.cut([a, b], [a])  # alpha's SLO broke: beta's batch does not move alpha's batch time
+    assert not chosen_alone(late, [a, b]) and not chosen_alone(late, [a, other_b])
 
 
 def test_too_large_or_without_a_latency_model_it_says_so(lm):

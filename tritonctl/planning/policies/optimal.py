@@ -20,8 +20,10 @@ rate (the p99 of eq. 2 grows with it), so the option holds iff the sum of its co
 terms stays under what that leaves: a big-M row enforced when the option is chosen and the
 device shared. The CPU contention term (threads beyond cores) is not linear: every solution
 is checked against the full latency model, a split it breaks is cut off (a no-good row, on
-every device of its kind and at any larger part of the rates), and the program is solved
-again, until a solution holds or the best that held is within GAP of the bound (`solve`).
+every device of its kind and at any larger part of the rates; a model late beside its
+co-runners is cut off beside them at any batch of theirs, which its batch time does not
+read), and the program is solved again, until a solution holds or the best that held is
+within GAP of the bound (`solve`).
 Of an option's batches only those that no other batch of the same share dominates (holds in
 every context it holds in, in no more memory) are kept; the plan takes BDA's batches on the
 chosen placement (the largest that hold: the most throughput).
@@ -101,8 +103,12 @@ class Outcome:
     def gap(self) -> float:
         return 0.0 if self.bound <= 0 else max(0.0, (self.bound - self.goodput) / self.bound)
 
+    @property
+    def proven(self) -> bool:
+        return self.gap <= 1e-9
+
     def summary(self) -> str:
-        proven = "optimal" if self.gap <= 1e-9 else f"best found, gap {100 * self.gap:.2f}% ({self.status})"
+        proven = "optimal" if self.proven else f"best found, gap {100 * self.gap:.2f}% ({self.status})"
         cuts = f", {self.cuts} split(s) cut off by CPU contention" if self.cuts else ""
         return (
             f"optimal policy: goodput {self.goodput:.2f} requests/s, bound {self.bound:.2f}: {proven} "
@@ -270,6 +276,10 @@ class _Program:
             )
         self.options: list[tuple[Option, highspy.highs_var]] = [(o, h.addBinary()) for o in options]
         self.index = {(o.device, o.model, o.share, o.batch, o.replicas): x for o, x in self.options}
+        self.at_share: dict[tuple[str, str, int], list[highspy.highs_var]] = {}  # every batch and replica count
+        for o, x in self.options:
+            self.at_share.setdefault((o.device, o.model, o.share), []).append(x)
+        self.batch_blind = lm.mlp is None  # a batch's time reads the co-runners' shares alone (the InSS formula)
         self.kinds = {device.id: _kind(device) for device in devices}
         self.turns = [(device, m, out, h.addBinary()) for device, m, out in turns]
         self._replica_rows(replicas, devices)
@@ -364,24 +374,34 @@ class _Program:
         turns = [(dev, m, out) for dev, m, out, x in self.turns if h.val(x) > 0.5]
         return options, turns
 
-    def cut(self, options: list[Option]) -> None:
-        """Forbid a split the full latency model breaks: these models at these shares and batches together, on
-        every device of the broken one's kind, each at its rate here or a larger part of it (fewer replicas: a
-        batch that breaks an SLO at a rate breaks it at any higher one)."""
+    def cut(self, options: list[Option], late: list[Option]) -> None:
+        """Forbid a split the full latency model breaks, on every device of the broken one's kind: these models
+        at these shares and batches together, each at its rate here or a larger part of it (fewer replicas: a
+        batch that breaks an SLO at a rate breaks it at any higher one). Where the InSS formula predicts, a model
+        whose SLO or rate breaks (`late`) breaks it beside the others at their shares whatever their batches and
+        parts of the rates, so each such model is cut off beside every one of those: one row in place of a row
+        per batch of each co-runner."""
         broken = options[0].device
         for device in (d for d, kind in self.kinds.items() if kind == self.kinds[broken]):
-            xs = []
-            for o in options:
-                variants = [self.index.get((device, o.model, o.share, o.batch, k)) for k in range(1, o.replicas + 1)]
-                xs.append([x for x in variants if x is not None])
-            if all(xs):  # each of them can be chosen there
-                self.h.addConstr(sum(x for variants in xs for x in variants) <= len(options) - 1)
+            for culprit in late if self.batch_blind and late else [None]:
+                xs = [self._variants(device, o, culprit is not None and o is not culprit) for o in options]
+                if all(xs):  # each of them can be chosen there
+                    self.h.addConstr(sum(x for chosen in xs for x in chosen) <= len(options) - 1)
+
+    def _variants(self, device: str, o: Option, any_batch: bool) -> list[highspy.highs_var]:
+        """The binaries of `o` on `device` at its part of the rate or a larger one; `any_batch`: at its share with
+        any batch and part of the rate."""
+        if any_batch:
+            return self.at_share.get((device, o.model, o.share), [])
+        found = [self.index.get((device, o.model, o.share, o.batch, k)) for k in range(1, o.replicas + 1)]
+        return [x for x in found if x is not None]
 
 
 def _broken_splits(
     options: list[Option], demands: list[Demand], devices: list[Device], lm: LatencyModel
-) -> list[list[Option]]:
-    """The options of every split device on which the full latency model breaks an SLO or rate."""
+) -> list[tuple[list[Option], list[Option]]]:
+    """The options of every split device on which the full latency model breaks a constraint, each with those of
+    them whose SLO or rate breaks (not memory, which the co-runners' batches move)."""
     by_name = {d.name: d for d in demands}
     by_id = {d.id: d for d in devices}
     out = []
@@ -390,8 +410,9 @@ def _broken_splits(
         parts = {o.model: part(by_name[o.model], o.replicas) for o in here}
         placement = {o.model: Choice(o.device, o.share) for o in here}
         batches = {o.model: o.batch for o in here}
-        if any(broken_constraint(o.model, o.batch, placement, parts, batches, by_id, lm) for o in here):
-            out.append(here)
+        why = {o.model: broken_constraint(o.model, o.batch, placement, parts, batches, by_id, lm) for o in here}
+        if any(why.values()):
+            out.append((here, [o for o in here if why[o.model] in ("slo", "rate")]))
     return out
 
 
@@ -433,8 +454,8 @@ def solve(
                 if best is None or value > best[0] * (1 + TIE):  # replicas only where they serve more
                     best = (value, options, turns)
                 break
-            for here in broken:
-                program.cut(here)
+            for here, late in broken:
+                program.cut(here, late)
             cuts += len(broken)
             status = "Time limit reached"
             if best is not None and full and best[0] >= bound * (1 - GAP):
@@ -486,5 +507,6 @@ def optimal(
     log(outcome.summary())
     unserved = [d.name for d in demands if d.name not in outcome.choices]
     if unserved:
-        raise PlacementError(f"the optimum leaves {', '.join(unserved)} unserved", shed=unserved)
+        found = "the optimum" if outcome.proven else f"the best plan found (gap {100 * outcome.gap:.2f}%)"
+        raise PlacementError(f"{found} leaves {', '.join(unserved)} unserved", shed=unserved)
     return outcome.choices
