@@ -1,7 +1,7 @@
 """What the proxy costs: the same deployment loaded through HAProxy and straight at the instances.
 
     python bench/proxy_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
-        [--tool tritonctl|perf_analyzer] [--perf FILE] [--images float32|uint8] [--router-from COMMIT]
+        [--tool tritonctl|perf_analyzer] [--perf FILE] [--images float32|uint8] [--router-from COMMIT] [--realtime]
 
 Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
@@ -18,6 +18,9 @@ each round also loads, between the two, the hand-written asyncio HTTP/2 router H
 run as it was at COMMIT of this repository's history (`git show`; its last version is at
 4945c89^), in front of the same instances (every replica of a model, dealt per connection, as it
 did), and prints its CPU time per request measured the same way: the two proxies side by side.
+With `--realtime` each round also loads the same HAProxy with its threads under SCHED_FIFO (priority 1; on a
+kernel that budgets real-time time per cgroup, its group and the groups above it get 10% of each period), set
+for that path only: whether waking it at once, ahead of the instances' threads, takes the hop off the p99.
 Last, over every round pooled, each path's p50 and p99 per model and what a proxy adds to the
 p99 of the instances' own ports, with its 95% bootstrap interval (one round's p99, of tens to
 hundreds of requests, moves by more than the hop costs).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -91,6 +95,26 @@ def perf_summary(data: Path) -> str:
     return "\n".join(["# by binary", *keep, "", "# calls, including what they call (top 30)", *calls]) + "\n"
 
 
+def realtime_budget(pid: int, runtime_us: int) -> None:
+    """Give `pid`'s cgroup v1 cpu group, and each above it, `runtime_us` of real-time time a period (children
+    first when taking it away, parents first when giving it), where the kernel budgets it per group."""
+    line = next((x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if x.split(":")[1] == "cpu"), None)
+    if line is None or not Path("/sys/fs/cgroup/cpu/cpu.rt_runtime_us").exists():
+        return
+    parts = [p for p in line.split(":", 2)[2].split("/") if p]
+    groups = [Path("/sys/fs/cgroup/cpu", *parts[: i + 1]) for i in range(len(parts))]
+    for group in groups if runtime_us else reversed(groups):
+        (group / "cpu.rt_runtime_us").write_text(str(runtime_us))
+
+
+def set_realtime(group: int, on: bool) -> None:
+    """Every thread of a process group under SCHED_FIFO priority 1 (`on`), or back under SCHED_OTHER."""
+    policy, param = (os.SCHED_FIFO, os.sched_param(1)) if on else (os.SCHED_OTHER, os.sched_param(0))
+    for pid in group_pids(group):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.sched_setscheduler(int(task.name), policy, param)
+
+
 def start_router(
     commit: str, backends: dict[str, list[str]], routed: list[Endpoint]
 ) -> tuple[subprocess.Popen, list[Endpoint]]:
@@ -148,6 +172,7 @@ def main() -> None:
     parser.add_argument("--perf", type=Path, help="record the first round through HAProxy with perf; summary here")
     parser.add_argument("--images", choices=["float32", "uint8"], default="float32", help="the models' input type")
     parser.add_argument("--router-from", metavar="COMMIT", help="also load the hand-written router of this commit")
+    parser.add_argument("--realtime", action="store_true", help="also load HAProxy with its threads under SCHED_FIFO")
     args = parser.parse_args()
     pa = find_perf_analyzer() if args.tool == "perf_analyzer" else None
     demo = load_cluster(CLUSTER)
@@ -174,9 +199,15 @@ def main() -> None:
                 backends.setdefault(r.model, []).append(f"{r.host}:{r.backend_port}")
             router, at_router = start_router(args.router_from, backends, routed)
             paths.append(("router", at_router, router.pid, "router"))
+        if args.realtime:
+            realtime_budget(paths[0][2], 100_000)
+            paths.append(("proxy-rt", routed, paths[0][2], "HAProxy under SCHED_FIFO"))
         paths.append(("direct", direct, None, ""))
         idle: dict[str, float] = {}
         for name, _, group, label in paths[:-1]:
+            if name == "proxy-rt":
+                idle[name] = idle["proxy"]
+                continue
             before = group_cpu_seconds(group)
             time.sleep(args.duration)
             idle[name] = (group_cpu_seconds(group) - before) / args.duration
@@ -187,6 +218,8 @@ def main() -> None:
             for name, targets, proxy, label in paths:
                 before, ticks = (group_cpu_seconds(proxy), group_ticks(proxy)) if proxy else (0.0, (0, 0))
                 recording = name == "proxy" and round_ == 0 and args.perf
+                if name == "proxy-rt":
+                    set_realtime(proxy, True)
                 if recording:
                     perf = perf_record(worker_of(proxy), WORK / "perf.data")
                 began = time.monotonic()  # the plan's rates are already scaled
@@ -195,6 +228,8 @@ def main() -> None:
                 else:
                     with tempfile.TemporaryDirectory(prefix="proxy-overhead.") as logs:
                         results = run_perf_analyzer(pa, targets, args.duration, 1.0, Path(logs), seed=round_)
+                if name == "proxy-rt":
+                    set_realtime(proxy, False)
                 if recording:
                     perf.send_signal(signal.SIGINT)
                     perf.wait()
@@ -221,6 +256,9 @@ def main() -> None:
                 added = "" if name == "direct" else " added {:+.1f} [{:+.1f}, {:+.1f}]".format(*added_p99(through, own))
                 print(f"  {name:7} {e.model:14} {len(through):6d}  {p50:6.1f} / {p99:6.1f}{added}")
     finally:
+        if args.realtime and (proxy_pid := json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]):
+            set_realtime(proxy_pid, False)
+            realtime_budget(proxy_pid, 0)
         if router is not None:
             router.terminate()
             router.wait()
