@@ -188,11 +188,12 @@ def main() -> None:
     loaded = load_plan(path)
     triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     apply_plan(loaded, triton, log=lambda _: None)
+    proxy_pid = json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]
     router = None
     try:
         routed = endpoints(loaded.plan)
         direct = straight_to_instances(routed, loaded.state_dir)
-        paths = [("proxy", routed, json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"], "HAProxy")]
+        paths = [("proxy", routed, proxy_pid, "HAProxy")]
         if args.router_from:
             backends: dict[str, list[str]] = {}
             for r in load_state(loaded.state_dir).instances.values():
@@ -200,8 +201,8 @@ def main() -> None:
             router, at_router = start_router(args.router_from, backends, routed)
             paths.append(("router", at_router, router.pid, "router"))
         if args.realtime:
-            realtime_budget(paths[0][2], 100_000)
-            paths.append(("proxy-rt", routed, paths[0][2], "HAProxy under SCHED_FIFO"))
+            realtime_budget(proxy_pid, 100_000)
+            paths.append(("proxy-rt", routed, proxy_pid, "HAProxy under SCHED_FIFO"))
         paths.append(("direct", direct, None, ""))
         idle: dict[str, float] = {}
         for name, _, group, label in paths[:-1]:
@@ -256,7 +257,7 @@ def main() -> None:
                 added = "" if name == "direct" else " added {:+.1f} [{:+.1f}, {:+.1f}]".format(*added_p99(through, own))
                 print(f"  {name:7} {e.model:14} {len(through):6d}  {p50:6.1f} / {p99:6.1f}{added}")
     finally:
-        if args.realtime and (proxy_pid := json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]):
+        if args.realtime:
             set_realtime(proxy_pid, False)
             realtime_budget(proxy_pid, 0)
         if router is not None:

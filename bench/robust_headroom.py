@@ -72,13 +72,11 @@ def main() -> None:
         print(f"| {setup} | {len(over)} of {args.seeds} over 1% | | worst {100 * max(missed.values()):.2f}% | | |")
         for seed in over[: args.knowing]:
             errors = latency_errors(plan, seed, args.error)
+            truth = lm.with_errors(errors)  # runs every batch as `simulate --latency-error` does for the draw
             notes: list[str] = []
             try:
-                knowing = make_plan(
-                    cluster, artifacts[setup], "optimal", Path("plan.yaml"), lm.with_errors(errors), log=notes.append
-                )
+                knowing = make_plan(cluster, artifacts[setup], "optimal", Path("plan.yaml"), truth, log=notes.append)
                 solved = next(n for n in reversed(notes) if n.startswith("optimal policy")).split(": ", 1)[1]
-                truth = lm.with_errors(errors)  # runs every batch as `simulate --latency-error` does for the draw
                 knowing_missed = f"{100 * violations(knowing, cluster, truth, seed, 0.0)[1]:.2f}%"
             except TritonctlError as exc:  # the solver's time limit ran out before a plan held
                 solved, knowing_missed = str(exc).rsplit(": ", 1)[-1], "-"

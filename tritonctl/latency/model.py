@@ -170,6 +170,12 @@ class LatencyModel:
         knowing.margins = {name: min(0.99, (1 + e) * (1 + headroom) - 1) for name, e in self.margins.items()}
         return knowing
 
+    @property
+    def reads_corunner_batches(self) -> bool:
+        """Whether a batch's time depends on its co-runners' batches (the MLP's prediction), not only on their
+        shares (the InSS formula)."""
+        return self.mlp is not None
+
     def margin_of(self, model: str) -> float:
         """How much longer than fitted this model predicts `model`'s batches: its error where set, else the margin."""
         return self.margins.get(model, self.margin)

@@ -65,7 +65,7 @@ Scans = dict[tuple, tuple[list[float], P99Scan, list[bool]]]
 def _scan_key(name: str, share: int, others: tuple[tuple[str, int, int], ...], rate: float, lm: LatencyModel):
     """What a scan depends on: the co-runners' batches only where the MLP predicts (the InSS formula reads their
     shares alone)."""
-    return name, share, others if lm.mlp is not None else tuple((m, s) for m, s, _ in others), rate
+    return name, share, others if lm.reads_corunner_batches else tuple((m, s) for m, s, _ in others), rate
 
 
 def _beside(name, placement, demands, batches, devices, lm) -> tuple[tuple[tuple[str, int, int], ...], float]:

@@ -107,6 +107,11 @@ class Outcome:
     def proven(self) -> bool:
         return self.gap <= 1e-9
 
+    def leaving_out(self, unserved: list[str]) -> PlacementError:
+        """The error that sheds the models this outcome leaves out, calling it the optimum only where proven."""
+        found = "the optimum" if self.proven else f"the best plan found (gap {100 * self.gap:.2f}%)"
+        return PlacementError(f"{found} leaves {', '.join(unserved)} unserved", shed=unserved)
+
     def summary(self) -> str:
         proven = "optimal" if self.proven else f"best found, gap {100 * self.gap:.2f}% ({self.status})"
         cuts = f", {self.cuts} split(s) cut off by CPU contention" if self.cuts else ""
@@ -279,7 +284,7 @@ class _Program:
         self.at_share: dict[tuple[str, str, int], list[highspy.highs_var]] = {}  # every batch and replica count
         for o, x in self.options:
             self.at_share.setdefault((o.device, o.model, o.share), []).append(x)
-        self.batch_blind = lm.mlp is None  # a batch's time reads the co-runners' shares alone (the InSS formula)
+        self.batch_blind = not lm.reads_corunner_batches
         self.kinds = {device.id: _kind(device) for device in devices}
         self.turns = [(device, m, out, h.addBinary()) for device, m, out in turns]
         self._replica_rows(replicas, devices)
@@ -507,6 +512,5 @@ def optimal(
     log(outcome.summary())
     unserved = [d.name for d in demands if d.name not in outcome.choices]
     if unserved:
-        found = "the optimum" if outcome.proven else f"the best plan found (gap {100 * outcome.gap:.2f}%)"
-        raise PlacementError(f"{found} leaves {', '.join(unserved)} unserved", shed=unserved)
+        raise outcome.leaving_out(unserved)
     return outcome.choices

@@ -472,7 +472,7 @@ class Judge:
         device each model its rate or the most requests per second its batches within the SLO complete, whichever
         is less (`queueing.goodputs` credits no more). Their rates where they take turns, and under a latency
         model whose times depend on the co-runners' batches (the MLP), which are not known before BDA."""
-        if turns or self.lm.mlp is not None:
+        if turns or self.lm.reads_corunner_batches:
             return sum(d.rate for d, _ in members)
         most = self._most.get(members)
         if most is None:
