@@ -2,6 +2,7 @@
 
     python bench/proxy_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
         [--tool tritonctl|perf_analyzer] [--perf FILE] [--images float32|uint8] [--router-from COMMIT] [--realtime]
+        [--plan PLAN]
 
 Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
@@ -21,6 +22,8 @@ did), and prints its CPU time per request measured the same way: the two proxies
 With `--realtime` each round also loads the same HAProxy with its threads under SCHED_FIFO (priority 1; on a
 kernel that budgets real-time time per cgroup, its group and the groups above it get 10% of each period), set
 for that path only: whether waking it at once, ahead of the instances' threads, takes the hop off the p99.
+With `--plan PLAN` the plan of any cluster is applied as written and loaded at its rates x `--rate-scale`
+instead of the demo's (`--policy` and `--images` do not apply): what the proxy adds at another cluster's load.
 Last, over every round pooled, each path's p50 and p99 per model and what a proxy adds to the
 p99 of the instances' own ports, with its 95% bootstrap interval (one round's p99, of tens to
 hundreds of requests, moves by more than the hop costs).
@@ -55,7 +58,7 @@ from tritonctl.deploy.local import (
 from tritonctl.deploy.state import load_state, straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planning.plan import load_plan, save_plan
+from tritonctl.planning.plan import LoadedPlan, load_plan, save_plan
 from tritonctl.planning.planner import make_plan
 from tritonctl.spec import Cluster, load_cluster
 from tritonctl.triton.binary import find_tritonserver
@@ -161,6 +164,20 @@ def with_images(cluster: Cluster, dtype: str) -> Cluster:
     return Cluster(cluster.spec.model_copy(update={"models": models}), cluster.path)
 
 
+def demo_plan(images: str, rate_scale: float, base_port: int, policy: str) -> LoadedPlan:
+    """The demo cluster planned with `policy` at its rates x `rate_scale`, on its own ports and state."""
+    cluster = (
+        with_images(load_cluster(CLUSTER), images)
+        .with_rates(lambda m: m.rate * rate_scale)
+        .with_runtime(base_port=base_port, state_dir=str(WORK / "state"))
+    )
+    path = WORK / "plan.yaml"
+    lm = None if policy == "spread" else load_latency_model(MODEL)
+    artifacts = materialize(cluster, log=lambda _: None)
+    save_plan(make_plan(cluster, artifacts, policy, path, lm, log=lambda _: None), path)
+    return load_plan(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
@@ -173,19 +190,13 @@ def main() -> None:
     parser.add_argument("--images", choices=["float32", "uint8"], default="float32", help="the models' input type")
     parser.add_argument("--router-from", metavar="COMMIT", help="also load the hand-written router of this commit")
     parser.add_argument("--realtime", action="store_true", help="also load HAProxy with its threads under SCHED_FIFO")
+    parser.add_argument("--plan", type=Path, help="apply and load this plan (its rates x --rate-scale), not the demo")
     args = parser.parse_args()
     pa = find_perf_analyzer() if args.tool == "perf_analyzer" else None
-    demo = load_cluster(CLUSTER)
-    cluster = (
-        with_images(demo, args.images)
-        .with_rates(lambda m: m.rate * args.rate_scale)
-        .with_runtime(base_port=args.base_port, state_dir=str(WORK / "state"))
-    )
-    path = WORK / "plan.yaml"
-    lm = None if args.policy == "spread" else load_latency_model(MODEL)
-    artifacts = materialize(cluster, log=lambda _: None)
-    save_plan(make_plan(cluster, artifacts, args.policy, path, lm, log=lambda _: None), path)
-    loaded = load_plan(path)
+    if args.plan is not None:
+        loaded, scale = load_plan(args.plan), args.rate_scale
+    else:
+        loaded, scale = demo_plan(args.images, args.rate_scale, args.base_port, args.policy), 1.0
     triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     apply_plan(loaded, triton, log=lambda _: None)
     proxy_pid = json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]
@@ -223,12 +234,12 @@ def main() -> None:
                     set_realtime(proxy, True)
                 if recording:
                     perf = perf_record(worker_of(proxy), WORK / "perf.data")
-                began = time.monotonic()  # the plan's rates are already scaled
+                began = time.monotonic()
                 if pa is None:
-                    results = run_load(targets, args.duration, seed=round_)
+                    results = run_load(targets, args.duration, scale, seed=round_)
                 else:
                     with tempfile.TemporaryDirectory(prefix="proxy-overhead.") as logs:
-                        results = run_perf_analyzer(pa, targets, args.duration, 1.0, Path(logs), seed=round_)
+                        results = run_perf_analyzer(pa, targets, args.duration, scale, Path(logs), seed=round_)
                 if name == "proxy-rt":
                     set_realtime(proxy, False)
                 if recording:
