@@ -183,20 +183,23 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of (proxy, [router,] direct)")
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
-    parser.add_argument("--policy", default="search", help="the plan to load (default search, the demo's)")
+    parser.add_argument("--policy", help="the plan to load (default search, the demo's)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
     parser.add_argument("--tool", choices=["tritonctl", "perf_analyzer"], default="tritonctl", help="load generator")
     parser.add_argument("--perf", type=Path, help="record the first round through HAProxy with perf; summary here")
-    parser.add_argument("--images", choices=["float32", "uint8"], default="float32", help="the models' input type")
+    parser.add_argument("--images", choices=["float32", "uint8"], help="the models' input type (default float32)")
     parser.add_argument("--router-from", metavar="COMMIT", help="also load the hand-written router of this commit")
     parser.add_argument("--realtime", action="store_true", help="also load HAProxy with its threads under SCHED_FIFO")
     parser.add_argument("--plan", type=Path, help="apply and load this plan (its rates x --rate-scale), not the demo")
     args = parser.parse_args()
+    if args.plan is not None and (args.policy or args.images):
+        parser.error("--plan loads the plan as written: --policy and --images shape the demo's plan only")
     pa = find_perf_analyzer() if args.tool == "perf_analyzer" else None
     if args.plan is not None:
         loaded, scale = load_plan(args.plan), args.rate_scale
     else:
-        loaded, scale = demo_plan(args.images, args.rate_scale, args.base_port, args.policy), 1.0
+        loaded = demo_plan(args.images or "float32", args.rate_scale, args.base_port, args.policy or "search")
+        scale = 1.0
     triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     apply_plan(loaded, triton, log=lambda _: None)
     proxy_pid = json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]
