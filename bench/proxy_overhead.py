@@ -55,6 +55,7 @@ from tritonctl.deploy.local import (
     group_pids,
     proc_stat_fields,
 )
+from tritonctl.deploy.share import V1_ROOT
 from tritonctl.deploy.state import load_state, straight_to_instances
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
@@ -98,15 +99,14 @@ def perf_summary(data: Path) -> str:
     return "\n".join(["# by binary", *keep, "", "# calls, including what they call (top 30)", *calls]) + "\n"
 
 
-def realtime_budget(pid: int, runtime_us: int) -> None:
-    """Give `pid`'s cgroup v1 cpu group, and each above it, `runtime_us` of real-time time a period (children
-    first when taking it away, parents first when giving it), where the kernel budgets it per group."""
-    line = next((x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if x.split(":")[1] == "cpu"), None)
-    if line is None or not Path("/sys/fs/cgroup/cpu/cpu.rt_runtime_us").exists():
+def realtime_budget(cgroup: str | None, runtime_us: int) -> None:
+    """Give HAProxy's cgroup (as its record names it) and each group above it `runtime_us` of real-time time a
+    period (children first when taking it away, parents first when giving it), where the kernel budgets it per
+    cgroup v1 cpu group."""
+    if cgroup is None or not (V1_ROOT / "cpu.rt_runtime_us").exists():
         return
-    parts = [p for p in line.split(":", 2)[2].split("/") if p]
-    groups = [Path("/sys/fs/cgroup/cpu", *parts[: i + 1]) for i in range(len(parts))]
-    for group in groups if runtime_us else reversed(groups):
+    upward = [g for g in (Path(cgroup), *Path(cgroup).parents) if g.is_relative_to(V1_ROOT) and g != V1_ROOT]
+    for group in reversed(upward) if runtime_us else upward:
         (group / "cpu.rt_runtime_us").write_text(str(runtime_us))
 
 
@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of (proxy, [router,] direct)")
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
     parser.add_argument("--policy", help="the plan to load (default search, the demo's)")
-    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the demo rates (default 1)")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the rates (default 1)")
     parser.add_argument("--tool", choices=["tritonctl", "perf_analyzer"], default="tritonctl", help="load generator")
     parser.add_argument("--perf", type=Path, help="record the first round through HAProxy with perf; summary here")
     parser.add_argument("--images", choices=["float32", "uint8"], help="the models' input type (default float32)")
@@ -202,7 +202,8 @@ def main() -> None:
         scale = 1.0
     triton = LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
     apply_plan(loaded, triton, log=lambda _: None)
-    proxy_pid = json.loads((loaded.state_dir / PROXY_FILE).read_text())["pid"]
+    proxy_record = json.loads((loaded.state_dir / PROXY_FILE).read_text())
+    proxy_pid = proxy_record["pid"]
     router = None
     try:
         routed = endpoints(loaded.plan)
@@ -215,7 +216,7 @@ def main() -> None:
             router, at_router = start_router(args.router_from, backends, routed)
             paths.append(("router", at_router, router.pid, "router"))
         if args.realtime:
-            realtime_budget(proxy_pid, 100_000)
+            realtime_budget(proxy_record["cgroup"], 100_000)
             paths.append(("proxy-rt", routed, proxy_pid, "HAProxy under SCHED_FIFO"))
         paths.append(("direct", direct, None, ""))
         idle: dict[str, float] = {}
@@ -273,7 +274,7 @@ def main() -> None:
     finally:
         if args.realtime:
             set_realtime(proxy_pid, False)
-            realtime_budget(proxy_pid, 0)
+            realtime_budget(proxy_record["cgroup"], 0)
         if router is not None:
             router.terminate()
             router.wait()

@@ -99,6 +99,17 @@ def _successes(metrics_port: int) -> float:
     )
 
 
+def _served_since(records: dict, before: dict[str, float], sent: int) -> dict[str, float]:
+    """Per instance, the requests it answered since `before`, once all `sent` are counted (Triton counts a request
+    just after answering it) or 5 s have passed."""
+    deadline = time.monotonic() + 5
+    while True:
+        served = {name: _successes(r.metrics_port) - before[name] for name, r in records.items()}
+        if sum(served.values()) >= sent or time.monotonic() > deadline:
+            return served
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory):
     """Model alpha on two instances weighted 1 and 3 by the plan: (plan, {instance: record})."""
@@ -124,12 +135,7 @@ def test_weights_1_and_3_split_one_connections_requests_25_75(two_replicas):
     with grpcclient.InferenceServerClient(f"127.0.0.1:{load_plan(plan).plan.models[0].port}") as client:
         for _ in range(400):  # one client, one connection
             _infer(client)
-    deadline = time.monotonic() + 5  # Triton counts a request just after answering it
-    while True:
-        served = {name: _successes(r.metrics_port) - before[name] for name, r in records.items()}
-        if sum(served.values()) >= 400 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    served = _served_since(records, before, 400)
     assert sum(served.values()) == 400
     assert abs(served["alpha-1"] / 400 - 0.75) <= 0.03, served
 
@@ -209,7 +215,7 @@ def test_replicas_of_equal_weight_go_to_the_least_busy_and_the_change_reloads_th
     with grpcclient.InferenceServerClient(f"127.0.0.1:{load_plan(plan).plan.models[0].port}") as client:
         for _ in range(200):
             _infer(client)
-    served = {name: _successes(r.metrics_port) - before[name] for name, r in records.items()}
+    served = _served_since(records, before, 200)
     assert sum(served.values()) == 200 and abs(served["alpha-1"] / 200 - 0.5) <= 0.1, served
 
 
