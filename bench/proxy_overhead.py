@@ -2,7 +2,7 @@
 
     python bench/proxy_overhead.py [--duration 12] [--rounds 2] [--policy search] [--rate-scale 1]
         [--tool tritonctl|perf_analyzer] [--perf FILE] [--images float32|uint8] [--router-from COMMIT] [--realtime]
-        [--plan PLAN]
+        [--plan PLAN] [--tuned LINE ...]
 
 Plans the CPU demo cluster (own ports and state) with `--policy` on the committed latency
 model (`spread` needs none), applies it, then sends the demo's Poisson traffic (times
@@ -24,6 +24,9 @@ kernel that budgets real-time time per cgroup, its group and the groups above it
 for that path only: whether waking it at once, ahead of the instances' threads, takes the hop off the p99.
 With `--plan PLAN` the plan of any cluster is applied as written and loaded at its rates x `--rate-scale`
 instead of the demo's (`--policy` and `--images` do not apply): what the proxy adds at another cluster's load.
+With `--tuned LINE` (repeatable, e.g. `--tuned "tune.bufsize 1048576"`) each round also loads a second HAProxy,
+started from the deployment's own configuration with these global lines on ports of its own, in the same cgroup:
+a tuning measured beside the one tritonctl renders, in the same run.
 Last, over every round pooled, each path's p50 and p99 per model and what a proxy adds to the
 p99 of the instances' own ports, with its 95% bootstrap interval (one round's p99, of tens to
 hundreds of requests, moves by more than the hop costs).
@@ -46,13 +49,16 @@ from pathlib import Path
 import numpy as np
 from cpu_demo import CLUSTER, MODEL, REPO
 
+from tritonctl.deploy import share
 from tritonctl.deploy.apply import apply_plan, down
 from tritonctl.deploy.local import (
+    PROXY_CONFIG,
     PROXY_FILE,
     LocalRuntime,
     free_ports,
     group_cpu_seconds,
     group_pids,
+    haproxy_binary,
     proc_stat_fields,
 )
 from tritonctl.deploy.share import V1_ROOT
@@ -118,6 +124,21 @@ def set_realtime(group: int, on: bool) -> None:
             os.sched_setscheduler(int(task.name), policy, param)
 
 
+def wait_listening(proc: subprocess.Popen, ports: list[int], what: str) -> None:
+    """Wait until `proc` listens on every port (10 s at most; then it is killed and the run stops)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            for port in ports:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit(f"{what} did not start") from None
+            time.sleep(0.1)
+
+
 def start_router(
     commit: str, backends: dict[str, list[str]], routed: list[Endpoint]
 ) -> tuple[subprocess.Popen, list[Endpoint]]:
@@ -135,17 +156,41 @@ def start_router(
     (WORK / "router-routes.json").write_text(json.dumps(routes))
     command = [sys.executable, str(WORK / "router.py"), "--host", "127.0.0.1", "--control-port", str(control)]
     proc = subprocess.Popen([*command, "--routes", str(WORK / "router-routes.json")], start_new_session=True)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            for port in ports:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit(f"the router from {commit} did not start") from None
-            time.sleep(0.1)
+    wait_listening(proc, ports, f"the router from {commit}")
+    return proc, [dataclasses.replace(e, url=f"127.0.0.1:{port}") for port, e in zip(ports, routed, strict=True)]
+
+
+def start_tuned(
+    state_dir: Path, cgroup: str | None, tuning: list[str], routed: list[Endpoint]
+) -> tuple[subprocess.Popen, list[Endpoint]]:
+    """A second HAProxy from the deployment's own configuration with `tuning` (global lines, each replacing the line
+    of its first word where there is one) on ports of its own, in HAProxy's cgroup: the process (leading its own
+    group) and the endpoints at its ports."""
+    text = (state_dir / PROXY_CONFIG).read_text()
+    *ports, metrics = free_ports("127.0.0.1", len(routed) + 1)
+    for port, e in zip(ports, routed, strict=True):
+        text = text.replace(f":{e.url.rsplit(':', 1)[1]} proto h2", f":{port} proto h2")
+    lines = text.splitlines()
+    for tune in tuning:
+        key = tune.split()[0]
+        at = next((i for i, line in enumerate(lines) if line.split()[:1] == [key]), None)
+        if at is None:
+            lines.insert(lines.index("global") + 1, f"    {tune}")
+        else:
+            lines[at] = f"    {tune}"
+    lines = [
+        f"    stats socket {WORK / 'tuned.sock'} mode 600 level admin" if line.split()[:2] == ["stats", "socket"]
+        else f"    bind 127.0.0.1:{metrics}" if line.strip().startswith("bind") and "proto h2" not in line
+        else line
+        for line in lines
+    ]  # fmt: skip
+    config = WORK / "tuned.cfg"
+    config.write_text("\n".join(lines) + "\n")
+    command = [haproxy_binary(), "-W", "-db", "-f", str(config)]
+    group = None if cgroup is None else Path(cgroup)
+    proc = subprocess.Popen(share.joining(group, command), start_new_session=True, stdin=subprocess.DEVNULL)
+    wait_listening(proc, ports, f"the tuned HAProxy (configuration: {config})")
+    time.sleep(2)  # its health checks pass
     return proc, [dataclasses.replace(e, url=f"127.0.0.1:{port}") for port, e in zip(ports, routed, strict=True)]
 
 
@@ -181,7 +226,7 @@ def demo_plan(images: str, rate_scale: float, base_port: int, policy: str) -> Lo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of traffic per round and path")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of (proxy, [router,] direct)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of (proxy, [router,] [tuned,] direct)")
     parser.add_argument("--base-port", type=int, default=8500, help="first model port (default 8500)")
     parser.add_argument("--policy", help="the plan to load (default search, the demo's)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the rates (default 1)")
@@ -191,6 +236,9 @@ def main() -> None:
     parser.add_argument("--router-from", metavar="COMMIT", help="also load the hand-written router of this commit")
     parser.add_argument("--realtime", action="store_true", help="also load HAProxy with its threads under SCHED_FIFO")
     parser.add_argument("--plan", type=Path, help="apply and load this plan (its rates x --rate-scale), not the demo")
+    parser.add_argument(
+        "--tuned", metavar="LINE", action="append", help="also load a second HAProxy with this global line (repeatable)"
+    )
     args = parser.parse_args()
     if args.plan is not None and (args.policy or args.images):
         parser.error("--plan loads the plan as written: --policy and --images shape the demo's plan only")
@@ -204,7 +252,7 @@ def main() -> None:
     apply_plan(loaded, triton, log=lambda _: None)
     proxy_record = json.loads((loaded.state_dir / PROXY_FILE).read_text())
     proxy_pid = proxy_record["pid"]
-    router = None
+    router = tuned = None
     try:
         routed = endpoints(loaded.plan)
         direct = straight_to_instances(routed, loaded.state_dir)
@@ -215,6 +263,9 @@ def main() -> None:
                 backends.setdefault(r.model, []).append(f"{r.host}:{r.backend_port}")
             router, at_router = start_router(args.router_from, backends, routed)
             paths.append(("router", at_router, router.pid, "router"))
+        if args.tuned:
+            tuned, at_tuned = start_tuned(loaded.state_dir, proxy_record["cgroup"], args.tuned, routed)
+            paths.append(("tuned", at_tuned, tuned.pid, "tuned HAProxy"))
         if args.realtime:
             realtime_budget(proxy_record["cgroup"], 100_000)
             paths.append(("proxy-rt", routed, proxy_pid, "HAProxy under SCHED_FIFO"))
@@ -275,9 +326,10 @@ def main() -> None:
         if args.realtime:
             set_realtime(proxy_pid, False)
             realtime_budget(proxy_record["cgroup"], 0)
-        if router is not None:
-            router.terminate()
-            router.wait()
+        for proc in (router, tuned):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
         down(loaded.state_dir, triton, log=lambda _: None)
 
 

@@ -22,7 +22,7 @@ from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.apply import ephemeral_clash
 from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, haproxy_binary, process_alive
-from tritonctl.deploy.proxy import Server, balance, haproxy_weights, parse_stat, render_config
+from tritonctl.deploy.proxy import ENVIRONMENT, Server, balance, haproxy_weights, parse_stat, render_config
 from tritonctl.deploy.state import load_state
 from tritonctl.planning.plan import load_plan
 
@@ -155,7 +155,7 @@ def test_perf_analyzer_measures_a_model_served_by_two_replicas(two_replicas, cap
 def test_hostile_clients_leave_normal_requests_and_the_proxy_running(two_replicas):
     plan, _ = two_replicas
     port = load_plan(plan).plan.models[0].port
-    proxy = __import__("json").loads((load_plan(plan).state_dir / PROXY_FILE).read_text())
+    proxy = json.loads((load_plan(plan).state_dir / PROXY_FILE).read_text())
     failures: list[str] = []
     done = threading.Event()
 
@@ -220,6 +220,18 @@ def test_replicas_of_equal_weight_go_to_the_least_busy_and_the_change_reloads_th
 
 
 @pytest.mark.triton
+@pytest.mark.triton
+def test_haproxy_runs_with_the_allocator_settings_that_keep_its_request_buffers(two_replicas):
+    plan, _ = two_replicas
+    record = json.loads((load_plan(plan).state_dir / PROXY_FILE).read_text())
+    worker = subprocess.run(["pgrep", "-P", str(record["pid"])], capture_output=True, text=True).stdout.split()
+    assert worker
+    for pid in (record["pid"], *map(int, worker)):
+        variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        environ = dict(v.decode().split("=", 1) for v in variables if b"=" in v)
+        assert {k: environ.get(k) for k in ENVIRONMENT} == ENVIRONMENT
+
+
 def test_haproxy_runs_in_a_cgroup_of_the_largest_weight_removed_by_down(tmp_path):
     """Every request passes through HAProxy: it must not wait behind instances weighed by their SLOs."""
     from tritonctl.deploy import share
