@@ -220,7 +220,6 @@ def test_replicas_of_equal_weight_go_to_the_least_busy_and_the_change_reloads_th
 
 
 @pytest.mark.triton
-@pytest.mark.triton
 def test_haproxy_runs_with_the_allocator_settings_that_keep_its_request_buffers(two_replicas):
     plan, _ = two_replicas
     record = json.loads((load_plan(plan).state_dir / PROXY_FILE).read_text())
@@ -232,6 +231,7 @@ def test_haproxy_runs_with_the_allocator_settings_that_keep_its_request_buffers(
         assert {k: environ.get(k) for k in ENVIRONMENT} == ENVIRONMENT
 
 
+@pytest.mark.triton
 def test_haproxy_runs_in_a_cgroup_of_the_largest_weight_removed_by_down(tmp_path):
     """Every request passes through HAProxy: it must not wait behind instances weighed by their SLOs."""
     from tritonctl.deploy import share

@@ -33,13 +33,14 @@ MAX_CONNECTIONS = 1024  # client connections at once, over all models
 # Inference requests are large (a 224x224 float image is 602 KB) where HAProxy's defaults (16 KB buffers, a 64 KB
 # HTTP/2 window, the kernel's send buffer) suit web pages. With a buffer that holds a whole request and a send buffer
 # to an instance that takes several, HAProxy moves a request in a few wakes instead of tens; on busy cores each wake
-# can wait, and these halved what HAProxy adds to the p99 at load (docs/evaluation.md#the-proxy).
+# can wait: at load these took a third to two thirds off what HAProxy adds to the larger models' p99, and a sixth off
+# its CPU a request (docs/evaluation.md#buffers-that-hold-a-request).
 BUFFER_BYTES = 1 << 20
 WINDOW_BYTES = 1 << 20
 SERVER_SNDBUF_BYTES = 1 << 22
 # HAProxy hands a request's 1 MB buffer back to glibc when it is done, and by default glibc gives it back to the kernel
-# (brk, munmap) and faults it in again for the next request: twice the CPU a request at the demo's load. Kept instead
-# (glibc's own names for two of its malloc tunables; GLIBC_TUNABLES reaches an exec'd program with its first one only).
+# (brk, munmap) and faults it in again for the next request: up to twice the CPU a request at the demo's load. Kept
+# instead (glibc's own names for two malloc tunables; Debian 12's glibc passes GLIBC_TUNABLES on with its first only).
 ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(1 << 22), "MALLOC_TRIM_THRESHOLD_": str(1 << 28)}
 IDLE_TIMEOUT_S = 300  # a client connection that carries nothing for this long is closed
 REQUEST_TIMEOUT_S = 300  # the longest an instance may take to answer a request
