@@ -25,8 +25,8 @@ for that path only: whether waking it at once, ahead of the instances' threads, 
 With `--plan PLAN` the plan of any cluster is applied as written and loaded at its rates x `--rate-scale`
 instead of the demo's (`--policy` and `--images` do not apply): what the proxy adds at another cluster's load.
 With `--tuned LINE` (repeatable, e.g. `--tuned "tune.bufsize 1048576"`) each round also loads a second HAProxy,
-started from the deployment's own configuration with these global lines on ports of its own, in the same cgroup,
-with this script's environment (not the glibc settings `apply` gives HAProxy, unless set here too): a tuning
+started from the deployment's own configuration with these global lines on ports of its own, in the same cgroup
+and with this script's environment (so `MALLOC_*` variables set here reach it and not the applied one): a tuning
 measured beside the one tritonctl renders, in the same run.
 Last, over every round pooled, each path's p50 and p99 per model and what a proxy adds to the
 p99 of the instances' own ports, with its 95% bootstrap interval (one round's p99, of tens to

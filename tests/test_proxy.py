@@ -22,7 +22,7 @@ from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.apply import ephemeral_clash
 from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, haproxy_binary, process_alive
-from tritonctl.deploy.proxy import ENVIRONMENT, Server, balance, haproxy_weights, parse_stat, render_config
+from tritonctl.deploy.proxy import Server, balance, haproxy_weights, parse_stat, render_config
 from tritonctl.deploy.state import load_state
 from tritonctl.planning.plan import load_plan
 
@@ -217,18 +217,6 @@ def test_replicas_of_equal_weight_go_to_the_least_busy_and_the_change_reloads_th
             _infer(client)
     served = _served_since(records, before, 200)
     assert sum(served.values()) == 200 and abs(served["alpha-1"] / 200 - 0.5) <= 0.1, served
-
-
-@pytest.mark.triton
-def test_haproxy_runs_with_the_allocator_settings_that_keep_its_request_buffers(two_replicas):
-    plan, _ = two_replicas
-    record = json.loads((load_plan(plan).state_dir / PROXY_FILE).read_text())
-    worker = subprocess.run(["pgrep", "-P", str(record["pid"])], capture_output=True, text=True).stdout.split()
-    assert worker
-    for pid in (record["pid"], *map(int, worker)):
-        variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        environ = dict(v.decode().split("=", 1) for v in variables if b"=" in v)
-        assert {k: environ.get(k) for k in ENVIRONMENT} == ENVIRONMENT
 
 
 @pytest.mark.triton

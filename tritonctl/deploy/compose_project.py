@@ -45,7 +45,7 @@ import yaml
 
 from tritonctl.deploy import mps
 from tritonctl.deploy.local import EXIT_TIMEOUT_S, one_host
-from tritonctl.deploy.proxy import ENVIRONMENT, Routes, Server, haproxy_weights, render_config
+from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
 from tritonctl.deploy.runtime import server_flags
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan, relative_to
@@ -457,7 +457,6 @@ def compose_project(
             },
             PROXY: {
                 "image": ref("HAPROXY_IMAGE"),
-                "environment": dict(ENVIRONMENT),
                 "network_mode": "host",  # model ports are host ports; instances' gRPC ports are on the host's loopback
                 "volumes": [
                     {"type": "bind", "source": f"./{PROXY_DIR}", "target": "/usr/local/etc/haproxy", "read_only": True}

@@ -43,7 +43,7 @@ import yaml
 from tritonctl.deploy import mps
 from tritonctl.deploy.compose_project import check_plan, write_private
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
-from tritonctl.deploy.proxy import ENVIRONMENT, Routes, Server, haproxy_weights, render_config
+from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
 from tritonctl.deploy.runtime import server_flags
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import Device, LoadedPlan, Plan, relative_to, save_plan
@@ -230,7 +230,6 @@ def proxy_objects(plan: Plan) -> list[dict]:
             {
                 "name": PROXY,
                 "image": PROXY,
-                "env": [{"name": k, "value": v} for k, v in ENVIRONMENT.items()],
                 "ports": [*ports, {"name": "metrics", "containerPort": PROXY_METRICS}],
                 "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
                 "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}},

@@ -28,7 +28,6 @@ from pathlib import Path
 from tritonctl.deploy import mps, share
 from tritonctl.deploy.gpu import lock_clocks, release_clocks
 from tritonctl.deploy.proxy import (
-    ENVIRONMENT,
     ProxyApi,
     Routes,
     Server,
@@ -467,8 +466,7 @@ class LocalRuntime:
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 share.joining(group, [haproxy_binary(), "-W", "-db", "-f", str(config)]),
-                env={**os.environ, **ENVIRONMENT}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         stat = _proc_stat(proc.pid)
         rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "metrics_port": metrics_port,

@@ -31,17 +31,11 @@ CHECK_TIMEOUT_S = 15.0  # the longest a new server may take to pass its health c
 MAX_WEIGHT = 256  # HAProxy's weights are 0-256
 MAX_CONNECTIONS = 1024  # client connections at once, over all models
 # Inference requests are large (a 224x224 float image is 602 KB) where HAProxy's defaults (16 KB buffers, a 64 KB
-# HTTP/2 window, the kernel's send buffer) suit web pages. With a buffer that holds a whole request and a send buffer
-# to an instance that takes several, HAProxy moves a request in a few wakes instead of tens; on busy cores each wake
-# can wait: at load these took a third to two thirds off what HAProxy adds to the larger models' p99, and a sixth off
-# its CPU a request (docs/evaluation.md#buffers-that-hold-a-request).
-BUFFER_BYTES = 1 << 20
+# HTTP/2 window) suit web pages. Buffers that hold a whole request (1 MB) cost less CPU and less tail at load, but
+# HAProxy 2.6.12 corrupts its heap when a server is deleted with buffers of 640 KB or more, so they stay at 64 KB
+# (docs/evaluation.md#buffers-that-hold-a-request).
+BUFFER_BYTES = 1 << 16
 WINDOW_BYTES = 1 << 20
-SERVER_SNDBUF_BYTES = 1 << 22
-# HAProxy hands a request's 1 MB buffer back to glibc when it is done, and by default glibc gives it back to the kernel
-# (brk, munmap) and faults it in again for the next request: up to twice the CPU a request at the demo's load. Kept
-# instead (glibc's own names for two malloc tunables; Debian 12's glibc passes GLIBC_TUNABLES on with its first only).
-ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(1 << 22), "MALLOC_TRIM_THRESHOLD_": str(1 << 28)}
 IDLE_TIMEOUT_S = 300  # a client connection that carries nothing for this long is closed
 REQUEST_TIMEOUT_S = 300  # the longest an instance may take to answer a request
 # Every request leaves HAProxy stamped with when it arrived (ms since the epoch); tritonserver forwards the header to
@@ -107,7 +101,6 @@ def render_config(routes: Routes, host: str, api: str, metrics: str, resolve: bo
         f"    maxconn {MAX_CONNECTIONS}",
         "    nbthread 1",
         f"    tune.bufsize {BUFFER_BYTES}",
-        f"    tune.sndbuf.server {SERVER_SNDBUF_BYTES}",
         f"    tune.h2.initial-window-size {WINDOW_BYTES}",
         f"    hard-stop-after {DRAIN_TIMEOUT_S + 5:.0f}s",
         "",
