@@ -62,6 +62,7 @@ from tritonctl.deploy.local import (
     haproxy_binary,
     proc_stat_fields,
 )
+from tritonctl.deploy.proxy import ProxyApi
 from tritonctl.deploy.share import V1_ROOT
 from tritonctl.deploy.state import load_state, straight_to_instances
 from tritonctl.export import materialize
@@ -191,7 +192,12 @@ def start_tuned(
     group = None if cgroup is None else Path(cgroup)
     proc = subprocess.Popen(share.joining(group, command), start_new_session=True, stdin=subprocess.DEVNULL)
     wait_listening(proc, ports, f"the tuned HAProxy (configuration: {config})")
-    time.sleep(2)  # its health checks pass
+    api, deadline = ProxyApi(str(WORK / "tuned.sock")), time.monotonic() + 10
+    while not all(stat.status == "UP" for servers in api.servers().values() for stat in servers.values()):
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"the tuned HAProxy's servers did not pass their checks (configuration: {config})")
+        time.sleep(0.1)
     return proc, [dataclasses.replace(e, url=f"127.0.0.1:{port}") for port, e in zip(ports, routed, strict=True)]
 
 
