@@ -62,6 +62,9 @@ class SACConfig:
     """Environment steps collected before the first update (read by the training loop; not in Table 1)."""
     update_frequency: int = 1
     """Environment steps between updates (read by the training loop; Algorithm 2 updates every step)."""
+    actor_delay: int = 0
+    """Updates that move only the critics before the actor and the temperatures move too (not in InSS): an actor
+    trained beforehand is then first judged by critics that have learnt its values, not by random ones."""
     seed: int = 0
     """Seeds torch (network initialisation) and the agent's numpy Generator (sampling actions and replay)."""
 
@@ -163,6 +166,7 @@ class SACDiscrete:
         self.critic_opt = torch.optim.Adam(chain(self.q1.parameters(), self.q2.parameters()), lr=cfg.critic_lr)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
         self.buffer = ReplayBuffer(cfg.buffer_size, obs_dim, self.heads)
+        self.updates = 0
 
     @torch.no_grad()
     def act(self, obs, mask=None, deterministic: bool = False) -> np.ndarray:
@@ -182,8 +186,9 @@ class SACDiscrete:
         return actions[0] if obs.ndim == 1 else actions
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        """One gradient step on the critics, the actor and the temperatures (InSS eqs. 6-9), then the soft
-        update of the target critics. Returns the losses, the mean temperature and the joint entropy."""
+        """One gradient step on the critics, the actor and the temperatures (InSS eqs. 6-9; the critics alone for
+        the first `actor_delay` updates), then the soft update of the target critics. Returns the losses, the mean
+        temperature and the joint entropy."""
         obs, actions, rewards, next_obs, dones, masks, next_masks = (
             torch.as_tensor(batch[name]) for name in ReplayBuffer.FIELDS
         )
@@ -197,6 +202,7 @@ class SACDiscrete:
         self.critic_opt.zero_grad()
         q_loss.backward()
         self.critic_opt.step()
+        self.updates += 1
 
         # Actor: minimise E_pi[alpha log pi - min(Q1, Q2)] per head (eq. 8), summed over heads.
         logp = self.actor.log_probs(obs, masks)
@@ -206,16 +212,16 @@ class SACDiscrete:
         actor_loss = sum(
             (p * (a * lp - q)).sum(-1).mean() for p, lp, q, a in zip(probs, logp, q_min, alpha, strict=True)
         )
-        self.actor_opt.zero_grad()
-        actor_loss.backward()
-        self.actor_opt.step()
-
         # Temperatures (eq. 9): J = alpha_h (H_h - target_h); alpha_h falls while head h is above its target.
         entropy = torch.stack([-(p * lp).sum(-1).mean() for p, lp in zip(probs, logp, strict=True)]).detach()
         alpha_loss = (self.log_alpha.exp() * (entropy - self.target_entropy)).sum()
-        self.alpha_opt.zero_grad()
-        alpha_loss.backward()
-        self.alpha_opt.step()
+        if self.updates > self.config.actor_delay:
+            self.actor_opt.zero_grad()
+            actor_loss.backward()
+            self.actor_opt.step()
+            self.alpha_opt.zero_grad()
+            alpha_loss.backward()
+            self.alpha_opt.step()
 
         self.soft_update()
         return {
@@ -271,6 +277,7 @@ class SACDiscrete:
             "heads": self.heads,
             "networks": {name: module.state_dict() for name, module in self._modules().items()},
             "log_alpha": self.log_alpha.detach().clone(),
+            "updates": self.updates,
             "optimizers": {name: opt.state_dict() for name, opt in self._optimizers().items()},
             "metadata": metadata,
         }
@@ -292,5 +299,5 @@ class SACDiscrete:
             agent.log_alpha.copy_(state["log_alpha"])
         for name, opt in agent._optimizers().items():
             opt.load_state_dict(state["optimizers"][name])
-        agent.metadata = state["metadata"]
+        agent.metadata, agent.updates = state["metadata"], state["updates"]
         return agent

@@ -9,6 +9,9 @@ throughput and SLO-violation share over its steps, and the reward of the greedy 
 buffer and random state: `resume` goes on from it exactly) and the learning curve; at the end the
 deployable actor goes to `policy_file`.
 
+Fine-tuning: with `init` the actor starts from a policy trained before (imitation's), the critics from scratch;
+`fine_tuning_sac()` holds the actor still until the critics know its values.
+
 Reproducible: episode e resets the environment with seed (seed, e), the agent draws from its own seeded
 Generator, and torch runs on one thread.
 """
@@ -19,7 +22,7 @@ import csv
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +34,8 @@ from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.planner import demands_of, devices_of, reserve_for_requests
 from tritonctl.planning.policies import PlacementError
+from tritonctl.planning.policies.actor import Actor
+from tritonctl.planning.policies.inss import Layout, load_trained
 from tritonctl.planning.policies.spread import spread
 from tritonctl.spec import Cluster
 
@@ -48,6 +53,13 @@ def training_sac() -> SACConfig:
     (sac.py's default 0.6): sharper heads let the factorised critic see the others' choices more nearly as
     they will be made; on the six-model setup it ended 500 episodes at 4.0% violations instead of 6.7%."""
     return SACConfig(gamma=0.0, actor_lr=1e-3, critic_lr=1e-3, target_entropy_scale=0.3)
+
+
+def fine_tuning_sac() -> SACConfig:
+    """training_sac() for an actor that already decides well (imitation's): the critics learn its values for
+    2,000 updates before it moves, it moves at Table 1's learning rate, and a temperature starting at 0.01
+    (Table 1: 1) keeps the entropy bonus from flattening heads that imitation made sure of."""
+    return replace(training_sac(), actor_lr=1e-4, init_alpha=0.01, actor_delay=2_000)
 
 
 @dataclass
@@ -75,16 +87,31 @@ def make_env(cluster: Cluster, lm: LatencyModel, config: EnvConfig) -> InssEnv:
     return InssEnv(cluster.spec.name, demands, devices, lm, config)
 
 
-def _save_checkpoint(folder: Path, agent: SACDiscrete, episode: int) -> None:
+def initial_actor(path: Path, env: InssEnv) -> Actor:
+    """The actor in `path` (imitation's, say) to fine-tune, refused unless trained for `env`'s layout."""
+    if not path.is_file():
+        raise TritonctlError("no policy to start from here: train one first (`tritonctl train`)", file=path)
+    trained = load_trained(path, env.layout.cluster, list(env.layout.models), env.devices)
+    differ = [f.name for f in fields(Layout) if getattr(trained.layout, f.name) != getattr(env.layout, f.name)]
+    if differ:
+        raise TritonctlError(
+            f"the policy to start from was trained with another {' and '.join(differ)} than this cluster's "
+            "environment has now: train it again (`tritonctl train`) and fine-tune that",
+            file=path,
+        )
+    return trained.actor.actor
+
+
+def _save_checkpoint(folder: Path, agent: SACDiscrete, episode: int, init: Path | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     agent.save(folder / "agent.pt")
     buf = agent.buffer
     np.savez(folder / "buffer.npz", **{name: getattr(buf, name) for name in buf.FIELDS}, size=buf.size, pos=buf.pos)
-    state = {"episode": episode, "rng": agent.rng.bit_generator.state}
+    state = {"episode": episode, "rng": agent.rng.bit_generator.state, "init": init and str(init)}
     (folder / "state.json").write_text(json.dumps(state))
 
 
-def _load_checkpoint(folder: Path) -> tuple[SACDiscrete, int]:
+def _load_checkpoint(folder: Path) -> tuple[SACDiscrete, int, Path | None]:
     agent = SACDiscrete.load(folder / "agent.pt")
     with np.load(folder / "buffer.npz") as saved:
         for name in agent.buffer.FIELDS:
@@ -92,7 +119,7 @@ def _load_checkpoint(folder: Path) -> tuple[SACDiscrete, int]:
         agent.buffer.size, agent.buffer.pos = int(saved["size"]), int(saved["pos"])
     state = json.loads((folder / "state.json").read_text())
     agent.rng.bit_generator.state = state["rng"]
-    return agent, state["episode"]
+    return agent, state["episode"], state["init"] and Path(state["init"])
 
 
 def _read_log(path: Path, episodes: int) -> list[dict[str, float]]:
@@ -136,8 +163,10 @@ def train(
     resume: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    init: Path | None = None,
 ) -> list[dict[str, float]]:
-    """Train (or, with `resume`, go on training) a policy for `cluster`; returns the per-episode log."""
+    """Train (or, with `resume`, go on training) a policy for `cluster`; returns the per-episode log. With `init`,
+    the actor starts from the policy in that file (pair it with `fine_tuning_sac()`), the critics from scratch."""
     if config.episodes < 1:
         raise TritonctlError(f"--episodes must be at least 1, not {config.episodes}")
     torch.set_num_threads(1)
@@ -145,9 +174,11 @@ def train(
     csv_path, checkpoint = out_dir / "train.csv", out_dir / "checkpoint"
     start, rows = 0, []
     if resume:
+        if init is not None:
+            raise TritonctlError("a run resumes from its checkpoint, not from another policy: --resume or --init")
         if not (checkpoint / "state.json").is_file():
             raise TritonctlError("no checkpoint to resume from: train without --resume first", file=checkpoint)
-        agent, start = _load_checkpoint(checkpoint)
+        agent, start, init = _load_checkpoint(checkpoint)
         if start > config.episodes:
             raise TritonctlError(
                 f"the checkpoint is at episode {start}, past --episodes {config.episodes}", file=checkpoint
@@ -158,7 +189,12 @@ def train(
         log(f"resuming {cluster.spec.name} from episode {start}")
     else:
         config.sac.seed = config.seed
+        start_from = initial_actor(init, env) if init is not None else None
+        if start_from is not None:
+            config.sac.hidden_sizes = tuple(m.out_features for m in start_from.trunk if isinstance(m, torch.nn.Linear))
         agent = SACDiscrete(env.layout.obs_dim, env.layout.heads, config.sac)
+        if start_from is not None:
+            agent.actor.load_state_dict(start_from.state_dict())
         agent.metadata = env.layout.metadata()
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="") as f:  # rewritten up to the checkpoint's episode, then appended
@@ -191,10 +227,12 @@ def train(
             csv.DictWriter(f, COLUMNS).writerow({k: round(v, 4) for k, v in row.items()})
         bar.set_postfix(reward=f"{row['reward']:.2f}", violations=f"{100 * row['violation']:.1f}%")
         if (episode + 1) % config.checkpoint_every == 0 or episode + 1 == config.episodes:
-            _save_checkpoint(checkpoint, agent, episode + 1)
+            _save_checkpoint(checkpoint, agent, episode + 1, init)
             plot_curve(rows, out_dir / "learning-curve.png", f"TS training on {cluster.spec.name}")
     policy_file.parent.mkdir(parents=True, exist_ok=True)
-    trained = {"episodes": config.episodes, "seed": config.seed, "env": asdict(config.env)}
+    trained = {"method": "sac", "episodes": config.episodes, "seed": config.seed, "env": asdict(config.env)}
+    if init is not None:
+        trained["init"] = str(init)
     agent.save_actor(policy_file, {**env.layout.metadata(), "training": trained})
     log(f"policy written to {policy_file}; log, curve and checkpoint in {out_dir}")
     return rows

@@ -319,6 +319,46 @@ def test_training_is_seeded_and_resume_goes_on_from_the_checkpoint(tmp_path, lm)
         train(huge, lm, tmp_path / "f", tmp_path / "f.pt", tiny(1), progress=False)
 
 
+def test_fine_tuning_starts_the_actor_from_a_trained_policy_and_holds_it_until_the_critics_learn(tmp_path, lm):
+    synthetic_dataset(tmp_path / "profile")
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = load_cluster(write_cluster(tmp_path, [mlp_model("alpha", rate=120, slo_ms=150), mlp_model("beta")]))
+    start = tiny(1)
+    start.sac.hidden_sizes = (24,)  # not tiny's: the fine-tuned agent takes the start's shape
+    train(cluster, lm, tmp_path / "start", tmp_path / "start.pt", start, progress=False, log=lambda _: None)
+
+    def tune(name: str, actor_delay: int, **kwargs):
+        config = tiny(3)
+        config.sac.actor_delay = actor_delay
+        train(cluster, lm, tmp_path / name, tmp_path / f"{name}.pt", config, progress=False, log=lambda _: None,
+              **kwargs)  # fmt: skip
+        return torch.load(tmp_path / f"{name}.pt", weights_only=True)
+
+    before = torch.load(tmp_path / "start.pt", weights_only=True)
+    held = tune("held", actor_delay=1_000, init=tmp_path / "start.pt")  # more than the 18 steps' updates
+    assert all(torch.equal(held["actor"][k], t) for k, t in before["actor"].items())
+    assert held["metadata"]["training"]["init"] == str(tmp_path / "start.pt")
+    moved = tune("moved", actor_delay=0, init=tmp_path / "start.pt")
+    assert not all(torch.equal(moved["actor"][k], t) for k, t in before["actor"].items())
+    assert moved["hidden_sizes"] == [24]
+
+    (tmp_path / "other").mkdir()
+    make_mlp(tmp_path / "other" / "mlp.onnx")
+    other = load_cluster(write_cluster(tmp_path / "other", [mlp_model("beta"), mlp_model("alpha", rate=120)]))
+    with pytest.raises(TritonctlError, match="trained for models \\['alpha', 'beta'\\], the cluster has"):
+        train(other, lm, tmp_path / "x", tmp_path / "x.pt", tiny(1), progress=False, init=tmp_path / "start.pt")
+    with pytest.raises(TritonctlError, match="no policy to start from"):
+        train(cluster, lm, tmp_path / "y", tmp_path / "y.pt", tiny(1), progress=False, init=tmp_path / "none.pt")
+    with pytest.raises(TritonctlError, match="--resume or --init"):
+        train(cluster, lm, tmp_path / "held", tmp_path / "held.pt", tiny(3), resume=True, init=tmp_path / "start.pt")
+    tune("resumed", actor_delay=1_000, init=tmp_path / "start.pt")
+    config = tiny(4)
+    train(cluster, lm, tmp_path / "resumed", tmp_path / "resumed.pt", config, resume=True, progress=False,
+          log=lambda _: None)  # fmt: skip
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    assert resumed["metadata"]["training"]["init"] == str(tmp_path / "start.pt")  # the checkpoint remembers it
+
+
 def test_plan_cli_uses_a_matching_policy_file_and_refuses_another(tmp_path, capsys, lm):
     synthetic_dataset(tmp_path / "profile")
     assert main(["fit", str(tmp_path / "profile")]) == 0

@@ -159,6 +159,20 @@ def test_learns_a_contextual_bandit():
     bandit_run(seed=0)
 
 
+def test_an_actor_delay_moves_the_critics_alone_first():
+    agent = SACDiscrete(obs_dim=5, heads=[2, 3], config=SACConfig(**SMALL, actor_delay=2))
+    batch = random_batch(agent)
+    actor, critic, alpha = snapshot(agent.actor), snapshot(agent.q1), agent.log_alpha.detach().clone()
+    for _ in range(2):
+        agent.update(batch)
+    assert all(torch.equal(t, snapshot(agent.actor)[k]) for k, t in actor.items())
+    assert torch.equal(agent.log_alpha, alpha)
+    assert not all(torch.equal(t, snapshot(agent.q1)[k]) for k, t in critic.items())
+    agent.update(batch)  # the third update moves the actor and the temperatures too
+    assert not all(torch.equal(t, snapshot(agent.actor)[k]) for k, t in actor.items())
+    assert not torch.equal(agent.log_alpha, alpha)
+
+
 def test_save_load_round_trip(tmp_path):
     agent = SACDiscrete(obs_dim=5, heads=[2, 3, 4], config=SACConfig(**SMALL, seed=3))
     batch = random_batch(agent)
@@ -177,6 +191,7 @@ def test_save_load_round_trip(tmp_path):
     for mine, theirs in zip(agent.actor.parameters(), loaded.actor.parameters(), strict=True):
         assert torch.equal(mine, theirs)
     assert torch.equal(agent.log_alpha, loaded.log_alpha)
+    assert loaded.updates == agent.updates == 4
     loaded.save(tmp_path / "again.pt")  # no metadata given: the loaded one is kept
     assert SACDiscrete.load(tmp_path / "again.pt").metadata["cluster"] == "lab-a"
     with pytest.raises(TypeError):

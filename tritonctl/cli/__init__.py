@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["imitate", "sac"],
         default="imitate",
         help="imitate: fit the actor to search's decisions over random rates (default); sac: SAC-Discrete, InSS "
-        "Algorithm 2, from scratch",
+        "Algorithm 2, from scratch or (--init) from an imitated actor",
     )
     p.add_argument(
         "--demonstrations", type=int, help="imitate: workloads search decides for the actor to learn (default 1500)"
@@ -357,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, help="sac: episodes in all, resumed ones included (default 400)")
     p.add_argument("--seed", type=int, default=0, help="seed of the network and the workloads (default 0)")
     p.add_argument("--resume", action="store_true", help="sac: go on from the run folder's last checkpoint")
+    p.add_argument(
+        "--init",
+        metavar="POLICY",
+        help="sac: start the actor from this trained policy (imitation's: fine-tuning), not from scratch",
+    )
     p.add_argument(
         "-o",
         "--output",

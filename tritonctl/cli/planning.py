@@ -230,7 +230,7 @@ def cmd_train(args) -> int:
     lm = load_latency_model(args.latency_model)
     out = Path(args.output) if args.output else Path("rl") / "runs" / cluster.spec.name
     policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
-    sac_only = [f"--{k}" for k in ("episodes", "resume") if getattr(args, k) not in (None, False)]
+    sac_only = [f"--{k}" for k in ("episodes", "resume", "init") if getattr(args, k) not in (None, False)]
     imitate_only = [f"--{k}" for k in ("demonstrations", "epochs") if getattr(args, k) is not None]
     wrong, other = (sac_only, "sac") if args.method == "imitate" else (imitate_only, "imitate")
     if wrong:
@@ -246,12 +246,13 @@ def cmd_train(args) -> int:
                 setattr(config, key, getattr(args, key))
         imitate(cluster, lm, out, policy_file, config, log=say)
         return 0
-    from tritonctl.rl.train import TrainConfig, train
+    from tritonctl.rl.train import TrainConfig, fine_tuning_sac, train, training_sac
 
-    config = TrainConfig(seed=args.seed)
+    init = Path(args.init) if args.init else None
+    config = TrainConfig(seed=args.seed, sac=fine_tuning_sac() if init else training_sac())
     if args.episodes is not None:
         config.episodes = args.episodes
-    rows = train(cluster, lm, out, policy_file, config, resume=args.resume, log=say)
+    rows = train(cluster, lm, out, policy_file, config, resume=args.resume, log=say, init=init)
     last = rows[-max(1, len(rows) // 10) :]
     say(
         f"last {len(last)} episodes: reward {sum(r['reward'] for r in last) / len(last):.2f}, "
