@@ -129,8 +129,9 @@ def _read_log(path: Path, episodes: int) -> list[dict[str, float]]:
         ]
 
 
-def plot_curve(rows: list[dict[str, float]], path: Path, title: str) -> None:
-    """Reward, normalised throughput and SLO violations against episodes (as InSS Figs. 13 and 14)."""
+def plot_curve(rows: list[dict[str, float]], path: Path, title: str, actor_from: int = 0) -> None:
+    """Reward, normalised throughput and SLO violations against episodes (as InSS Figs. 13 and 14); where the
+    actor was held still at first (fine-tuning), a line at the episode it first moved."""
     episodes = [r["episode"] for r in rows]
     fig = Figure(figsize=(7, 7))
     axes = fig.subplots(3, 1, sharex=True)
@@ -145,6 +146,9 @@ def plot_curve(rows: list[dict[str, float]], path: Path, title: str) -> None:
             ax.legend(loc="best", fontsize=8)
         if key == "reward":
             ax.plot(episodes, [r["planning_reward"] for r in rows], color="tab:orange", label="greedy, at planning")
+            ax.legend(loc="best", fontsize=8)
+        if actor_from:
+            ax.axvline(actor_from, color="grey", linestyle=":", label="the actor moves from here")
             ax.legend(loc="best", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -202,6 +206,8 @@ def train(
         csv.DictWriter(f, COLUMNS).writerows(rows)
     cfg, started = agent.config, time.perf_counter() - (rows[-1]["wall_s"] if rows else 0.0)
     steps = start * env.config.steps  # environment steps so far (every episode has the same number)
+    held_steps = cfg.learning_starts + cfg.actor_delay * cfg.update_frequency  # before the actor's first update
+    actor_from = held_steps // env.config.steps + 1 if cfg.actor_delay else 0
     bar = tqdm(range(start, config.episodes), initial=start, total=config.episodes, disable=not progress, unit="ep")
     for episode in bar:
         obs, info = env.reset(seed=config.seed * 1_000_003 + episode)
@@ -228,7 +234,7 @@ def train(
         bar.set_postfix(reward=f"{row['reward']:.2f}", violations=f"{100 * row['violation']:.1f}%")
         if (episode + 1) % config.checkpoint_every == 0 or episode + 1 == config.episodes:
             _save_checkpoint(checkpoint, agent, episode + 1, init)
-            plot_curve(rows, out_dir / "learning-curve.png", f"TS training on {cluster.spec.name}")
+            plot_curve(rows, out_dir / "learning-curve.png", f"TS training on {cluster.spec.name}", actor_from)
     policy_file.parent.mkdir(parents=True, exist_ok=True)
     trained = {"method": "sac", "episodes": config.episodes, "seed": config.seed, "env": asdict(config.env)}
     if init is not None:
