@@ -21,8 +21,26 @@ import yaml
 from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.apply import ephemeral_clash
-from tritonctl.deploy.local import PROXY_FILE, LocalRuntime, haproxy_binary, process_alive
-from tritonctl.deploy.proxy import Server, balance, haproxy_weights, parse_stat, render_config
+from tritonctl.deploy.local import (
+    PROXY_CONFIG,
+    PROXY_FILE,
+    LocalRuntime,
+    haproxy_binary,
+    haproxy_version,
+    process_alive,
+)
+from tritonctl.deploy.proxy import (
+    BUFFER_BYTES,
+    LARGE_BUFFER_BYTES,
+    LARGE_BUFFER_ENV,
+    Server,
+    balance,
+    buffer_bytes,
+    haproxy_weights,
+    parse_stat,
+    parse_version,
+    render_config,
+)
 from tritonctl.deploy.state import load_state
 from tritonctl.planning.plan import load_plan
 
@@ -42,6 +60,18 @@ def test_the_configuration_is_deterministic_and_haproxy_accepts_it(tmp_path):
     (tmp_path / "haproxy.cfg").write_text(text)
     checked = subprocess.run([haproxy_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_haproxy_gets_buffers_that_hold_a_request_from_version_3_0():
+    assert parse_version("HAProxy version 2.6.12-1+deb12u4 2025/01/31 - https://haproxy.org/\n") == (2, 6)
+    assert parse_version("HAProxy version 3.0.11-9e587df 2025/06/02 - https://haproxy.org/") == (3, 0)
+    assert parse_version("HA-Proxy version 1.8.19-1+deb10u3 2020/08/01") == (1, 8)
+    assert parse_version("command not found") is None
+    assert [buffer_bytes(v) for v in [(2, 6), (2, 9), (3, 0), (3, 2), None]] == [BUFFER_BYTES] * 2 + [
+        LARGE_BUFFER_BYTES
+    ] * 2 + [BUFFER_BYTES]
+    text = render_config(SERVERS, "127.0.0.1", "/tmp/api.sock", "127.0.0.1:9999", buffer=LARGE_BUFFER_BYTES)
+    assert "    tune.bufsize 1048576\n" in text and "tune.bufsize 65536" not in text
 
 
 def test_equal_replicas_go_to_the_least_busy_and_unequal_ones_by_weighted_turns(tmp_path):
@@ -138,6 +168,21 @@ def test_weights_1_and_3_split_one_connections_requests_25_75(two_replicas):
     served = _served_since(records, before, 400)
     assert sum(served.values()) == 400
     assert abs(served["alpha-1"] / 400 - 0.75) <= 0.03, served
+
+
+@pytest.mark.triton
+def test_the_applied_haproxy_has_the_buffers_and_malloc_settings_of_its_version(two_replicas):
+    plan, _ = two_replicas
+    state_dir = load_plan(plan).state_dir
+    binary = haproxy_binary()
+    version = haproxy_version(binary)
+    assert version is not None
+    config = (state_dir / PROXY_CONFIG).read_text()
+    assert f"    tune.bufsize {buffer_bytes(version)}\n" in config
+    pid = json.loads((state_dir / PROXY_FILE).read_text())["pid"]
+    environ = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in e)
+    large = buffer_bytes(version) == LARGE_BUFFER_BYTES
+    assert all((environ.get(k) == v) == large for k, v in LARGE_BUFFER_ENV.items()), (version, environ)
 
 
 @pytest.mark.triton

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -28,12 +29,16 @@ from pathlib import Path
 from tritonctl.deploy import mps, share
 from tritonctl.deploy.gpu import lock_clocks, release_clocks
 from tritonctl.deploy.proxy import (
+    BUFFER_BYTES,
+    LARGE_BUFFER_ENV,
     ProxyApi,
     Routes,
     Server,
     backend,
     balance,
+    buffer_bytes,
     haproxy_weights,
+    parse_version,
     render_config,
     server_name,
 )
@@ -48,7 +53,7 @@ from tritonctl.deploy.runtime import (
 )
 from tritonctl.deploy.state import control_key
 from tritonctl.errors import TritonctlError
-from tritonctl.files import write_json_atomic
+from tritonctl.files import file_identity, write_json_atomic
 from tritonctl.planning.plan import LoadedPlan
 from tritonctl.shares import MAX_WEIGHT
 from tritonctl.triton.binary import TritonBinary
@@ -220,6 +225,23 @@ def haproxy_binary() -> str:
             "(`make install` does, with `apt-get install haproxy`; HAProxy 2.6 or newer) and apply again"
         )
     return found
+
+
+@functools.lru_cache(maxsize=4)
+def haproxy_version(binary: str, *identity: int) -> tuple[int, int] | None:
+    """The (major, minor) version of this haproxy executable (`identity`: its file's, so that an upgrade is seen),
+    None where `haproxy -v` does not say."""
+    try:
+        shown = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_version(shown)
+
+
+def proxy_buffer() -> int:
+    """The buffer size the installed HAProxy is given (`proxy.buffer_bytes`)."""
+    binary = haproxy_binary()
+    return buffer_bytes(haproxy_version(binary, *file_identity(Path(binary))))
 
 
 class LocalRuntime:
@@ -438,7 +460,8 @@ class LocalRuntime:
             {str(port): [dataclasses.asdict(s) for s in servers] for port, servers in sorted(routes.items())},
         )
         config = self.state_dir / PROXY_CONFIG
-        text = render_config(routes, host, str(self.state_dir / PROXY_SOCKET), f"{LOOPBACK}:{metrics_port}")
+        socket_path, metrics = str(self.state_dir / PROXY_SOCKET), f"{LOOPBACK}:{metrics_port}"
+        text = render_config(routes, host, socket_path, metrics, buffer=proxy_buffer())
         tmp = config.with_suffix(".tmp")
         tmp.write_text(text)
         checked = subprocess.run([haproxy_binary(), "-c", "-f", str(tmp)], capture_output=True, text=True)
@@ -463,10 +486,11 @@ class LocalRuntime:
         log_path = self.state_dir / "logs" / "haproxy.log"
         group = self._proxy_group()
         since = log_path.stat().st_size if log_path.exists() else 0
+        env = {**os.environ, **(LARGE_BUFFER_ENV if proxy_buffer() > BUFFER_BYTES else {})}
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 share.joining(group, [haproxy_binary(), "-W", "-db", "-f", str(config)]),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
             )  # fmt: skip
         stat = _proc_stat(proc.pid)
         rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "metrics_port": metrics_port,

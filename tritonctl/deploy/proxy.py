@@ -31,10 +31,14 @@ CHECK_TIMEOUT_S = 15.0  # the longest a new server may take to pass its health c
 MAX_WEIGHT = 256  # HAProxy's weights are 0-256
 MAX_CONNECTIONS = 1024  # client connections at once, over all models
 # Inference requests are large (a 224x224 float image is 602 KB) where HAProxy's defaults (16 KB buffers, a 64 KB
-# HTTP/2 window) suit web pages. Buffers that hold a whole request (1 MB) cost less CPU and less tail at load, but
-# HAProxy 2.6.12 corrupts its heap when a server is deleted with buffers of 640 KB or more, so they stay at 64 KB
+# HTTP/2 window) suit web pages. Buffers that hold a whole request (1 MB) cost less CPU and less tail at load, with
+# glibc told to keep the memory HAProxy frees (else it faults each buffer in again). HAProxy 2.6.12 corrupts its heap
+# when a server is deleted with buffers of 640 KB or more; 3.0.11 does not. So 1 MB from HAProxy 3.0, 64 KB before
 # (docs/evaluation.md#buffers-that-hold-a-request).
 BUFFER_BYTES = 1 << 16
+LARGE_BUFFER_BYTES = 1 << 20
+LARGE_BUFFERS_FROM = (3, 0)
+LARGE_BUFFER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 WINDOW_BYTES = 1 << 20
 IDLE_TIMEOUT_S = 300  # a client connection that carries nothing for this long is closed
 REQUEST_TIMEOUT_S = 300  # the longest an instance may take to answer a request
@@ -89,18 +93,32 @@ def server_options(server: Server) -> str:
     )
 
 
-def render_config(routes: Routes, host: str, api: str, metrics: str, resolve: bool = False) -> str:
+def parse_version(text: str) -> tuple[int, int] | None:
+    """(major, minor) from `haproxy -v`'s first line ("HAProxy version 2.6.12-1+deb12u4 ..."), or None."""
+    found = re.search(r"HA-?Proxy version (\d+)\.(\d+)", text)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def buffer_bytes(version: tuple[int, int] | None) -> int:
+    """HAProxy's buffer size for this version of it: a whole request where it keeps such buffers through a `del
+    server`, 64 KB otherwise (and where the version is not known)."""
+    return LARGE_BUFFER_BYTES if version is not None and version >= LARGE_BUFFERS_FROM else BUFFER_BYTES
+
+
+def render_config(
+    routes: Routes, host: str, api: str, metrics: str, resolve: bool = False, buffer: int = BUFFER_BYTES
+) -> str:
     """HAProxy's configuration for these routes: model ports listen on `host`, the runtime API on `api`
-    (a unix socket path, or `ipv4@host:port`), Prometheus metrics on `metrics` (host:port). With `resolve`,
-    servers are host names (Kubernetes Services) that HAProxy resolves with the system's resolvers, again
-    while it runs, and it starts while one does not resolve yet."""
+    (a unix socket path, or `ipv4@host:port`), Prometheus metrics on `metrics` (host:port), buffers of `buffer`
+    bytes (`buffer_bytes`). With `resolve`, servers are host names (Kubernetes Services) that HAProxy resolves
+    with the system's resolvers, again while it runs, and it starts while one does not resolve yet."""
     lines = [
         "# Rendered by tritonctl from the deployment's routes; rewritten on every change.",
         "global",
         f"    stats socket {api} mode 600 level admin",
         f"    maxconn {MAX_CONNECTIONS}",
         "    nbthread 1",
-        f"    tune.bufsize {BUFFER_BYTES}",
+        f"    tune.bufsize {buffer}",
         f"    tune.h2.initial-window-size {WINDOW_BYTES}",
         f"    hard-stop-after {DRAIN_TIMEOUT_S + 5:.0f}s",
         "",
