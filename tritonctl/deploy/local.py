@@ -29,14 +29,13 @@ from pathlib import Path
 from tritonctl.deploy import mps, share
 from tritonctl.deploy.gpu import lock_clocks, release_clocks
 from tritonctl.deploy.proxy import (
-    BUFFER_BYTES,
-    LARGE_BUFFER_ENV,
     ProxyApi,
     Routes,
     Server,
     backend,
     balance,
     buffer_bytes,
+    environment,
     haproxy_weights,
     parse_version,
     render_config,
@@ -486,7 +485,7 @@ class LocalRuntime:
         log_path = self.state_dir / "logs" / "haproxy.log"
         group = self._proxy_group()
         since = log_path.stat().st_size if log_path.exists() else 0
-        env = {**os.environ, **(LARGE_BUFFER_ENV if proxy_buffer() > BUFFER_BYTES else {})}
+        env = {**os.environ, **environment(proxy_buffer())}
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 share.joining(group, [haproxy_binary(), "-W", "-db", "-f", str(config)]),

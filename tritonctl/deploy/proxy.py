@@ -105,6 +105,11 @@ def buffer_bytes(version: tuple[int, int] | None) -> int:
     return LARGE_BUFFER_BYTES if version is not None and version >= LARGE_BUFFERS_FROM else BUFFER_BYTES
 
 
+def environment(buffer: int) -> dict[str, str]:
+    """What HAProxy's environment adds for buffers of `buffer` bytes: glibc keeping freed memory beside large ones."""
+    return dict(LARGE_BUFFER_ENV) if buffer >= LARGE_BUFFER_BYTES else {}
+
+
 def render_config(
     routes: Routes, host: str, api: str, metrics: str, resolve: bool = False, buffer: int = BUFFER_BYTES
 ) -> str:
