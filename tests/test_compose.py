@@ -20,6 +20,7 @@ from tritonctl.deploy.apply import apply_plan, down
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime, Outcome
 from tritonctl.deploy.compose_project import LABEL, write_compose
 from tritonctl.deploy.local import haproxy_binary
+from tritonctl.deploy.proxy import BUFFER_BYTES, LARGE_BUFFER_BYTES, LARGE_BUFFER_ENV
 from tritonctl.deploy.runtime import StartError
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
@@ -81,7 +82,8 @@ def test_project_is_valid_compose_and_every_reference_resolves(gpu_plan, tmp_pat
     assert (
         proxy["network_mode"] == "host"
         and "profiles" not in proxy
-        and proxy["image"] == "${HAPROXY_IMAGE:-haproxy:2.6}"
+        and proxy["image"] == "${HAPROXY_IMAGE:-haproxy:3.0}"
+        and proxy["environment"] == LARGE_BUFFER_ENV
     )
     (config,) = proxy["volumes"]
     assert config["source"] == "./haproxy" and config["read_only"] and config["target"] == "/usr/local/etc/haproxy"
@@ -91,6 +93,7 @@ def test_project_is_valid_compose_and_every_reference_resolves(gpu_plan, tmp_pat
     assert checked.returncode == 0, checked.stderr
     text = cfg.read_text()
     assert "stats socket ipv4@127.0.0.1:18090" in text and "bind 127.0.0.1:18091" in text
+    assert f"tune.bufsize {LARGE_BUFFER_BYTES}\n" in text
     for model in load_plan(gpu_plan).plan.models:
         assert f"bind 0.0.0.0:{model.port} proto h2" in text
     proxied = services["tritonctl-sidecar-proxied"]
@@ -168,6 +171,17 @@ def test_rerender_keeps_the_operators_env_values(gpu_plan, tmp_path):
     (out / ".env").write_text(env.replace("TRITON_TAG=24.10-py3", "TRITON_TAG=25.01-py3"))
     assert render(gpu_plan, out) == 0
     assert read_env(out / ".env")["TRITON_TAG"] == "25.01-py3"
+
+
+def test_haproxys_buffers_follow_the_image_the_operator_names(gpu_plan, tmp_path):
+    out = tmp_path / "out"
+    assert render(gpu_plan, out) == 0
+    env = (out / ".env").read_text()
+    (out / ".env").write_text(env.replace("HAPROXY_IMAGE=haproxy:3.0", "HAPROXY_IMAGE=haproxy:2.6"))
+    assert render(gpu_plan, out) == 0  # 2.6 aborts on a shadow swap with buffers of a whole request
+    assert f"tune.bufsize {BUFFER_BYTES}\n" in (out / "haproxy" / "haproxy.cfg").read_text()
+    proxy = yaml.safe_load((out / "compose.yaml").read_text())["services"]["haproxy"]
+    assert proxy["image"] == "${HAPROXY_IMAGE:-haproxy:2.6}" and "environment" not in proxy
 
 
 def sidecar(out: Path) -> dict:

@@ -37,6 +37,7 @@ from tritonctl.deploy.proxy import (
     balance,
     buffer_bytes,
     haproxy_weights,
+    image_version,
     parse_stat,
     parse_version,
     render_config,
@@ -67,6 +68,14 @@ def test_haproxy_gets_buffers_that_hold_a_request_from_version_3_0():
     assert parse_version("HAProxy version 3.0.11-9e587df 2025/06/02 - https://haproxy.org/") == (3, 0)
     assert parse_version("HA-Proxy version 1.8.19-1+deb10u3 2020/08/01") == (1, 8)
     assert parse_version("command not found") is None
+    assert [image_version(i) for i in ["haproxy:3.0", "docker.io/library/haproxy:3.2.4-alpine", "haproxy:2.6"]] == [
+        (3, 0),
+        (3, 2),
+        (2, 6),
+    ]
+    assert [image_version(i) for i in ["haproxy", "haproxy:lts", "registry:5000/haproxy", "haproxy@sha256:ab12"]] == [
+        None
+    ] * 4
     assert [buffer_bytes(v) for v in [(2, 6), (2, 9), (3, 0), (3, 2), None]] == [BUFFER_BYTES] * 2 + [
         LARGE_BUFFER_BYTES
     ] * 2 + [BUFFER_BYTES]

@@ -45,7 +45,7 @@ import yaml
 
 from tritonctl.deploy import mps
 from tritonctl.deploy.local import EXIT_TIMEOUT_S, one_host
-from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
+from tritonctl.deploy.proxy import Routes, Server, environment, haproxy_weights, image_buffer, render_config
 from tritonctl.deploy.runtime import server_flags
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan, relative_to
@@ -83,7 +83,12 @@ SETTINGS = [
     ("TRITON_METRICS_ADDRESS", "127.0.0.1", "Prometheus metrics; 0.0.0.0 to scrape from another host"),
     ("TRITON_SHM_SIZE", "1gb", "/dev/shm of the MPS daemon's IPC namespace, shared by every Triton service"),
     ("MODEL_REPOSITORY", f"./{REPOSITORY}", "rendered model repositories, one folder per instance"),
-    ("HAPROXY_IMAGE", "haproxy:2.6", "the official HAProxy image (2.6 or newer)"),
+    (
+        "HAPROXY_IMAGE",
+        "haproxy:3.0",
+        "the official HAProxy image (2.6 or newer); from a 3.0 tag on its buffers hold a whole request: re-render\n"
+        "after changing it (haproxy/haproxy.cfg and compose.yaml follow its tag)",
+    ),
     ("PROXY_ADDRESS", "0.0.0.0", "where the models' stable gRPC ports listen (HAProxy; clients connect here)"),
     (
         "PROXY_API_ADDRESS",
@@ -373,7 +378,13 @@ def proxy_config(plan: Plan, services: list[TritonService], values: dict[str, st
         values["PROXY_ADDRESS"],
         f"ipv4@{api}:{values['PROXY_API_PORT']}",
         f"{api}:{values['PROXY_METRICS_PORT']}",
+        buffer=proxy_buffer(values),
     )
+
+
+def proxy_buffer(values: dict[str, str]) -> int:
+    """HAProxy's buffer size for the image the settings name."""
+    return image_buffer(values["HAPROXY_IMAGE"])
 
 
 def env_text(values: dict[str, str]) -> str:
@@ -458,6 +469,7 @@ def compose_project(
             PROXY: {
                 "image": ref("HAPROXY_IMAGE"),
                 "network_mode": "host",  # model ports are host ports; instances' gRPC ports are on the host's loopback
+                **({"environment": env} if (env := environment(proxy_buffer(values))) else {}),
                 "volumes": [
                     {"type": "bind", "source": f"./{PROXY_DIR}", "target": "/usr/local/etc/haproxy", "read_only": True}
                 ],

@@ -43,7 +43,7 @@ import yaml
 from tritonctl.deploy import mps
 from tritonctl.deploy.compose_project import check_plan, write_private
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
-from tritonctl.deploy.proxy import Routes, Server, haproxy_weights, render_config
+from tritonctl.deploy.proxy import Routes, Server, environment, haproxy_weights, image_buffer, render_config
 from tritonctl.deploy.runtime import server_flags
 from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import Device, LoadedPlan, Plan, relative_to, save_plan
@@ -60,6 +60,8 @@ KEY_FILE = "control-key.env"
 KEY = "TRITON_CONTROL_KEY"
 SECRET = "triton-control-key"
 PROXY = "haproxy"
+PROXY_TAG = "3.0"  # of the official haproxy image; its version decides HAProxy's buffers (proxy.buffer_bytes)
+PROXY_BUFFER = image_buffer(f"haproxy:{PROXY_TAG}")
 LABEL = "tritonctl.io"
 FILES = ("storage.yaml", "mps.yaml", "triton.yaml", "proxy.yaml", "controller.yaml")
 CONTROLLER = "tritonctl-controller"
@@ -232,6 +234,7 @@ def proxy_objects(plan: Plan) -> list[dict]:
                 "image": PROXY,
                 "ports": [*ports, {"name": "metrics", "containerPort": PROXY_METRICS}],
                 "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
+                "env": [{"name": k, "value": v} for k, v in environment(PROXY_BUFFER).items()],
                 "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}},
                 "volumeMounts": [
                     {"name": "config", "mountPath": "/usr/local/etc/haproxy", "readOnly": True},
@@ -266,7 +269,9 @@ def proxy_config(plan: Plan) -> str:
             Server(instance_name(p.instance), instance_name(p.instance), GRPC, HTTP, w)
             for p, w in zip(model.placements, weights, strict=True)
         ]
-    return render_config(routes, "0.0.0.0", "/var/run/haproxy/api.sock", f"0.0.0.0:{PROXY_METRICS}", resolve=True)
+    return render_config(
+        routes, "0.0.0.0", "/var/run/haproxy/api.sock", f"0.0.0.0:{PROXY_METRICS}", resolve=True, buffer=PROXY_BUFFER
+    )
 
 
 def mps_objects(plan: Plan, node: str | None) -> list[dict]:
@@ -408,7 +413,7 @@ def kustomization(plan: Plan, namespace: str, files: list[str]) -> dict:
         "resources": files,
         "images": [
             {"name": "triton", "newName": "nvcr.io/nvidia/tritonserver", "newTag": "24.10-py3"},
-            {"name": PROXY, "newName": "haproxy", "newTag": "2.8"},
+            {"name": PROXY, "newName": "haproxy", "newTag": PROXY_TAG},
             {"name": "tritonctl", "newName": "tritonctl", "newTag": "latest"},  # built from docker/Dockerfile
         ],
         "configMapGenerator": [

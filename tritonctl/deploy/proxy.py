@@ -99,10 +99,24 @@ def parse_version(text: str) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
+def image_version(image: str) -> tuple[int, int] | None:
+    """(major, minor) from an HAProxy image's tag ("haproxy:3.0", "haproxy:3.0.11-alpine"), None where the tag does
+    not say (no tag, "lts", a digest)."""
+    if "@" in image:
+        return None
+    found = re.match(r"(\d+)\.(\d+)", image.rpartition("/")[2].partition(":")[2])
+    return (int(found[1]), int(found[2])) if found else None
+
+
 def buffer_bytes(version: tuple[int, int] | None) -> int:
     """HAProxy's buffer size for this version of it: a whole request where it keeps such buffers through a `del
     server`, 64 KB otherwise (and where the version is not known)."""
     return LARGE_BUFFER_BYTES if version is not None and version >= LARGE_BUFFERS_FROM else BUFFER_BYTES
+
+
+def image_buffer(image: str) -> int:
+    """The buffer size for HAProxy run from this container image (`buffer_bytes` of its tag's version)."""
+    return buffer_bytes(image_version(image))
 
 
 def environment(buffer: int) -> dict[str, str]:
