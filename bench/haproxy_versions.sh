@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does a newer HAProxy cost less CPU per request? Debian 12's HAProxy 2.6 against 3.0 built from Debian 13's
-# source (each as `apply` starts it: 64 KB buffers for 2.6, 1 MB and the glibc settings from 3.0; 3.0 forwards
+# source (each as `apply` starts it: 256 KB buffers for 2.6, 1 MB from 3.0, the glibc settings with either; 3.0 forwards
 # without user-space copies where it can),
 # each loading the CPU demo through bench/proxy_overhead.py, alternately, twice each. Quiet machine; about
 # 15 minutes with the build.

@@ -186,6 +186,7 @@ def start_tuned(
         else line
         for line in lines
     ]  # fmt: skip
+    WORK.mkdir(parents=True, exist_ok=True)
     config = WORK / "tuned.cfg"
     config.write_text("\n".join(lines) + "\n")
     command = [haproxy_binary(), "-W", "-db", "-f", str(config)]

@@ -20,7 +20,7 @@ from tritonctl.deploy.apply import apply_plan, down
 from tritonctl.deploy.compose import CommandRunner, ComposeRuntime, Outcome
 from tritonctl.deploy.compose_project import LABEL, write_compose
 from tritonctl.deploy.local import haproxy_binary
-from tritonctl.deploy.proxy import BUFFER_BYTES, LARGE_BUFFER_BYTES, LARGE_BUFFER_ENV
+from tritonctl.deploy.proxy import BUFFER_BYTES, LARGE_BUFFER_BYTES, MALLOC_ENV
 from tritonctl.deploy.runtime import StartError
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
@@ -83,7 +83,7 @@ def test_project_is_valid_compose_and_every_reference_resolves(gpu_plan, tmp_pat
         proxy["network_mode"] == "host"
         and "profiles" not in proxy
         and proxy["image"] == "${HAPROXY_IMAGE:-haproxy:3.0}"
-        and proxy["environment"] == LARGE_BUFFER_ENV
+        and proxy["environment"] == MALLOC_ENV
     )
     (config,) = proxy["volumes"]
     assert config["source"] == "./haproxy" and config["read_only"] and config["target"] == "/usr/local/etc/haproxy"
@@ -181,7 +181,7 @@ def test_haproxys_buffers_follow_the_image_the_operator_names(gpu_plan, tmp_path
     assert render(gpu_plan, out) == 0  # 2.6 aborts on a shadow swap with buffers of a whole request
     assert f"tune.bufsize {BUFFER_BYTES}\n" in (out / "haproxy" / "haproxy.cfg").read_text()
     proxy = yaml.safe_load((out / "compose.yaml").read_text())["services"]["haproxy"]
-    assert proxy["image"] == "${HAPROXY_IMAGE:-haproxy:2.6}" and "environment" not in proxy
+    assert proxy["image"] == "${HAPROXY_IMAGE:-haproxy:2.6}" and proxy["environment"] == MALLOC_ENV
 
 
 def sidecar(out: Path) -> dict:

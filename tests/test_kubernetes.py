@@ -14,7 +14,7 @@ import yaml
 from conftest import edit, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy.local import haproxy_binary
-from tritonctl.deploy.proxy import LARGE_BUFFER_BYTES, LARGE_BUFFER_ENV
+from tritonctl.deploy.proxy import LARGE_BUFFER_BYTES, MALLOC_ENV
 from tritonctl.planning.plan import load_plan
 
 KUBERNETES = "1.34.0"  # a recent release; kubernetes-validate ships its schemas offline
@@ -82,7 +82,7 @@ def test_every_manifest_is_valid_kubernetes_and_every_reference_resolves(gpu_pla
     assert {"name": "haproxy", "newName": "haproxy", "newTag": "3.0"} in kustomization["images"]
     assert f"tune.bufsize {LARGE_BUFFER_BYTES}\n" in config
     (proxy,) = deployments["haproxy"]["spec"]["template"]["spec"]["containers"]
-    assert {e["name"]: e["value"] for e in proxy["env"]} == LARGE_BUFFER_ENV
+    assert {e["name"]: e["value"] for e in proxy["env"]} == MALLOC_ENV
     for line in config.splitlines():
         if line.strip().startswith("server "):
             assert line.split()[1] in services  # a server per instance Service

@@ -32,10 +32,11 @@ from tritonctl.deploy.local import (
 from tritonctl.deploy.proxy import (
     BUFFER_BYTES,
     LARGE_BUFFER_BYTES,
-    LARGE_BUFFER_ENV,
+    MALLOC_ENV,
     Server,
     balance,
     buffer_bytes,
+    environment,
     haproxy_weights,
     image_version,
     parse_stat,
@@ -79,6 +80,8 @@ def test_haproxy_gets_buffers_that_hold_a_request_from_version_3_0():
     assert [buffer_bytes(v) for v in [(2, 6), (2, 9), (3, 0), (3, 2), None]] == [BUFFER_BYTES] * 2 + [
         LARGE_BUFFER_BYTES
     ] * 2 + [BUFFER_BYTES]
+    # buffers glibc would map and unmap on every request come with the settings that keep their memory
+    assert environment(BUFFER_BYTES) == environment(LARGE_BUFFER_BYTES) == MALLOC_ENV and environment(1 << 16) == {}
     text = render_config(SERVERS, "127.0.0.1", "/tmp/api.sock", "127.0.0.1:9999", buffer=LARGE_BUFFER_BYTES)
     assert "    tune.bufsize 1048576\n" in text and "tune.bufsize 65536" not in text
 
@@ -186,12 +189,12 @@ def test_the_applied_haproxy_has_the_buffers_and_malloc_settings_of_its_version(
     binary = haproxy_binary()
     version = haproxy_version(binary)
     assert version is not None
+    buffer = buffer_bytes(version)
     config = (state_dir / PROXY_CONFIG).read_text()
-    assert f"    tune.bufsize {buffer_bytes(version)}\n" in config
+    assert f"    tune.bufsize {buffer}\n" in config
     pid = json.loads((state_dir / PROXY_FILE).read_text())["pid"]
     environ = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in e)
-    large = buffer_bytes(version) == LARGE_BUFFER_BYTES
-    assert all((environ.get(k) == v) == large for k, v in LARGE_BUFFER_ENV.items()), (version, environ)
+    assert {k: environ.get(k) for k in MALLOC_ENV} == environment(buffer) == MALLOC_ENV, (version, environ)
 
 
 @pytest.mark.triton

@@ -31,14 +31,15 @@ CHECK_TIMEOUT_S = 15.0  # the longest a new server may take to pass its health c
 MAX_WEIGHT = 256  # HAProxy's weights are 0-256
 MAX_CONNECTIONS = 1024  # client connections at once, over all models
 # Inference requests are large (a 224x224 float image is 602 KB) where HAProxy's defaults (16 KB buffers, a 64 KB
-# HTTP/2 window) suit web pages. Buffers that hold a whole request (1 MB) cost less CPU and less tail at load, with
-# glibc told to keep the memory HAProxy frees (else it faults each buffer in again). HAProxy 2.6.12 corrupts its heap
-# when a server is deleted with buffers of 640 KB or more; 3.0.11 does not. So 1 MB from HAProxy 3.0, 64 KB before
-# (docs/evaluation.md#buffers-that-hold-a-request).
-BUFFER_BYTES = 1 << 16
+# HTTP/2 window) suit web pages. Larger buffers cost less CPU and less tail at load, with glibc told to keep the memory
+# HAProxy frees (above its mmap threshold it maps and unmaps each buffer). HAProxy 2.6.12 corrupts its heap when a
+# server is deleted with buffers of 512 KB or more, not with 256 KB; 3.0.11 does not. So a whole request (1 MB) from
+# HAProxy 3.0, 256 KB before (docs/evaluation.md#buffers-that-hold-a-request).
+BUFFER_BYTES = 1 << 18
 LARGE_BUFFER_BYTES = 1 << 20
 LARGE_BUFFERS_FROM = (3, 0)
-LARGE_BUFFER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+MMAP_THRESHOLD_BYTES = 128 << 10  # glibc's default: a larger block is mapped by malloc and unmapped by free
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 WINDOW_BYTES = 1 << 20
 IDLE_TIMEOUT_S = 300  # a client connection that carries nothing for this long is closed
 REQUEST_TIMEOUT_S = 300  # the longest an instance may take to answer a request
@@ -110,7 +111,7 @@ def image_version(image: str) -> tuple[int, int] | None:
 
 def buffer_bytes(version: tuple[int, int] | None) -> int:
     """HAProxy's buffer size for this version of it: a whole request where it keeps such buffers through a `del
-    server`, 64 KB otherwise (and where the version is not known)."""
+    server`, 256 KB otherwise (and where the version is not known)."""
     return LARGE_BUFFER_BYTES if version is not None and version >= LARGE_BUFFERS_FROM else BUFFER_BYTES
 
 
@@ -120,8 +121,8 @@ def image_buffer(image: str) -> int:
 
 
 def environment(buffer: int) -> dict[str, str]:
-    """What HAProxy's environment adds for buffers of `buffer` bytes: glibc keeping freed memory beside large ones."""
-    return dict(LARGE_BUFFER_ENV) if buffer >= LARGE_BUFFER_BYTES else {}
+    """What HAProxy's environment adds for buffers of `buffer` bytes: glibc keeping the memory of those it would map."""
+    return dict(MALLOC_ENV) if buffer > MMAP_THRESHOLD_BYTES else {}
 
 
 def render_config(
