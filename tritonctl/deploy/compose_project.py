@@ -469,7 +469,7 @@ def compose_project(
             PROXY: {
                 "image": ref("HAPROXY_IMAGE"),
                 "network_mode": "host",  # model ports are host ports; instances' gRPC ports are on the host's loopback
-                **({"environment": env} if (env := environment(proxy_buffer(values))) else {}),
+                "environment": environment(proxy_buffer(values)),
                 "volumes": [
                     {"type": "bind", "source": f"./{PROXY_DIR}", "target": "/usr/local/etc/haproxy", "read_only": True}
                 ],
