@@ -1,17 +1,15 @@
 """The `optimal` policy on every shipped example: its goodput, the bound it proved, the gap and the time, beside
-what `search` predicts for its own plan.
+what `search`'s plan serves.
 
     python bench/optimal_proof.py [--out bench/results/optimal.md] [--time-limit 300]
 
 Each example with the latency model it is benchmarked with (the CPU demo with its committed
 profile, the InSS setups with the H100 profile and the SCALED CPU profile, whose setups are
 SYNTHETIC), at its own rates; then the H100 setups at the higher rates where `search` splits
-models into replicas across GPUs (bench/results/replicas.md), so that the optimum is seen
-with them. Goodput here is what the latency model predicts (requests/s within the SLOs): the
-solver's objective, and for both plans the sum of what `plan` predicts for each placement (the
-planner's predictions, the same for both; they differ from the solver's objective in how a
-model served whole is counted: its rate there, its share within the SLO here). Run it on a quiet
-machine; it says which CPU.
+models into replicas across GPUs (bench/results/replicas.md) and serves some in part, so that
+the optimum is seen with them. Goodput here is what the latency model predicts (requests/s
+within the SLOs), as search judges a plan (`search.Judge`): the solver's goodput, and that of
+search's own plan on the same judge. Run it on a quiet machine; it says which CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ from pathlib import Path
 from tritonctl.export import materialize
 from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.model import load_latency_model
-from tritonctl.planning.planner import demands_of, devices_of, make_plan, reserve_for_requests
+from tritonctl.planning.planner import demands_of, devices_of, reserve_for_requests
+from tritonctl.planning.policies.search import climb
 from tritonctl.spec import load_cluster
 
 solver = importlib.import_module("tritonctl.planning.policies.optimal")  # the package exports the function
@@ -60,9 +59,8 @@ def main() -> None:
         f"{cpu['logical_cpus']} logical CPUs, id {cpu['id']}",
         "",
         "| cluster | latency model | rates | models x devices | optimal goodput | bound | gap | status | solve s "
-        "| replicas (models split across devices) | predicted goodput: optimal's plan | search's plan "
-        "| search of optimal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| replicas (models split across devices) | search's goodput | search of optimal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cluster_file, model_file, scale in SETUPS:
         cluster = load_cluster(ROOT / cluster_file).with_rates(lambda m, scale=scale: m.rate * scale)
@@ -71,16 +69,12 @@ def main() -> None:
         planned = reserve_for_requests(cluster, lm, lambda _: None, None) if cluster.kind == "cpu" else cluster
         demands, devices = demands_of(planned, artifacts, lm), devices_of(planned)  # the cores make_plan plans with
         outcome = solver.solve(demands, devices, lm, args.time_limit)
-        predicted = {}
-        for policy in ("optimal", "search"):
-            plan = make_plan(cluster, artifacts, policy, Path("/dev/null"), lm, log=lambda _: None)
-            predicted[policy] = sum(p.predicted.in_slo_rps for _, p in plan.instances())
+        placement, judge = climb(demands, devices, lm)
+        searched = sum(judge(placement).served.values())
         row = (
             f"| {cluster_file} | {model_file} | x{scale:g} | {len(demands)} x {len(devices)} | {outcome.goodput:.2f} | "
             f"{outcome.bound:.2f} | {100 * outcome.gap:.2f}% | {outcome.status} | {outcome.seconds:.1f} | "
-            f"{replicas(outcome.choices) or '-'} | "
-            f"{predicted['optimal']:.2f} | {predicted['search']:.2f} | "
-            f"{100 * predicted['search'] / predicted['optimal']:.1f}% |"
+            f"{replicas(outcome.choices) or '-'} | {searched:.2f} | {100 * searched / outcome.goodput:.1f}% |"
         )
         print(row, flush=True)
         lines.append(row)

@@ -6,15 +6,15 @@ import importlib
 import itertools
 import time
 
+import numpy as np
 import pytest
 
 from synthetic import synthetic_dataset
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.latency.queueing import task_latency
+from tritonctl.latency.queueing import goodput, task_latency
 from tritonctl.planning.plan import Device
-from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
-from tritonctl.planning.policies.bda import bda
-from tritonctl.planning.policies.timesharing import turn_outcome
+from tritonctl.planning.policies.base import Demand, PlacementError, PolicyLimit
+from tritonctl.planning.policies.search import TURNS, Judge, Spot, max_copies
 
 solver = importlib.import_module("tritonctl.planning.policies.optimal")  # the package exports the function
 
@@ -29,54 +29,72 @@ def cpu(units: int = 100) -> Device:
 
 
 def brute_force(demands: list[Demand], device: Device, lm) -> float:
-    """The best goodput on one device by trying every layout: each subset split on the 5-unit grid (a model BDA
-    serves counts its rate), or taking turns with every number of copies."""
-    best = 0.0
+    """The best goodput on one device by trying every layout, as search judges it: each subset split on the 5-unit
+    grid (a model BDA serves counts its rate, one it does not what its best batch serves in part), or taking turns
+    with every number of copies."""
+    judge, best = Judge(demands, [device], lm), 0.0
     floor = {d.name: lm.models[d.name].share_range[0] for d in demands}
     for size in range(1, len(demands) + 1):
         for group in itertools.combinations(demands, size):
             levels = [range(max(5, -(-floor[d.name] // 5) * 5), device.units + 1, 5) for d in group]
-            for shares in itertools.product(*levels):
-                if sum(shares) > device.units:
-                    continue
-                placement = {d.name: Choice(device.id, s) for d, s in zip(group, shares, strict=True)}
-                decision = bda(placement, list(group), [device], lm)
-                served = sum(d.rate for d in group if d.name not in decision.infeasible)
-                if decision.ok:
-                    best = max(best, served)
-            for copies in itertools.product(range(1, 3), repeat=size):
-                outcome = turn_outcome(list(zip(group, copies, strict=True)), device, lm)
-                if all(g > 0 for g in outcome.served.values()):
-                    best = max(best, sum(outcome.served.values()))
+            layouts = [
+                [Spot(device.id, s) for s in shares]
+                for shares in itertools.product(*levels)
+                if sum(shares) <= device.units
+            ]
+            layouts += [
+                [Spot(device.id, TURNS, c) for c in copies]
+                for copies in itertools.product(range(1, max_copies(device) + 1), repeat=size)
+            ]
+            for spots in layouts:
+                served = judge({d.name: spot for d, spot in zip(group, spots, strict=True)}).served
+                best = max(best, sum(served.values()))
     return best
 
 
 @pytest.mark.parametrize(
-    "demands",
+    "demands, whole",
     [
-        [Demand("alpha", 150, 150, 100), Demand("beta", 400, 50, 100)],  # both fit: split or turns
-        [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)],  # tight: not every layout serves both
+        ([Demand("alpha", 150, 150, 100), Demand("beta", 400, 50, 100)], True),  # both fit: split or turns
+        ([Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)], False),  # tight: alpha served in part
     ],
 )
-def test_the_optimum_is_what_trying_every_layout_finds_and_it_says_it_proved_it(lm, demands):
+def test_the_optimum_is_what_trying_every_layout_finds_and_it_says_how_close_its_bound_is(lm, demands, whole):
     lines = []
     outcome = solver.solve(demands, [cpu()], lm)
     assert outcome.goodput == pytest.approx(brute_force(demands, cpu(), lm), rel=1e-6)
-    assert outcome.gap == 0 and "optimal in" in outcome.summary()
+    if whole:  # every model served whole: the optimum, proved
+        assert outcome.gap == 0 and outcome.goodput == pytest.approx(sum(d.rate for d in demands))
+        assert "optimal in" in outcome.summary()
+    else:  # served in part: credited in steps of its rate, rounded up, so the bound is within two steps of it
+        assert 0 < outcome.bound - outcome.goodput <= 2 * solver.PART_STEP * sum(d.rate for d in demands)
+        assert "best found, gap" in outcome.summary()
     choices = solver.optimal(demands, [cpu()], lm, log=lines.append)
     assert set(choices) == {d.name for d in demands}  # both served, each on the one device
     assert all(c.device == "cpu0" for cs in choices.values() for c in cs)
     assert len(lines) == 1 and lines[0].startswith(f"optimal policy: goodput {outcome.goodput:.2f} requests/s")
 
 
+def test_credit_levels_bound_what_a_model_served_in_part_serves_at_every_batch_time(lm):
+    demand = Demand("alpha", 40, 250, 100)
+    for batch in (1, 4, 16):
+        levels = solver.part_levels(demand, batch, 5.0)
+        assert levels and levels[-1][0] == demand.slo_ms  # up to the SLO, beyond which nothing is served in time
+        start = 5.0
+        for limit, credit in levels:
+            for t in np.linspace(start, limit, 7)[1:]:
+                assert goodput(demand.rate, batch, t, demand.slo_ms) <= credit + 1e-9
+            start = limit
+
+
 def test_the_optimum_knowing_each_models_error_plans_each_as_with_its_own_margin(lm):
     demands = [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)]  # tight: not every layout serves both
     knowing = lm.with_errors({"alpha": 0.3})  # beta as fitted
     for demand, same in ((demands[0], lm.with_margin(0.3)), (demands[1], lm)):
-        options = solver.split_options(demand, cpu(), knowing, 0.5, 1)
-        assert options and options == solver.split_options(demand, cpu(), same, 0.5, 1)
-    assert solver.split_options(demands[0], cpu(), knowing, 0.5, 1) != solver.split_options(
-        demands[0], cpu(), lm, 0.5, 1
+        options = solver.split_options(demand, cpu(), knowing, lambda _: 0.5, 1)
+        assert options and options == solver.split_options(demand, cpu(), same, lambda _: 0.5, 1)
+    assert solver.split_options(demands[0], cpu(), knowing, lambda _: 0.5, 1) != solver.split_options(
+        demands[0], cpu(), lm, lambda _: 0.5, 1
     )
     assert solver.solve(demands, [cpu()], knowing).goodput < solver.solve(demands, [cpu()], lm).goodput
 
@@ -93,12 +111,10 @@ def test_on_two_devices_it_serves_what_one_cannot_and_keeps_each_within_its_unit
         assert sum(split) <= x.units
 
 
-def test_a_model_no_device_serves_alone_is_split_into_equal_replicas_on_two(lm):
-    demand = [Demand("alpha", 40, 800, 100)]  # beyond what one device serves within 40 ms at all
+def test_a_model_no_device_serves_whole_is_served_in_part_on_one_and_split_into_equal_replicas_on_two(lm):
+    demand = [Demand("alpha", 40, 800, 100)]  # beyond what one device serves within 40 ms
     one = solver.solve(demand, [cpu()], lm)
-    assert one.goodput == 0 and one.choices == {}
-    with pytest.raises(PlacementError, match="leaves alpha unserved"):
-        solver.optimal(demand, [cpu()], lm, log=lambda _: None)
+    assert 0 < one.goodput < 800 and one.goodput == pytest.approx(brute_force(demand, cpu(), lm), rel=1e-6)
     devices = [cpu(), Device(id="cpu1", kind="cpu", index=1, memory_mb=4096, units=100, cores=2.0)]
     two = solver.solve(demand, devices, lm)
     assert two.gap == 0 and two.goodput == pytest.approx(800)
@@ -106,6 +122,13 @@ def test_a_model_no_device_serves_alone_is_split_into_equal_replicas_on_two(lm):
     assert sorted(c.device for c in replicas) == ["cpu0", "cpu1"] and {c.weight for c in replicas} == {1.0}
     for c in replicas:  # each holds its half of the rate alone on its device (eq. 2's p99 within the SLO)
         assert task_latency(400, c.batch, lm.t_inf("alpha", c.batch, c.share)).p99_ms <= 40
+
+
+def test_a_model_nothing_serves_in_time_is_left_out(lm):
+    demand = [Demand("alpha", 1, 100, 100)]  # no batch runs within 1 ms
+    assert solver.solve(demand, [cpu()], lm).choices == {}
+    with pytest.raises(PlacementError, match="leaves alpha unserved"):
+        solver.optimal(demand, [cpu()], lm, log=lambda _: None)
 
 
 def test_a_time_limit_reports_the_gap_instead_of_optimal():
@@ -119,7 +142,8 @@ def test_a_time_limit_reports_the_gap_instead_of_optimal():
 
 def chosen_alone(program, forced) -> bool:
     """Whether the program still has a solution with every option of `forced` chosen."""
-    xs = [program.index[o.device, o.model, o.share, o.batch, o.replicas] for o in forced]
+    binaries = dict(program.options)
+    xs = [binaries[o] for o in forced]
     for x in xs:
         program.h.changeColBounds(x.index, 1.0, 1.0)
     status = program.solve(time.monotonic() + 30)[0]
@@ -128,22 +152,27 @@ def chosen_alone(program, forced) -> bool:
     return status == "Optimal"
 
 
-def test_a_model_late_beside_its_co_runners_is_cut_off_beside_them_at_any_batch_of_theirs(lm):
+def test_an_option_late_beside_its_co_runners_is_cut_off_beside_them_at_any_batch_of_theirs(lm):
     demands = [Demand("alpha", 150, 150, 100), Demand("beta", 400, 50, 100)]
     program = solver._Program(demands, [cpu()], lm)
-    options = {d.name: [o for o, _ in program.options if o.model == d.name] for d in demands}
+    alpha = [o for o, _ in program.options if o.model == "alpha" and o.served == 150]  # served whole
+    beta = [o for o, _ in program.options if o.model == "beta"]
     a, b, other_b = next(  # alpha beside beta at one share with two batches, each pair a solution
         (a, b, c)
-        for a in options["alpha"]
-        for b, c in itertools.permutations(options["beta"], 2)
-        if b.share == c.share and a.share + b.share <= 100 and all(chosen_alone(program, [a, x]) for x in (b, c))
+        for a in alpha
+        for b, c in itertools.combinations(beta, 2)
+        if b.share == c.share
+        and b.batch != c.batch
+        and a.share + b.share <= 100
+        and all(chosen_alone(program, [a, x]) for x in (b, c))
     )
-    exact = solver._Program(demands, [cpu()], lm)
-    exact.cut([a, b], [])  # memory broke: only these batches together
-    assert not chosen_alone(exact, [a, b]) and chosen_alone(exact, [a, other_b])
     late = solver._Program(demands, [cpu()], lm)
-    late.cut([a, b], [a])  # alpha's SLO broke: beta's batch does not move alpha's batch time
+    slower = a.limit_ms * 1.001  # alpha's batch time beside beta: it breaks its limit, beta's batch does not move it
+    late.cut([a, b], [(a, slower)])
     assert not chosen_alone(late, [a, b]) and not chosen_alone(late, [a, other_b])
+    looser = [o for o, _ in program.options if (o.model, o.share, o.batch) == ("alpha", a.share, a.batch)]
+    looser = [o for o in looser if o.limit_ms >= slower]  # alpha served in part at the same share and batch
+    assert looser and all(chosen_alone(late, [o, b]) for o in looser)  # a credit that time earns stays
 
 
 def test_too_large_or_without_a_latency_model_it_says_so(lm):

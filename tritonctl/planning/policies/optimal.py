@@ -6,27 +6,30 @@ taken in turns by a set of models with all of it (on a CPU with copies of a mode
 device, each with an equal part of its rate (as search's replica phase splits it, and the proxy
 balances equal weights): every option and turn set below exists once per replica count, its
 model's demand at that part of the rate. The objective is goodput: requests per second within
-the SLO, as search judges a plan. A model served on a split device counts its whole rate (its
-p99 by eq. 2 within the SLO at its rate, BDA's constraint); a model taking turns counts what
-`turn_outcome` says it serves.
+the SLO, as search judges a plan (`search.Judge`, which judges the plan the solver finds).
 
-Split devices. A binary per option (model, device, share, batch). The InSS latency model is
+Split devices. A binary per option (model, device, share, batch, credit). The InSS latency model is
 linear in what the co-runners bring (`LatencyModel.t_inf`): t = io + run (1 + alpha_i u_i sum_j
 l_j) + n_ops (a N + b) once N >= 2 models share the device (u_i the instance's duty on a CPU
 where the model weighs by it, else 1), where a co-runner's cache
 pressure l_j depends on its share alone and N counts the options chosen on the device. Each
-option carries the longest batch time at which its batch still meets the SLO at the model's
-rate (the p99 of eq. 2 grows with it), so the option holds iff the sum of its co-runners'
-terms stays under what that leaves: a big-M row enforced when the option is chosen and the
-device shared. The CPU contention term (threads beyond cores) is not linear: every solution
-is checked against the full latency model, a split it breaks is cut off (a no-good row, on
-every device of its kind and at any larger part of the rates; a model late beside its
-co-runners is cut off beside them at any batch of theirs, which its batch time does not
-read), and the program is solved again, until a solution holds or the best that held is
+option carries the longest batch time at which it earns its credit, so the option holds iff the
+sum of its co-runners' terms stays under what that leaves: a big-M row enforced when the option
+is chosen and the device shared. A model served whole (its p99 by eq. 2 within the SLO at its
+rate, BDA's constraint) is credited its rate. A model served in part (search keeps the batch
+serving most requests within the SLO, `queueing.goodput`) has an option per interval of batch
+times over which that goodput falls by at most PART_STEP of its rate, credited the goodput at
+the interval's start: the most any batch time in it serves, since goodput falls as the batch
+time grows. So the program's optimum bounds every plan's goodput, and the plan it finds is judged
+for what it serves; the gap says how far apart the two are. The CPU contention term (threads
+beyond cores) is not linear: every solution is checked against the full latency model, an
+option whose batch time there breaks its limit is cut off beside its co-runners (a no-good row,
+on every device of its kind, with every option of its model, share and batch whose limit is
+shorter, and its co-runners at any batch where the InSS formula predicts: their batches do not
+move its time), and the program is solved again, until a solution holds or the best that held is
 within GAP of the bound (`solve`).
-Of an option's batches only those that no other batch of the same share dominates (holds in
-every context it holds in, in no more memory) are kept; the plan takes BDA's batches on the
-chosen placement (the largest that hold: the most throughput).
+Of an option's batches and credits only those that no other of the same share dominates (credits
+as much and holds in every context it holds in, in no more memory) are kept.
 
 Devices taken in turns. Every set of models (with copies on a CPU, at most `max_copies`; each
 member at one of its replica counts) is evaluated once per kind of device with the code search
@@ -36,9 +39,7 @@ taking turns have fewer replica counts (`turn_replicas`; eight models on a GPU: 
 A binary per (model, replica count) says how many replicas the model has; exactly that many of
 its options and memberships are chosen, on as many devices.
 
-Not in this space: a model served in part (late requests) on a split device, which search may
-plan, so its goodput can exceed this optimum where some model cannot be served whole; and more
-than MAX_REPLICAS replicas of a model.
+Not in this space: more than MAX_REPLICAS replicas of a model.
 """
 
 from __future__ import annotations
@@ -49,26 +50,32 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import highspy
+import numpy as np
+from highspy import qsum
 
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import task_latency
+from tritonctl.latency.queueing import goodput, task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
-from tritonctl.planning.policies.bda import bda, broken_constraint, memory_at, with_batches
-from tritonctl.planning.policies.search import max_copies
-from tritonctl.planning.policies.timesharing import Turns, turn_choices, turn_outcome
+from tritonctl.planning.policies.bda import corunners, memory_at
+from tritonctl.planning.policies.search import TURNS, Judge, Placement, Spot, max_copies, replica_key
+from tritonctl.planning.policies.timesharing import Turns, turn_outcome
 
 STEP = 5  # share grid, in device units (search's)
 MAX_REPLICAS = 3  # devices a model's rate may be split across
 TIME_LIMIT_S = 300.0
 TIE = 1e-7  # goodputs this close (relative) are one: the solver's rounding
-GAP = 0.005  # where checking CPU contention cuts off solution after solution: done once the best checked is this close
-MAX_OPTIONS = 200_000  # binaries the program may hold: beyond, the cluster is refused before solving
+GAP = 0.005  # where a solve is cut short (CPU contention, the time): done once the best judged is this close
+SLICE_S = 30.0  # the last stage's first solve, after which its bound may show the best plan within GAP already
+MAX_OPTIONS = 500_000  # binaries the program may hold: beyond, the cluster is refused before solving
 MAX_TURN_SETS = 20_000  # sets of models (with copies) taking turns, per kind of device
+PART_STEP = 0.05  # a model served in part is credited in steps of this part of its rate
+T_STEP = 1.005  # the batch times at which that fall is looked for, each this much longer than the last
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class Option:
     share: int
     batch: int
     replicas: int  # the model's replicas: this one serves that part of its rate
+    served: float  # requests/s it is credited: its part of the rate served whole, or the goodput it serves in part
+    limit_ms: float  # the longest batch time (the model's margin in) at which it earns that
     memory_mb: float
     pressure: float  # the cache pressure it puts on its co-runners (l_j)
     per_pressure: float  # ms its batch takes longer per unit of its co-runners' pressure (run x alpha_i x u_i)
@@ -145,59 +154,111 @@ def part(demand: Demand, replicas: int) -> Demand:
     return dataclasses.replace(demand, rate=demand.rate / replicas)
 
 
-def split_options(model: Demand, device: Device, lm: LatencyModel, pressure: float, replicas: int) -> list[Option]:
-    """The options of one of a model's `replicas` replicas on a split device that hold at least alone, dominated
-    batches left out (`pressure`: the most its co-runners can put on it)."""
+def part_levels(demand: Demand, batch: int, start: float) -> list[tuple[float, float]]:
+    """(limit, credit) of `demand` served in part at `batch` with a batch time (ms) above `start`: intervals of batch
+    times up to the SLO, each credited at least the goodput of every batch time in it, a multiple of PART_STEP of
+    the rate but the first (the goodput at `start`). Goodput falls as the batch time grows, so an interval ends at
+    the first time (on a T_STEP grid) whose goodput is below its credit's step down, and the next is credited the
+    step at or above that goodput. On a common grid, the options of several batches compare."""
+    rate, slo, step = demand.rate, demand.slo_ms, PART_STEP * demand.rate
+    out: list[tuple[float, float]] = []
+    t, credit = start, goodput(rate, batch, start, slo)
+    steps = math.ceil(credit / step - 1e-9)  # the credit's step (at or above it)
+    while credit > 0 and t < slo:
+        g = credit
+        while g >= (steps - 1) * step and t < slo:
+            t = min(t * T_STEP, slo)
+            g = goodput(rate, batch, t, slo)
+        out.append((t, credit))
+        steps = math.ceil(g / step - 1e-9)
+        credit = steps * step
+    return out
+
+
+def most_pressure(model: str, demands: list[Demand], device: Device, lm: LatencyModel) -> Callable[[int], float]:
+    """The most cache pressure `model`'s co-runners can put on it beside it at a share: the shares they take fill
+    at most the rest of the device (a knapsack over the STEP grid, each other model at one share or none)."""
+    room = device.units // STEP
+    most = [0.0] * (room + 1)  # the most pressure in c grid steps of share
+    for d in demands:
+        if d.name == model:
+            continue
+        first = max(1, math.ceil(lm.models[d.name].share_range[0] / STEP))
+        pressures = {k: lm.cache_pressure(d.name, k * STEP) for k in range(first, room + 1)}
+        most = [max([most[c]] + [most[c - k] + g for k, g in pressures.items() if k <= c]) for c in range(room + 1)]
+    return lambda share: most[(device.units - share) // STEP]
+
+
+def split_options(
+    model: Demand,
+    device: Device,
+    lm: LatencyModel,
+    pressure: Callable[[int], float],
+    replicas: int,
+    memory_binds: bool = True,
+) -> list[Option]:
+    """The options of one of a model's `replicas` replicas on a split device that hold at least alone, served whole
+    and in part, dominated ones left out (`pressure`: the most its co-runners can put on it beside it at a share;
+    `memory_binds`: whether the device's memory can bind, or more memory counts for nothing)."""
     demand = part(model, replicas)
     p, d, margin = lm.models[demand.name], lm.device, lm.margin_of(demand.name)
+    shares = range(max(STEP, math.ceil(p.share_range[0] / STEP) * STEP), device.units + 1, STEP)
+    fastest = {b: min(lm.t_inf(demand.name, b, s) for s in shares) for b in range(1, MAX_BATCH + 1)}
+    # served in part beyond the longest batch time that serves it whole (the same at every share)
+    levels = {b: part_levels(demand, b, max(t, longest_batch_ms(demand, b, t))) for b, t in fastest.items()}
     out = []
-    for share in range(max(STEP, math.ceil(p.share_range[0] / STEP) * STEP), device.units + 1, STEP):
+    for share in shares:
         candidates = []
         for batch in range(1, MAX_BATCH + 1):
             memory = memory_at(demand, batch, lm)
             if memory > device.memory_mb:
                 break
             alone = lm.t_inf(demand.name, batch, share) / (1 + margin)
-            slack = longest_batch_ms(demand, batch, alone * (1 + margin)) / (1 + margin) - alone
-            if slack < 0:
-                continue
+            longest = longest_batch_ms(demand, batch, alone * (1 + margin))
+            credits = [(longest, demand.rate)] + [(t, g) for t, g in levels[batch] if t > longest]
             run = lm.run_ms(demand.name, batch, share)
-            candidates.append(
+            candidates += [
                 Option(
                     demand.name,
                     device.id,
                     share,
                     batch,
                     replicas,
+                    served,
+                    limit,
                     memory,
                     lm.cache_pressure(demand.name, share),
                     run * p.alpha_cache * (lm.duty(share) if d.pressure_by_duty else 1.0),
                     p.n_ops * d.sched_a,
                     p.n_ops * d.sched_b,
-                    slack,
+                    limit / (1 + margin) - alone,
                 )
-            )
-        out += _undominated(candidates, pressure)
+                for limit, served in credits
+                if limit >= alone * (1 + margin)
+            ]
+        out += _undominated(candidates, pressure(share), memory_binds)
     return out
 
 
-def _undominated(options: list[Option], pressure: float) -> list[Option]:
-    """Options of one share no other dominates: another holds wherever this one does (its slack less its terms,
-    linear in the co-runners' pressure, is at least this one's at none and at the most there can be) in no more
-    memory."""
-
-    def room(o: Option, pressure: float) -> float:
-        return o.slack_ms - o.shared_ms - o.per_pressure * pressure
-
-    def dominates(a: Option, b: Option) -> bool:
-        if a.memory_mb > b.memory_mb or a.per_corunner > b.per_corunner:
-            return False
-        return all(room(a, x) >= room(b, x) for x in (0.0, pressure))
-
-    def beaten(o: Option) -> bool:  # of two that dominate each other, the larger batch stays
-        return any(dominates(k, o) and (not dominates(o, k) or k.batch > o.batch) for k in options if k is not o)
-
-    return [o for o in options if not beaten(o)]
+def _undominated(options: list[Option], pressure: float, memory_binds: bool) -> list[Option]:
+    """Options of one share no other dominates: another credits as much and holds wherever this one does (its
+    slack less its terms, linear in the co-runners' pressure, is at least this one's at none and at the most there
+    can be), in no more memory where memory can bind; of two that dominate each other, the larger batch stays."""
+    if len(options) < 2:
+        return options
+    served, memory, corunner, batch = (
+        np.array([getattr(o, f) for o in options]) for f in ("served", "memory_mb", "per_corunner", "batch")
+    )
+    rooms = [np.array([o.slack_ms - o.shared_ms - o.per_pressure * x for o in options]) for x in (0.0, pressure)]
+    at_least = served[:, None] >= served[None, :]  # [a, b]: a as good as b
+    if memory_binds:
+        at_least &= memory[:, None] <= memory[None, :]
+    at_least &= corunner[:, None] <= corunner[None, :]
+    for room in rooms:
+        at_least &= room[:, None] >= room[None, :]
+    np.fill_diagonal(at_least, False)
+    beats = at_least & (~at_least.T | (batch[:, None] > batch[None, :]))
+    return [o for o, beaten in zip(options, beats.any(axis=0), strict=True) if not beaten]
 
 
 Member = tuple[Demand, int, int]  # a model taking turns: its demand at its part of the rate, copies, replicas
@@ -246,6 +307,13 @@ def _quiet_highs() -> highspy.Highs:
     return h
 
 
+def _largest_batch(demand: Demand, device: Device, lm: LatencyModel) -> int:
+    """The largest batch of `demand` any option has: one that runs within its SLO alone on the whole device."""
+    return max(
+        (b for b in range(1, MAX_BATCH + 1) if lm.t_inf(demand.name, b, device.units) < demand.slo_ms), default=1
+    )
+
+
 def _kind(device: Device) -> tuple:
     return (device.kind, device.units, device.cores, device.memory_mb)
 
@@ -266,9 +334,12 @@ class _Program:
             if key not in evaluated:
                 # refuses a cluster with too many sets before any work
                 sets = turn_sets(demands, device, turn_replicas(len(demands), device, replicas))
-                most = sum(max(lm.cache_pressure(d.name, s) for s in (1, device.units)) for d in demands)
+                binds = sum(memory_at(d, _largest_batch(d, device, lm), lm) for d in demands) > device.memory_mb
                 splits[key] = [
-                    o for d in demands for k in range(1, replicas + 1) for o in split_options(d, device, lm, most, k)
+                    o
+                    for d in demands
+                    for k in range(1, replicas + 1)
+                    for o in split_options(d, device, lm, most_pressure(d.name, demands, device, lm), k, binds)
                 ]
                 evaluated[key] = [(s, turn_outcome([(d, c) for d, c, _ in s], device, lm)) for s in sets]
             options += [dataclasses.replace(o, device=device.id) for o in splits[key]]
@@ -280,9 +351,12 @@ class _Program:
                 f"{MAX_OPTIONS:,}): the cluster is too large for the optimal policy"
             )
         self.options: list[tuple[Option, highspy.highs_var]] = [(o, h.addBinary()) for o in options]
-        self.index = {(o.device, o.model, o.share, o.batch, o.replicas): x for o, x in self.options}
-        self.at_share: dict[tuple[str, str, int], list[highspy.highs_var]] = {}  # every batch and replica count
+        rate = {d.name: d.rate for d in demands}
+        self.in_part = [x for o, x in self.options if o.served < rate[o.model] / o.replicas * (1 - 1e-12)]
+        self.at_batch: dict[tuple[str, str, int, int], list[tuple[Option, highspy.highs_var]]] = {}
+        self.at_share: dict[tuple[str, str, int], list[highspy.highs_var]] = {}  # every batch, credit and replicas
         for o, x in self.options:
+            self.at_batch.setdefault((o.device, o.model, o.share, o.batch), []).append((o, x))
             self.at_share.setdefault((o.device, o.model, o.share), []).append(x)
         self.batch_blind = not lm.reads_corunner_batches
         self.kinds = {device.id: _kind(device) for device in devices}
@@ -295,8 +369,8 @@ class _Program:
             if not here and not turns_here:  # nothing fits on it
                 previous = None
                 continue
-            count = sum(x for _, x in here)  # models split on the device
-            taken = sum(turns_here)  # 1 when a set takes turns with it
+            count = qsum(x for _, x in here)  # models split on the device
+            taken = qsum(turns_here)  # 1 when a set takes turns with it
             measure = count + len(demands) * taken
             if turns_here:
                 h.addConstr(taken <= 1)
@@ -306,10 +380,9 @@ class _Program:
             previous = (_kind(device), measure)
             if here:
                 self._split_rows(device, here, count)
-        rate = {d.name: d.rate for d in demands}
-        objective = sum(rate[o.model] / o.replicas * x for o, x in self.options)
-        objective += sum(sum(out.served.values()) * x for _, _, out, x in self.turns)
-        self.objective = objective
+        self.objective = qsum(
+            [*(o.served * x for o, x in self.options), *(sum(out.served.values()) * x for _, _, out, x in self.turns)]
+        )
 
     def _replica_rows(self, replicas: int, devices: list[Device]) -> None:
         """Each model has one replica count k (or none): exactly k of its options and memberships of that count are
@@ -328,25 +401,25 @@ class _Program:
         for d in self.demands:
             counts = {k: h.addBinary() for k in range(1, replicas + 1) if by_count.get((d.name, k))}
             if counts:
-                h.addConstr(sum(counts.values()) <= 1)
+                h.addConstr(qsum(counts.values()) <= 1)
             for k, y in counts.items():
-                h.addConstr(sum(by_count[d.name, k]) - k * y == 0)
+                h.addConstr(qsum(by_count[d.name, k]) - k * y == 0)
             self.several += [y for k, y in counts.items() if k > 1]
             for device in devices:
                 if len(by_device.get((d.name, device.id), ())) > 1:
-                    h.addConstr(sum(by_device[d.name, device.id]) <= 1)
+                    h.addConstr(qsum(by_device[d.name, device.id]) <= 1)
 
     def _split_rows(self, device: Device, here: list, count) -> None:
         """Shares and memory within the device; each chosen option's batch time within its SLO's slack."""
         h, n = self.h, len(self.demands)
-        h.addConstr(sum(o.share * x for o, x in here) <= device.units)
-        h.addConstr(sum(o.memory_mb * x for o, x in here) <= device.memory_mb)
+        h.addConstr(qsum(o.share * x for o, x in here) <= device.units)
+        h.addConstr(qsum(o.memory_mb * x for o, x in here) <= device.memory_mb)
         shared = h.addBinary()
         h.addConstr(count - 1 <= (n - 1) * shared)
         top = sum(max((o.pressure for o, _ in here if o.model == d.name), default=0.0) for d in self.demands)
         pressure = h.addVariable(lb=0.0, ub=top)  # sum of the chosen options' cache pressure
         corunners = h.addVariable(lb=0.0, ub=n)  # how many are chosen
-        h.addConstr(pressure - sum(o.pressure * x for o, x in here) == 0)
+        h.addConstr(pressure - qsum(o.pressure * x for o, x in here) == 0)
         h.addConstr(corunners - count == 0)
         for o, x in here:
             # chosen and shared: per_pressure x (P - its own) + per_corunner x N + shared_ms <= slack
@@ -355,10 +428,12 @@ class _Program:
             if big > 0:
                 h.addConstr(need - o.slack_ms <= big * (2 - x - shared))
 
-    def allow_replicas(self, allowed: bool) -> None:
-        """Let models take several replicas, or hold every one to one (the variables stay: cuts carry over)."""
-        for y in self.several:
-            self.h.changeColBounds(y.index, 0.0, 1.0 if allowed else 0.0)
+    def allow(self, replicas: bool, in_part: bool) -> None:
+        """Let models take several replicas, and be served in part on split devices, or not (the variables stay:
+        cuts carry over)."""
+        for xs, allowed in ((self.several, replicas), (self.in_part, in_part)):
+            for x in xs:
+                self.h.changeColBounds(x.index, 0.0, 1.0 if allowed else 0.0)
 
     def start_from_last(self) -> None:
         """Start the next solve from the last solution (the checked optimum of the stage before)."""
@@ -374,50 +449,51 @@ class _Program:
         return status, info.objective_function_value, info.mip_dual_bound
 
     def chosen(self) -> tuple[list[Option], list[tuple[Device, tuple, Turns]]]:
-        h = self.h
-        options = [o for o, x in self.options if h.val(x) > 0.5]
-        turns = [(dev, m, out) for dev, m, out, x in self.turns if h.val(x) > 0.5]
+        value = self.h.getSolution().col_value  # read once: each `val` call copies the whole solution
+        options = [o for o, x in self.options if value[x.index] > 0.5]
+        turns = [(dev, m, out) for dev, m, out, x in self.turns if value[x.index] > 0.5]
         return options, turns
 
-    def cut(self, options: list[Option], late: list[Option]) -> None:
-        """Forbid a split the full latency model breaks, on every device of the broken one's kind: these models
-        at these shares and batches together, each at its rate here or a larger part of it (fewer replicas: a
-        batch that breaks an SLO at a rate breaks it at any higher one). Where the InSS formula predicts, a model
-        whose SLO or rate breaks (`late`) breaks it beside the others at their shares whatever their batches and
-        parts of the rates, so each such model is cut off beside every one of those: one row in place of a row
-        per batch of each co-runner."""
+    def cut(self, options: list[Option], late: list[tuple[Option, float]]) -> None:
+        """Forbid, on every device of the broken one's kind, each option of `late` (with the batch time the full
+        latency model gives it there) beside the others: its model at its share and batch with any credit whose limit
+        that time breaks, and any replica count (a batch time does not depend on the rate), beside the others at their
+        shares and batches, or at any batch where the InSS formula predicts (it reads their shares alone). More
+        co-runners only lengthen the time, so the row holds with any others beside them."""
         broken = options[0].device
         for device in (d for d, kind in self.kinds.items() if kind == self.kinds[broken]):
-            for culprit in late if self.batch_blind and late else [None]:
-                xs = [self._variants(device, o, culprit is not None and o is not culprit) for o in options]
+            for culprit, ms in late:
+                xs = [
+                    [
+                        x
+                        for o, x in self.at_batch.get((device, culprit.model, culprit.share, culprit.batch), ())
+                        if o.limit_ms < ms
+                    ],
+                    *(self._beside(device, o) for o in options if o is not culprit),
+                ]
                 if all(xs):  # each of them can be chosen there
-                    self.h.addConstr(sum(x for chosen in xs for x in chosen) <= len(options) - 1)
+                    self.h.addConstr(qsum(x for chosen in xs for x in chosen) <= len(options) - 1)
 
-    def _variants(self, device: str, o: Option, any_batch: bool) -> list[highspy.highs_var]:
-        """The binaries of `o` on `device` at its part of the rate or a larger one; `any_batch`: at its share with
-        any batch and part of the rate."""
-        if any_batch:
+    def _beside(self, device: str, o: Option) -> list[highspy.highs_var]:
+        """The binaries of co-runner `o` on `device` that lengthen a batch time as it does: at its share and batch, or
+        at its share with any batch where the co-runners' batches are not read."""
+        if self.batch_blind:
             return self.at_share.get((device, o.model, o.share), [])
-        found = [self.index.get((device, o.model, o.share, o.batch, k)) for k in range(1, o.replicas + 1)]
-        return [x for x in found if x is not None]
+        return [x for _, x in self.at_batch.get((device, o.model, o.share, o.batch), ())]
 
 
-def _broken_splits(
-    options: list[Option], demands: list[Demand], devices: list[Device], lm: LatencyModel
-) -> list[tuple[list[Option], list[Option]]]:
-    """The options of every split device on which the full latency model breaks a constraint, each with those of
-    them whose SLO or rate breaks (not memory, which the co-runners' batches move)."""
-    by_name = {d.name: d for d in demands}
-    by_id = {d.id: d for d in devices}
+def _late(options: list[Option], devices: list[Device], lm: LatencyModel) -> list[tuple[list[Option], list]]:
+    """The options of every split device on which the full latency model breaks a limit, each with the options whose
+    batch time breaks theirs and that time."""
     out = []
     for device in devices:
         here = [o for o in options if o.device == device.id]
-        parts = {o.model: part(by_name[o.model], o.replicas) for o in here}
         placement = {o.model: Choice(o.device, o.share) for o in here}
         batches = {o.model: o.batch for o in here}
-        why = {o.model: broken_constraint(o.model, o.batch, placement, parts, batches, by_id, lm) for o in here}
-        if any(why.values()):
-            out.append((here, [o for o in here if why[o.model] in ("slo", "rate")]))
+        times = [(o, lm.t_inf(o.model, o.batch, o.share, corunners(o.model, placement, batches))) for o in here]
+        late = [(o, ms) for o, ms in times if ms > o.limit_ms * (1 + 1e-9)]
+        if late:
+            out.append((here, late))
     return out
 
 
@@ -426,78 +502,85 @@ def solve(
 ) -> Outcome:
     """The goodput-optimal layout within `time_limit_s` (the best found and its gap when the limit ends it).
 
-    Every solution is checked against the full latency model and the splits it breaks are cut off before solving
-    again. First with one replica a model (a small program, solved quickly), then with replicas, starting from that
-    optimum: so where the limit ends the second, the best checked plan is at least the first's optimum, and the gap
-    is against the second's bound (the sum of the rates if it never finished one solve). Each solve's optimum bounds
-    every plan's goodput (cuts remove only broken splits), so the search also ends once the best checked plan is
-    within GAP of it."""
+    Every solution is checked against the full latency model and the options it breaks are cut off before solving
+    again; one that holds is judged as search judges it. In stages, each starting from the last one's optimum: one
+    replica a model, served whole (a small program, solved quickly); then with replicas; then with models served
+    in part. A stage is solved only while the best judged plan serves less than every model's rate. So where the
+    limit ends a stage, the best plan is at least the one before's optimum, and the gap is against the last stage's
+    bound (the sum of the rates if it never finished one solve). Each solve's optimum, and the last stage's bound
+    where a solve is cut short, bounds every plan's goodput (cuts remove only broken options), so the search also
+    ends once the best judged plan is within GAP of it: the last stage first solves for SLICE_S, then on."""
     began = time.monotonic()
     deadline = began + time_limit_s
     program = _Program(demands, devices, lm)
-    best: tuple[float, list[Option], list] | None = None  # the best checked solution: goodput, options, turns
-    bound, status, cuts = sum(d.rate for d in demands), "Time limit reached", 0
-    for replicas in (False, True) if program.several else (False,):
-        full = replicas or not program.several  # the program is the whole space: its optima bound every plan
-        program.allow_replicas(replicas)
+    judge = Judge(demands, devices, lm)
+    offered = sum(d.rate for d in demands)
+    best: tuple[float, Placement] | None = None  # the best judged solution: goodput, placement
+    bound, status, cuts = offered, "Time limit reached", 0
+    stages = [(False, False), (True, False), (True, True)]
+    stages = [s for k, s in enumerate(stages) if k == 0 or (s[0] and program.several) or (s[1] and program.in_part)]
+    for k, (replicas, in_part) in enumerate(stages):
+        if best is not None and best[0] >= offered * (1 - TIE):  # every model served whole: nothing to gain
+            status, bound = "Optimal", best[0]
+            break
+        if status.startswith("within"):  # the stage before ended within GAP of the bound
+            break
+        full = k == len(stages) - 1  # the program is the whole space: its optima bound every plan
+        program.allow(replicas, in_part)
         if best is not None:
             program.start_from_last()
+        sliced = not full  # the last stage solves for SLICE_S first: its bound may already show the best close
         while time.monotonic() < deadline:
-            status, value, found_bound = program.solve(deadline)
+            until = deadline if sliced else min(deadline, time.monotonic() + SLICE_S)
+            sliced = True
+            status, value, found_bound = program.solve(until)
             if status == "Empty":  # no option holds even alone: nothing can be served
                 status, value, found_bound = "Optimal", 0.0, 0.0
-            elif status not in ("Optimal", "Time limit reached") or not math.isfinite(value):
+            elif status not in ("Optimal", "Time limit reached"):
                 raise PolicyLimit(
                     f"the solver found no plan for {len(demands)} models on {len(devices)} devices within "
                     f"{time_limit_s:g} s ({status})"
                 )
             if full:
-                bound = min(bound, found_bound if status != "Optimal" else value)
-            options, turns = program.chosen()
-            broken = _broken_splits(options, demands, devices, lm)
-            if not broken:
-                if best is None or value > best[0] * (1 + TIE):  # replicas only where they serve more
-                    best = (value, options, turns)
-                break
-            for here, late in broken:
-                program.cut(here, late)
-            cuts += len(broken)
+                bound = min(bound, found_bound if status == "Time limit reached" else value)
+            if math.isfinite(value):  # a solution to check (a time limit may leave none)
+                options, turns = program.chosen()
+                broken = _late(options, devices, lm)
+                if not broken:
+                    placement = _placement(options, turns)
+                    served = sum(judge(placement).served.values())
+                    if best is None or served > best[0] * (1 + TIE):  # replicas only where they serve more
+                        best = (served, placement)
+                    if status == "Optimal":
+                        if served < value * (1 - TIE):  # credited for more than it serves: the gap says how much
+                            status = "credits of models served in part"
+                        break
+                    program.start_from_last()  # the solve was cut short: go on from where it was
+                for here, late in broken:
+                    program.cut(here, late)
+                cuts += len(broken)
             status = "Time limit reached"
-            if best is not None and full and best[0] >= bound * (1 - GAP):
+            if best is not None and best[0] >= bound * (1 - GAP):  # the bound: the rates, or the last stage's
                 status = f"within {100 * GAP:g}% of the bound"
                 break
     if best is None:
         raise PolicyLimit(f"the solver ran out of its {time_limit_s:g} s checking CPU contention ({cuts} cuts)")
-    value, options, turns = best
-    choices = _plan(options, turns, demands, devices, lm)
+    value, placement = best
+    served = judge(placement).served
+    choices = {name: chosen for name, chosen in judge.choices(placement).items() if served[name] > 0}
     return Outcome(choices, value, max(value, bound), status, time.monotonic() - began, cuts)
 
 
-def _plan(
-    options: list[Option],
-    turns: list[tuple[Device, tuple[Member, ...], Turns]],
-    demands: list[Demand],
-    devices: list[Device],
-    lm: LatencyModel,
-) -> dict[str, list[Choice]]:
-    """The chosen layout as placements, per model its replicas: BDA's batches on each split device (the solver's
-    where BDA finds none)."""
-    by_name = {d.name: d for d in demands}
-    out: dict[str, list[Choice]] = {}
-    for device in devices:
-        here = [o for o in options if o.device == device.id]
-        if not here:
-            continue
-        split = [part(by_name[o.model], o.replicas) for o in here]
-        placement = {o.model: Choice(o.device, o.share, o.batch) for o in here}
-        decision = bda(placement, split, [device], lm)
-        batches = decision.batches if decision.ok else {o.model: o.batch for o in here}
-        for name, chosen in with_batches(placement, batches, split, lm).items():
-            out.setdefault(name, []).extend(chosen)
-    for device, members, outcome in turns:
-        for name, chosen in turn_choices([(d, c) for d, c, _ in members], device, outcome, lm).items():
-            out.setdefault(name, []).extend(chosen)
-    return {d.name: out[d.name] for d in demands if d.name in out}
+def _placement(options: list[Option], turns: list[tuple[Device, tuple[Member, ...], Turns]]) -> Placement:
+    """The solution as search's placement: a key per replica."""
+    placement: Placement = {}
+    count: Counter[str] = Counter()
+    spots = [(o.model, Spot(o.device, o.share)) for o in options]
+    spots += [(d.name, Spot(device.id, TURNS, copies)) for device, members, _ in turns for d, copies, _ in members]
+    for name, spot in spots:
+        placement[replica_key(name, count[name])] = spot
+        count[name] += 1
+    return placement
 
 
 def optimal(
