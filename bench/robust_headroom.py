@@ -37,7 +37,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setups", nargs="+", default=list(SETUPS))
     parser.add_argument("--margins", nargs="+", type=float, default=[0.05, 0.1], help="every model this much slower")
-    parser.add_argument("--seeds", type=int, default=100, help="error draws of inss's plan (default 100)")
+    parser.add_argument(
+        "--seeds", type=int, default=100, help="error draws of inss's plan (default 100; 0: step 1 only)"
+    )
     parser.add_argument("--knowing", type=int, default=5, help="draws over 1%% planned again knowing the error")
     parser.add_argument("--error", type=float, default=0.10, help="largest error per model (default 0.10)")
     args = parser.parse_args()
@@ -59,6 +61,8 @@ def main() -> None:
                 flush=True,
             )
 
+    if not args.seeds:
+        return
     print(f"\n`inss` with +-{100 * args.error:g}% errors, and the optimum knowing each draw it misses over 1% in\n")
     print(
         "| setup | draw | errors per served model (the cluster file's order) | inss missed "

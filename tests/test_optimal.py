@@ -155,7 +155,7 @@ def chosen_alone(program, forced) -> bool:
 def test_an_option_late_beside_its_co_runners_is_cut_off_beside_them_at_any_batch_of_theirs(lm):
     demands = [Demand("alpha", 150, 150, 100), Demand("beta", 400, 50, 100)]
     program = solver._Program(demands, [cpu()], lm)
-    alpha = [o for o, _ in program.options if o.model == "alpha" and o.served == 150]  # served whole
+    alpha = [o for o, _ in program.options if o.model == "alpha" and o.whole]
     beta = [o for o, _ in program.options if o.model == "beta"]
     a, b, other_b = next(  # alpha beside beta at one share with two batches, each pair a solution
         (a, b, c)

@@ -42,8 +42,8 @@ POLICIES: dict[str, PolicyInfo] = {
     ),
     "optimal": PolicyInfo(
         optimal,
-        "the goodput optimum over search's layouts (split on a 5-unit grid, or in turns; up to 3 replicas a model),"
-        " by an integer program",
+        "the goodput optimum over search's layouts (split on a 5-unit grid, or in turns; up to 3 replicas a model;"
+        " models served in part), by an integer program",
         logs=True,
     ),
 }

@@ -62,9 +62,9 @@ from tritonctl.latency.model import MAX_BATCH, LatencyModel
 from tritonctl.latency.queueing import goodput, task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
-from tritonctl.planning.policies.bda import corunners, memory_at
+from tritonctl.planning.policies.bda import corunners, memory_at, with_batches
 from tritonctl.planning.policies.search import TURNS, Judge, Placement, Spot, max_copies, replica_key
-from tritonctl.planning.policies.timesharing import Turns, turn_outcome
+from tritonctl.planning.policies.timesharing import Turns, turn_choices, turn_outcome
 
 STEP = 5  # share grid, in device units (search's)
 MAX_REPLICAS = 3  # devices a model's rate may be split across
@@ -87,6 +87,7 @@ class Option:
     share: int
     batch: int
     replicas: int  # the model's replicas: this one serves that part of its rate
+    whole: bool  # served whole (its p99 within the SLO at its part of the rate), or in part
     served: float  # requests/s it is credited: its part of the rate served whole, or the goodput it serves in part
     limit_ms: float  # the longest batch time (the model's margin in) at which it earns that
     memory_mb: float
@@ -215,7 +216,7 @@ def split_options(
                 break
             alone = lm.t_inf(demand.name, batch, share) / (1 + margin)
             longest = longest_batch_ms(demand, batch, alone * (1 + margin))
-            credits = [(longest, demand.rate)] + [(t, g) for t, g in levels[batch] if t > longest]
+            credits = [(True, longest, demand.rate)] + [(False, t, g) for t, g in levels[batch] if t > longest]
             run = lm.run_ms(demand.name, batch, share)
             candidates += [
                 Option(
@@ -224,6 +225,7 @@ def split_options(
                     share,
                     batch,
                     replicas,
+                    whole,
                     served,
                     limit,
                     memory,
@@ -233,10 +235,11 @@ def split_options(
                     p.n_ops * d.sched_b,
                     limit / (1 + margin) - alone,
                 )
-                for limit, served in credits
+                for whole, limit, served in credits
                 if limit >= alone * (1 + margin)
             ]
-        out += _undominated(candidates, pressure(share), memory_binds)
+        for whole in (True, False):  # each kind apart: the program takes models served in part last
+            out += _undominated([o for o in candidates if o.whole == whole], pressure(share), memory_binds)
     return out
 
 
@@ -351,8 +354,7 @@ class _Program:
                 f"{MAX_OPTIONS:,}): the cluster is too large for the optimal policy"
             )
         self.options: list[tuple[Option, highspy.highs_var]] = [(o, h.addBinary()) for o in options]
-        rate = {d.name: d.rate for d in demands}
-        self.in_part = [x for o, x in self.options if o.served < rate[o.model] / o.replicas * (1 - 1e-12)]
+        self.in_part = [x for o, x in self.options if not o.whole]
         self.at_batch: dict[tuple[str, str, int, int], list[tuple[Option, highspy.highs_var]]] = {}
         self.at_share: dict[tuple[str, str, int], list[highspy.highs_var]] = {}  # every batch, credit and replicas
         for o, x in self.options:
@@ -515,7 +517,7 @@ def solve(
     program = _Program(demands, devices, lm)
     judge = Judge(demands, devices, lm)
     offered = sum(d.rate for d in demands)
-    best: tuple[float, Placement] | None = None  # the best judged solution: goodput, placement
+    best: tuple[float, dict[str, list[Choice]]] | None = None  # the best judged solution: goodput, plan
     bound, status, cuts = offered, "Time limit reached", 0
     stages = [(False, False), (True, False), (True, True)]
     stages = [s for k, s in enumerate(stages) if k == 0 or (s[0] and program.several) or (s[1] and program.in_part)]
@@ -547,10 +549,9 @@ def solve(
                 options, turns = program.chosen()
                 broken = _late(options, devices, lm)
                 if not broken:
-                    placement = _placement(options, turns)
-                    served = sum(judge(placement).served.values())
+                    served, choices = _judged(options, turns, demands, devices, lm, judge)
                     if best is None or served > best[0] * (1 + TIE):  # replicas only where they serve more
-                        best = (served, placement)
+                        best = (served, choices)
                     if status == "Optimal":
                         if served < value * (1 - TIE):  # credited for more than it serves: the gap says how much
                             status = "credits of models served in part"
@@ -565,14 +566,22 @@ def solve(
                 break
     if best is None:
         raise PolicyLimit(f"the solver ran out of its {time_limit_s:g} s checking CPU contention ({cuts} cuts)")
-    value, placement = best
-    served = judge(placement).served
-    choices = {name: chosen for name, chosen in judge.choices(placement).items() if served[name] > 0}
+    value, choices = best
     return Outcome(choices, value, max(value, bound), status, time.monotonic() - began, cuts)
 
 
-def _placement(options: list[Option], turns: list[tuple[Device, tuple[Member, ...], Turns]]) -> Placement:
-    """The solution as search's placement: a key per replica."""
+def _judged(
+    options: list[Option],
+    turns: list[tuple[Device, tuple[Member, ...], Turns]],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    judge: Judge,
+) -> tuple[float, dict[str, list[Choice]]]:
+    """A solution's goodput and plan, each model's replicas together, judged as search judges a plan: with BDA's
+    batches (search's judge) or the solver's, whichever serves more (BDA sizes a device's models one after another,
+    and where the co-runners' batches move a batch time, the solver's may serve more). Models it serves nothing of
+    are left out."""
     placement: Placement = {}
     count: Counter[str] = Counter()
     spots = [(o.model, Spot(o.device, o.share)) for o in options]
@@ -580,7 +589,45 @@ def _placement(options: list[Option], turns: list[tuple[Device, tuple[Member, ..
     for name, spot in spots:
         placement[replica_key(name, count[name])] = spot
         count[name] += 1
-    return placement
+    bda_served, bda_plan = judge(placement).served, judge.choices(placement)
+    own_served, own_plan = _solvers(options, turns, demands, devices, lm)
+    served, plan = (
+        (bda_served, bda_plan) if sum(bda_served.values()) >= sum(own_served.values()) else (own_served, own_plan)
+    )
+    return sum(served.values()), {name: chosen for name, chosen in plan.items() if served[name] > 0}
+
+
+def _solvers(
+    options: list[Option],
+    turns: list[tuple[Device, tuple[Member, ...], Turns]],
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+) -> tuple[dict[str, float], dict[str, list[Choice]]]:
+    """Goodput per model and the plan with the solver's batches: a model within its SLO counts its part of the
+    rate, one served in part what its batch serves (`queueing.goodput`); in turns, what the duty cycle serves."""
+    by_name = {d.name: d for d in demands}
+    served = {d.name: 0.0 for d in demands}
+    plan: dict[str, list[Choice]] = {}
+    for device in devices:
+        here = [o for o in options if o.device == device.id]
+        placement = {o.model: Choice(o.device, o.share) for o in here}
+        batches = {o.model: o.batch for o in here}
+        for o in here:
+            piece = part(by_name[o.model], o.replicas)
+            t = lm.t_inf(o.model, o.batch, o.share, corunners(o.model, placement, batches))
+            whole = task_latency(piece.rate, o.batch, t)
+            holds = whole.stable and whole.p99_ms <= piece.slo_ms
+            served[o.model] += piece.rate if holds else goodput(piece.rate, o.batch, t, piece.slo_ms)
+        split = [part(by_name[o.model], o.replicas) for o in here]
+        for name, chosen in with_batches(placement, batches, split, lm).items():
+            plan.setdefault(name, []).extend(chosen)
+    for device, members, outcome in turns:
+        for d, _, _ in members:
+            served[d.name] += outcome.served[d.name]
+        for name, chosen in turn_choices([(d, c) for d, c, _ in members], device, outcome, lm).items():
+            plan.setdefault(name, []).extend(chosen)
+    return served, plan
 
 
 def optimal(
