@@ -1,7 +1,7 @@
 """The `optimal` policy on every shipped example: its goodput, the bound it proved, the gap and the time, beside
 what `search`'s plan serves.
 
-    python bench/optimal_proof.py [--out bench/results/optimal.md] [--time-limit 300]
+    python bench/optimal_proof.py [--out bench/results/optimal.md] [--time-limit 300] [--rows N ...]
 
 Each example with the latency model it is benchmarked with (the CPU demo with its committed
 profile, the InSS setups with the H100 profile and the SCALED CPU profile, whose setups are
@@ -52,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/optimal.md")
     parser.add_argument("--time-limit", type=float, default=solver.TIME_LIMIT_S)
+    parser.add_argument("--rows", nargs="+", type=int, help="only these rows of the table (1 = the first setup)")
     args = parser.parse_args()
     cpu = cpu_fingerprint()
     lines = [
@@ -62,7 +63,7 @@ def main() -> None:
         "| replicas (models split across devices) | search's goodput | search of optimal |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for cluster_file, model_file, scale in SETUPS:
+    for cluster_file, model_file, scale in [s for k, s in enumerate(SETUPS, 1) if not args.rows or k in args.rows]:
         cluster = load_cluster(ROOT / cluster_file).with_rates(lambda m, scale=scale: m.rate * scale)
         lm = load_latency_model(ROOT / model_file)
         artifacts = materialize(cluster, log=lambda _: None)

@@ -556,7 +556,6 @@ def solve(
                         if served < value * (1 - TIE):  # credited for more than it serves: the gap says how much
                             status = "credits of models served in part"
                         break
-                    program.start_from_last()  # the solve was cut short: go on from where it was
                 for here, late in broken:
                     program.cut(here, late)
                 cuts += len(broken)
