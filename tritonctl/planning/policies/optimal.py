@@ -6,7 +6,8 @@ taken in turns by a set of models with all of it (on a CPU with copies of a mode
 device, each with an equal part of its rate (as search's replica phase splits it, and the proxy
 balances equal weights): every option and turn set below exists once per replica count, its
 model's demand at that part of the rate. The objective is goodput: requests per second within
-the SLO, as search judges a plan (`search.Judge`, which judges the plan the solver finds).
+the SLO, as search judges a plan: the plan the solver finds is judged with BDA's batches
+(`search.Judge`) and with its own, and keeps whichever serve more.
 
 Split devices. A binary per option (model, device, share, batch, credit). The InSS latency model is
 linear in what the co-runners bring (`LatencyModel.t_inf`): t = io + run (1 + alpha_i u_i sum_j
@@ -18,18 +19,20 @@ sum of its co-runners' terms stays under what that leaves: a big-M row enforced 
 is chosen and the device shared. A model served whole (its p99 by eq. 2 within the SLO at its
 rate, BDA's constraint) is credited its rate. A model served in part (search keeps the batch
 serving most requests within the SLO, `queueing.goodput`) has an option per interval of batch
-times over which that goodput falls by at most PART_STEP of its rate, credited the goodput at
-the interval's start: the most any batch time in it serves, since goodput falls as the batch
-time grows. So the program's optimum bounds every plan's goodput, and the plan it finds is judged
-for what it serves; the gap says how far apart the two are. The CPU contention term (threads
-beyond cores) is not linear: every solution is checked against the full latency model, an
+times (`part_levels`), credited at least what any batch time in it serves (goodput falls as the
+batch time grows), in steps of PART_STEP of its rate rounded up. So the program's optimum bounds
+every plan's goodput, and the plan it finds is judged for what it serves; the gap says how far
+apart the two are, within about two steps of the rates of the models served in part. The CPU
+contention term (threads beyond cores) is not linear: every solution is checked against the
+full latency model, an
 option whose batch time there breaks its limit is cut off beside its co-runners (a no-good row,
 on every device of its kind, with every option of its model, share and batch whose limit is
 shorter, and its co-runners at any batch where the InSS formula predicts: their batches do not
 move its time), and the program is solved again, until a solution holds or the best that held is
 within GAP of the bound (`solve`).
 Of an option's batches and credits only those that no other of the same share dominates (credits
-as much and holds in every context it holds in, in no more memory) are kept.
+as much and holds in every context it holds in, in no more memory where memory can bind) are
+kept, options served whole and in part apart (the program takes those in part last).
 
 Devices taken in turns. Every set of models (with copies on a CPU, at most `max_copies`; each
 member at one of its replica counts) is evaluated once per kind of device with the code search
