@@ -341,12 +341,11 @@ class _Program:
                 # refuses a cluster with too many sets before any work
                 sets = turn_sets(demands, device, turn_replicas(len(demands), device, replicas))
                 binds = sum(memory_at(d, _largest_batch(d, device, lm), lm) for d in demands) > device.memory_mb
-                splits[key] = [
-                    o
-                    for d in demands
-                    for k in range(1, replicas + 1)
-                    for o in split_options(d, device, lm, most_pressure(d.name, demands, device, lm), k, binds)
-                ]
+                splits[key] = []
+                for d in demands:
+                    most = most_pressure(d.name, demands, device, lm)  # the same for every replica count
+                    for k in range(1, replicas + 1):
+                        splits[key] += split_options(d, device, lm, most, k, binds)
                 evaluated[key] = [(s, turn_outcome([(d, c) for d, c, _ in s], device, lm)) for s in sets]
             options += [dataclasses.replace(o, device=device.id) for o in splits[key]]
             # a member served not at all is better left out of its set
