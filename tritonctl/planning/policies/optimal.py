@@ -310,6 +310,9 @@ def _quiet_highs() -> highspy.Highs:
         os.dup2(saved, 1)
         os.close(saved)
     h.setOptionValue("output_flag", False)
+    # This heuristic solves sub-MIPs that solve their own; the presolve of a nested one (strengthenInequalities) does
+    # not watch the time limit, and ran minutes past it on the H100 six models at 3x their rates.
+    h.setOptionValue("mip_heuristic_run_root_reduced_cost", False)
     return h
 
 
