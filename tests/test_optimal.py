@@ -52,6 +52,7 @@ def brute_force(demands: list[Demand], device: Device, lm) -> float:
     return best
 
 
+@pytest.mark.parametrize("from_search", [True, False])
 @pytest.mark.parametrize(
     "demands, whole",
     [
@@ -59,13 +60,16 @@ def brute_force(demands: list[Demand], device: Device, lm) -> float:
         ([Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)], False),  # tight: alpha served in part
     ],
 )
-def test_the_optimum_is_what_trying_every_layout_finds_and_it_says_how_close_its_bound_is(lm, demands, whole):
+def test_the_optimum_is_what_trying_every_layout_finds_and_it_says_how_close_its_bound_is(
+    lm, demands, whole, from_search
+):
     lines = []
-    outcome = solver.solve(demands, [cpu()], lm)
+    outcome = solver.solve(demands, [cpu()], lm, from_search=from_search)  # the program alone, or from search's plan
     assert outcome.goodput == pytest.approx(brute_force(demands, cpu(), lm), rel=1e-6)
     if whole:  # every model served whole: the optimum, proved
         assert outcome.gap == 0 and outcome.goodput == pytest.approx(sum(d.rate for d in demands))
-        assert "optimal in" in outcome.summary()
+        assert outcome.searched == from_search  # search's plan serves every rate: no program needed
+        assert ("optimal, search's plan in" if from_search else "optimal in") in outcome.summary()
     else:  # served in part: credited in steps of its rate, rounded up, so the bound is within two steps of it
         assert 0 < outcome.bound - outcome.goodput <= 2 * solver.PART_STEP * sum(d.rate for d in demands)
         assert "best found, gap" in outcome.summary()
@@ -101,9 +105,9 @@ def test_the_optimum_knowing_each_models_error_plans_each_as_with_its_own_margin
 
 def test_on_two_devices_it_serves_what_one_cannot_and_keeps_each_within_its_units(lm):
     demands = [Demand("alpha", 40, 250, 100), Demand("beta", 120, 120, 100)]
-    one = solver.solve(demands, [cpu()], lm)
+    one = solver.solve(demands, [cpu()], lm, from_search=False)
     devices = [cpu(), Device(id="cpu1", kind="cpu", index=1, memory_mb=4096, units=100, cores=2.0)]
-    two = solver.solve(demands, devices, lm)
+    two = solver.solve(demands, devices, lm, from_search=False)
     assert two.goodput >= one.goodput and two.goodput == pytest.approx(sum(d.rate for d in demands), rel=1e-3)
     assert {c.device for cs in two.choices.values() for c in cs} <= {"cpu0", "cpu1"}
     for x in devices:
@@ -113,10 +117,10 @@ def test_on_two_devices_it_serves_what_one_cannot_and_keeps_each_within_its_unit
 
 def test_a_model_no_device_serves_whole_is_served_in_part_on_one_and_split_into_equal_replicas_on_two(lm):
     demand = [Demand("alpha", 40, 800, 100)]  # beyond what one device serves within 40 ms
-    one = solver.solve(demand, [cpu()], lm)
+    one = solver.solve(demand, [cpu()], lm, from_search=False)
     assert 0 < one.goodput < 800 and one.goodput == pytest.approx(brute_force(demand, cpu(), lm), rel=1e-6)
     devices = [cpu(), Device(id="cpu1", kind="cpu", index=1, memory_mb=4096, units=100, cores=2.0)]
-    two = solver.solve(demand, devices, lm)
+    two = solver.solve(demand, devices, lm, from_search=False)
     assert two.gap == 0 and two.goodput == pytest.approx(800)
     replicas = two.choices["alpha"]
     assert sorted(c.device for c in replicas) == ["cpu0", "cpu1"] and {c.weight for c in replicas} == {1.0}
@@ -126,13 +130,15 @@ def test_a_model_no_device_serves_whole_is_served_in_part_on_one_and_split_into_
 
 def test_a_model_nothing_serves_in_time_is_left_out(lm):
     demand = [Demand("alpha", 1, 100, 100)]  # no batch runs within 1 ms
-    assert solver.solve(demand, [cpu()], lm).choices == {}
+    assert solver.solve(demand, [cpu()], lm, from_search=False).choices == {}
     with pytest.raises(PlacementError, match="leaves alpha unserved"):
         solver.optimal(demand, [cpu()], lm, log=lambda _: None)
 
 
 def test_a_time_limit_reports_the_gap_instead_of_optimal():
-    stopped = solver.Outcome({}, goodput=90.0, bound=100.0, status="Time limit reached", seconds=300.0, cuts=0)
+    stopped = solver.Outcome(
+        {}, goodput=90.0, bound=100.0, status="Time limit reached", seconds=300.0, cuts=0, searched=False
+    )
     assert stopped.gap == pytest.approx(0.1)
     assert "best found, gap 10.00% (Time limit reached)" in stopped.summary() and ": optimal" not in stopped.summary()
     # a best plan that leaves a model out is not called the optimum
@@ -178,6 +184,7 @@ def test_an_option_late_beside_its_co_runners_is_cut_off_beside_them_at_any_batc
 def test_too_large_or_without_a_latency_model_it_says_so(lm):
     many_cores = Device(id="cpu0", kind="cpu", index=0, memory_mb=1 << 20, units=100, cores=8.0)
     with pytest.raises(PolicyLimit, match="too large for the optimal policy"):
-        solver.solve([Demand(f"m{i}", 100, 1, 10) for i in range(6)], [many_cores], lm)  # 9^6 sets taking turns
+        six = [Demand(f"m{i}", 100, 1, 10) for i in range(6)]
+        solver.solve(six, [many_cores], lm, from_search=False)  # 9^6 sets taking turns: refused before any solve
     with pytest.raises(PlacementError, match="needs a fitted latency model"):
         solver.optimal([Demand("alpha", 150, 150, 100)], [cpu()], None)

@@ -29,7 +29,9 @@ option whose batch time there breaks its limit is cut off beside its co-runners 
 on every device of its kind, with every option of its model, share and batch whose limit is
 shorter, and its co-runners at any batch where the InSS formula predicts: their batches do not
 move its time), and the program is solved again, until a solution holds or the best that held is
-within GAP of the bound (`solve`).
+within GAP of the bound (`solve`). The search starts from search's plan (`search.climb`, a few
+seconds at most), as a MIP starts from a heuristic's solution: the plan found serves at least as
+much, and where the solver finds none better search's is the one returned.
 Of an option's batches and credits only those that no other of the same share dominates (credits
 as much and holds in every context it holds in, in no more memory where memory can bind) are
 kept, options served whole and in part apart (the program takes those in part last).
@@ -66,7 +68,7 @@ from tritonctl.latency.queueing import goodput, task_latency
 from tritonctl.planning.plan import Device
 from tritonctl.planning.policies.base import Choice, Demand, PlacementError, PolicyLimit
 from tritonctl.planning.policies.bda import corunners, memory_at, with_batches
-from tritonctl.planning.policies.search import TURNS, Judge, Placement, Spot, max_copies, replica_key
+from tritonctl.planning.policies.search import TURNS, Judge, Placement, Spot, climb, max_copies, replica_key
 from tritonctl.planning.policies.timesharing import Turns, turn_choices, turn_outcome
 
 STEP = 5  # share grid, in device units (search's)
@@ -111,6 +113,7 @@ class Outcome:
     status: str
     seconds: float
     cuts: int
+    searched: bool  # the plan is search's: the solver found none that serves more
 
     @property
     def gap(self) -> float:
@@ -128,8 +131,9 @@ class Outcome:
     def summary(self) -> str:
         proven = "optimal" if self.proven else f"best found, gap {100 * self.gap:.2f}% ({self.status})"
         cuts = f", {self.cuts} split(s) cut off by CPU contention" if self.cuts else ""
+        searched = ", search's plan" if self.searched else ""
         return (
-            f"optimal policy: goodput {self.goodput:.2f} requests/s, bound {self.bound:.2f}: {proven} "
+            f"optimal policy: goodput {self.goodput:.2f} requests/s, bound {self.bound:.2f}: {proven}{searched} "
             f"in {self.seconds:.1f} s{cuts}"
         )
 
@@ -505,7 +509,11 @@ def _late(options: list[Option], devices: list[Device], lm: LatencyModel) -> lis
 
 
 def solve(
-    demands: list[Demand], devices: list[Device], lm: LatencyModel, time_limit_s: float = TIME_LIMIT_S
+    demands: list[Demand],
+    devices: list[Device],
+    lm: LatencyModel,
+    time_limit_s: float = TIME_LIMIT_S,
+    from_search: bool = True,
 ) -> Outcome:
     """The goodput-optimal layout within `time_limit_s` (the best found and its gap when the limit ends it).
 
@@ -516,13 +524,23 @@ def solve(
     limit ends a stage, the best plan is at least the one before's optimum, and the gap is against the last stage's
     bound (the sum of the rates if it never finished one solve). Each solve's optimum, and the last stage's bound
     where a solve is cut short, bounds every plan's goodput (cuts remove only broken options), so the search also
-    ends once the best judged plan is within GAP of it: the last stage first solves for SLICE_S, then on."""
+    ends once the best judged plan is within GAP of it: the last stage first solves for SLICE_S, then on. The best
+    plan starts as search's (unless not `from_search`), so where it serves every rate no program is built."""
     began = time.monotonic()
     deadline = began + time_limit_s
-    program = _Program(demands, devices, lm)
-    judge = Judge(demands, devices, lm)
     offered = sum(d.rate for d in demands)
-    best: tuple[float, dict[str, list[Choice]]] | None = None  # the best judged solution: goodput, plan
+    best: tuple[float, dict[str, list[Choice]]] | None = None  # the best judged plan: goodput, plan
+    if from_search:
+        placement, judge = climb(demands, devices, lm)
+        served = judge(placement).served
+        if sum(served.values()) > 0:
+            best = (sum(served.values()), {n: c for n, c in judge.choices(placement).items() if served[n] > 0})
+    else:
+        judge = Judge(demands, devices, lm)
+    searched = best
+    if best is not None and best[0] >= offered * (1 - TIE):  # search's plan serves every rate: nothing to gain
+        return Outcome(best[1], best[0], best[0], "Optimal", time.monotonic() - began, 0, True)
+    program = _Program(demands, devices, lm)
     bound, status, cuts = offered, "Time limit reached", 0
     stages = [(False, False), (True, False), (True, True)]
     stages = [s for k, s in enumerate(stages) if k == 0 or (s[0] and program.several) or (s[1] and program.in_part)]
@@ -534,7 +552,7 @@ def solve(
             break
         full = k == len(stages) - 1  # the program is the whole space: its optima bound every plan
         program.allow(replicas, in_part)
-        if best is not None:
+        if k > 0:
             program.start_from_last()
         sliced = not full  # the last stage solves for SLICE_S first: its bound may already show the best close
         while time.monotonic() < deadline:
@@ -571,7 +589,7 @@ def solve(
     if best is None:
         raise PolicyLimit(f"the solver ran out of its {time_limit_s:g} s checking CPU contention ({cuts} cuts)")
     value, choices = best
-    return Outcome(choices, value, max(value, bound), status, time.monotonic() - began, cuts)
+    return Outcome(choices, value, max(value, bound), status, time.monotonic() - began, cuts, best is searched)
 
 
 def _judged(
