@@ -29,9 +29,9 @@ option whose batch time there breaks its limit is cut off beside its co-runners 
 on every device of its kind, with every option of its model, share and batch whose limit is
 shorter, and its co-runners at any batch where the InSS formula predicts: their batches do not
 move its time), and the program is solved again, until a solution holds or the best that held is
-within GAP of the bound (`solve`). The search starts from search's plan (`search.climb`, a few
-seconds at most), as a MIP starts from a heuristic's solution: the plan found serves at least as
-much, and where the solver finds none better search's is the one returned.
+within GAP of the bound (`solve`). The solver starts from search's plan (`search.climb`, 0-2 s on
+the shipped examples), as a MIP starts from a heuristic's solution: the plan returned serves at
+least as much, and is search's where the solver finds none that serves more.
 Of an option's batches and credits only those that no other of the same share dominates (credits
 as much and holds in every context it holds in, in no more memory where memory can bind) are
 kept, options served whole and in part apart (the program takes those in part last).
