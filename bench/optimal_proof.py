@@ -10,7 +10,7 @@ models into replicas across GPUs (bench/results/replicas.md) and serves some in 
 the optimum is seen with them. Goodput here is what the latency model predicts (requests/s
 within the SLOs), as search judges a plan (`search.Judge`): the best plan's (the solver starts from
 search's and says whose it returns), and search's own as a share of the bound, which no plan
-with up to three replicas a model exceeds. Run it on a quiet machine; it says which CPU.
+of search's space exceeds. Run it on a quiet machine; it says which CPU.
 """
 
 from __future__ import annotations

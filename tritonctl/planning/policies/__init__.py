@@ -42,7 +42,7 @@ POLICIES: dict[str, PolicyInfo] = {
     ),
     "optimal": PolicyInfo(
         optimal,
-        "the goodput optimum over search's layouts (split on a 5-unit grid, or in turns; up to 3 replicas a model;"
+        "the goodput optimum over search's layouts (split on a 5-unit grid, or in turns; up to 8 replicas a model;"
         " models served in part), by an integer program",
         logs=True,
     ),

@@ -72,7 +72,7 @@ from tritonctl.planning.policies.search import TURNS, Judge, Placement, Spot, cl
 from tritonctl.planning.policies.timesharing import Turns, turn_choices, turn_outcome
 
 STEP = 5  # share grid, in device units (search's)
-MAX_REPLICAS = 3  # devices a model's rate may be split across
+MAX_REPLICAS = 8  # devices a model's rate may be split across (every device of the shipped examples)
 TIME_LIMIT_S = 300.0
 TIE = 1e-7  # goodputs this close (relative) are one: the solver's rounding
 GAP = 0.005  # where a solve is cut short (CPU contention, the time): done once the best judged is this close
