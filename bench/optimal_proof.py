@@ -2,6 +2,7 @@
 what `search`'s plan serves.
 
     python bench/optimal_proof.py [--out bench/results/optimal.md] [--time-limit 300] [--rows N ...]
+        [--max-replicas 8]
 
 Each example with the latency model it is benchmarked with (the CPU demo with its committed
 profile, the InSS setups with the H100 profile and the SCALED CPU profile, whose setups are
@@ -54,7 +55,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/optimal.md")
     parser.add_argument("--time-limit", type=float, default=solver.TIME_LIMIT_S)
     parser.add_argument("--rows", nargs="+", type=int, help="only these rows of the table (1 = the first setup)")
+    parser.add_argument("--max-replicas", type=int, default=solver.MAX_REPLICAS, help="devices a model may span")
     args = parser.parse_args()
+    solver.MAX_REPLICAS = args.max_replicas
     cpu = cpu_fingerprint()
     lines = [
         f"CPU: {cpu['model']}, {cpu['caches'].get('L1 Data', '?')} L1d / {cpu['caches'].get('L2 Unified', '?')} L2, "
