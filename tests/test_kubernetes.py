@@ -1,14 +1,17 @@
 """The Kubernetes target: every rendered manifest valid against Kubernetes' own OpenAPI schemas, every
-cross-reference resolving, HAProxy's configuration accepted by HAProxy, and refusals that write nothing.
-No Kubernetes API server runs here: nothing is applied to a cluster."""
+cross-reference resolving, HAProxy's configuration accepted by HAProxy, the folder built by kustomize (kubectl's),
+and refusals that write nothing. No Kubernetes API server runs here: nothing is applied to a cluster."""
 
 from __future__ import annotations
 
+import base64
+import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 import kubernetes_validate
+import pytest
 import yaml
 
 from conftest import edit, make_mlp, mlp_model, write_cluster
@@ -88,6 +91,44 @@ def test_every_manifest_is_valid_kubernetes_and_every_reference_resolves(gpu_pla
             assert line.split()[1] in services  # a server per instance Service
     checked = subprocess.run([haproxy_binary(), "-c", "-f", str(out / "haproxy.cfg")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr  # the Services' names need not resolve here
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed")
+def test_kustomize_builds_the_folder_into_valid_objects_whose_references_follow_the_generated_names(gpu_plan, tmp_path):
+    out = tmp_path / "k8s"
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out), "--node", "gpu-node-1"]) == 0
+    built = subprocess.run(["kubectl", "kustomize", str(out)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    objects = list(yaml.safe_load_all(built.stdout))
+    for o in objects:
+        kubernetes_validate.validate(o, KUBERNETES, strict=True)
+        assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "tritonctl"
+        assert o["metadata"]["namespace"] == "tritonctl"  # every object is namespaced
+    by_kind: dict[str, dict[str, dict]] = {}
+    for o in objects:
+        by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+    # generated objects carry a hash of their content in their names, and every pod refers to them by that name
+    (config,) = [c for name, c in by_kind["ConfigMap"].items() if name.startswith("haproxy-")]
+    assert config["data"]["haproxy.cfg"] == (out / "haproxy.cfg").read_text()
+    (key,) = [k for name, k in by_kind["Secret"].items() if name.startswith("triton-control-key-")]
+    written = (out / "control-key.env").read_text().strip().split("=", 1)[1]
+    assert base64.b64decode(key["data"]["TRITON_CONTROL_KEY"]).decode() == written
+    workloads = [o for kind in ("Deployment", "DaemonSet") for o in by_kind.get(kind, {}).values()]
+    images = set()
+    for w in workloads:
+        pod = w["spec"]["template"]["spec"]
+        for volume in pod.get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in by_kind["ConfigMap"]
+        for container in pod["containers"]:
+            images.add(container["image"])
+            for env in container.get("env", []):
+                if "secretKeyRef" in env.get("valueFrom", {}):
+                    assert env["valueFrom"]["secretKeyRef"]["name"] in by_kind["Secret"]
+    assert images == {"nvcr.io/nvidia/tritonserver:24.10-py3", "haproxy:3.0", "tritonctl:latest"}
+    pods = [w["spec"]["template"]["metadata"]["labels"] for w in workloads]
+    for service in by_kind["Service"].values():  # the labels added to every object leave the selectors working
+        assert any(service["spec"]["selector"].items() <= labels.items() for labels in pods)
 
 
 def test_the_control_key_is_private_and_kept_across_renders(gpu_plan, tmp_path):
