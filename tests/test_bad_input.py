@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,62 @@ def test_format_json_gives_one_document_on_stdout(capsys, mlp_cluster, synthetic
     assert main(["simulate", plan, "--latency-model", str(synthetic_lm), "--duration", "5", "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {m["model"] for m in result["models"]} == {"alpha", "beta"} and result["throughput_rps"] > 0
+
+
+def test_a_cluster_file_for_a_plan_a_plan_for_a_cluster_file_or_an_empty_file_is_named_as_such(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    for verb in ("render", "endpoints", "status"):
+        rc, err = run_cli(capsys, verb, str(mlp_cluster))
+        assert rc == 2 and f"{mlp_cluster}: this is a cluster file, not a plan" in err
+    rc, err = run_cli(capsys, "plan", str(plan))
+    assert rc == 2 and f"{plan}: this is a plan (made from cluster.yaml), not a cluster file" in err
+    (mlp_cluster.parent / "empty.yaml").write_text("")
+    rc, err = run_cli(capsys, "validate", str(mlp_cluster.parent / "empty.yaml"))
+    assert rc == 2 and "empty.yaml: holds nothing (empty, or comments only)" in err
+
+
+def test_a_policy_that_needs_a_latency_model_is_refused_before_anything_is_exported(capsys, mlp_cluster):
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--policy", "search")
+    assert rc == 2 and "--latency-model: policy search needs a fitted latency model" in err
+    assert "models of" not in capsys.readouterr().out and not (mlp_cluster.parent / "plan.yaml").exists()
+
+
+def test_load_of_a_deployment_not_running_says_so_at_once(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    began = time.monotonic()
+    rc, err = run_cli(capsys, "load", str(plan))
+    assert rc == 2 and time.monotonic() - began < 5  # before any traffic, not after the 10 s it would send
+    assert "nothing listens at 127.0.0.1:" in err and f"start it with `tritonctl apply {plan}`" in err
+
+
+def test_render_without_a_target_takes_no_output_folder_and_a_cpu_plan_no_compose_runtime(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    rc, err = run_cli(capsys, "render", str(plan), "-o", str(mlp_cluster.parent / "out"))
+    assert rc == 2 and "-o: the repositories go to the plan's runtime.repository_dir" in err
+    assert not (mlp_cluster.parent / "out").exists()
+    rc, err = run_cli(capsys, "apply", str(plan), "--runtime", "compose", "--dry-run")
+    assert rc == 2 and "a CPU plan runs with the local runtime" in err
+
+
+def test_simulate_refuses_an_endless_run_and_a_trace_for_other_models(capsys, mlp_cluster, synthetic_lm):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    line = _refused_argument(capsys, "simulate", str(plan), "--latency-model", str(synthetic_lm), "--duration", "1e9")
+    assert "simulate at most 3600 s" in line
+    trace = mlp_cluster.parent / "trace.csv"
+    trace.write_text("model,time_s\nfoo,0.1\nfoo,0.2\n")
+    rc, err = run_cli(capsys, "simulate", str(plan), "--latency-model", str(synthetic_lm), "--trace", str(trace))
+    assert rc == 2 and f"{trace}: no request is for a model of the plan (it names foo)" in err
+
+
+def test_an_energy_sweep_with_a_bad_cell_or_a_plot_of_no_known_format_writes_nothing(capsys, tmp_path):
+    sweep = tmp_path / "sweep.csv"
+    sweep.write_text("model,batch,sm_clock_read_mhz,batch_ms,joules_per_image\nresnet50,2.5,1500,3.0,0.1\n")
+    out = tmp_path / "energy.json"
+    rc, err = run_cli(capsys, "fit-energy", str(sweep), "-o", str(out))
+    assert rc == 2 and f"{sweep}: row 2: column batch is not a whole number (got '2.5')" in err
+    line = _refused_argument(capsys, "fit-energy", str(sweep), "-o", str(out), "--plot", str(tmp_path / "fig.txt"))
+    assert "the suffix picks the format" in line and not out.exists()

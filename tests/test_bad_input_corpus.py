@@ -139,8 +139,8 @@ ENCODING = [
     Case("invalid-utf8", "cluster", text(lambda t: t.encode() + b"# caf\xe9\n"), "not UTF-8"),
     Case("nul-in-value", "cluster", text(lambda t: t.replace("name: test", "name: te\x00st").encode()), "NUL"),
     Case("bell-character", "cluster", text(lambda t: t.replace("name: test", "name: te\x07st")), "not valid YAML"),
-    Case("empty", "cluster", text(lambda t: ""), "mapping"),
-    Case("only-comments", "cluster", text(lambda t: "# nothing here\n"), "mapping"),
+    Case("empty", "cluster", text(lambda t: ""), "holds nothing"),
+    Case("only-comments", "cluster", text(lambda t: "# nothing here\n"), "holds nothing"),
     Case("top-level-list", "cluster", text(lambda t: "- a\n- b\n"), "mapping"),
     Case("top-level-scalar", "cluster", text(lambda t: "just words\n"), "mapping"),
     Case("truncated", "cluster", text(lambda t: t[: len(t) // 3])),
@@ -160,7 +160,7 @@ ENCODING = [
     Case("binary", "plan", text(lambda t: bytes(range(256)) * 4), "NUL"),
     Case("utf16-bom", "plan", text(lambda t: t.encode("utf-16")), "UTF-16"),
     Case("invalid-utf8", "plan", text(lambda t: b"\xc3\x28" + t.encode()), "not UTF-8"),
-    Case("empty", "plan", text(lambda t: ""), "mapping"),
+    Case("empty", "plan", text(lambda t: ""), "holds nothing"),
     Case("alias-bomb", "plan", text(lambda t: alias_bomb()), "aliases"),
     Case(
         "deep-flow-nesting", "plan", text(lambda t: t + "extra: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n"), "deeper"

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -129,14 +130,19 @@ def load_yaml(path: Path):
     raise TritonctlError(problem, file=path)
 
 
-def load_validated(path: Path, schema: type[M]) -> M:
-    """A YAML file validated against `schema`; the first problem is raised naming the file and the field."""
+def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str | None] = lambda _: None) -> M:
+    """A YAML file validated against `schema`; the first problem is raised naming the file and the field, or what
+    `mistaken` says the file is where it is another kind of file."""
     raw = load_yaml(path)
+    if raw is None:
+        raise TritonctlError("holds nothing (empty, or comments only)", file=path)
     if not isinstance(raw, dict):
         raise TritonctlError(f"must be a YAML mapping, not {type(raw).__name__}", file=path)
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:
+        if (other := mistaken(raw)) is not None:
+            raise TritonctlError(other, file=path) from None
         errors = exc.errors()
         err = errors[0]
         msg = " ".join(err["msg"].removeprefix("Value error, ").split())

@@ -286,10 +286,18 @@ class Cluster:
         return self.spec.devices[0].kind
 
 
+def _a_plan(raw: dict) -> str | None:
+    """What to say of a plan given where a cluster file is expected."""
+    if "cluster" in raw and "name" not in raw:
+        made = f" (made from {raw['cluster_file']})" if isinstance(raw.get("cluster_file"), str) else ""
+        return f"this is a plan{made}, not a cluster file: give the cluster file"
+    return None
+
+
 def load_cluster(path: str | Path) -> Cluster:
     """Read and validate a cluster file; every problem names the file and the field."""
     path = Path(path)
-    spec = load_validated(path, ClusterSpec)
+    spec = load_validated(path, ClusterSpec, _a_plan)
     cluster = Cluster(spec, path.resolve())
     if len({group.kind for group in spec.devices}) > 1:
         raise TritonctlError("mixing gpu and cpu devices in one cluster is not supported", file=path, field="devices")

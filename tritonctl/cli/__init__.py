@@ -18,6 +18,9 @@ from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir
 from tritonctl.planning.policies import POLICIES
 
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+MAX_SIMULATED_S = 3600.0  # a simulation's arrivals are drawn at once: bounded, so memory is
+
 DEMO_CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "cluster.yaml"  # in a checkout
 
 
@@ -27,6 +30,14 @@ def _output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text} is a folder: name the file to write")
     _output_folder(str(Path(text).parent))
     return text
+
+
+def _figure_file(text: str) -> str:
+    """argparse type of a figure to write: an -o file whose suffix names a format matplotlib writes."""
+    if Path(text).suffix.lower() not in FIGURE_SUFFIXES:
+        suffixes = ", ".join(FIGURE_SUFFIXES)
+        raise argparse.ArgumentTypeError(f"{text}: name a {suffixes} file (the suffix picks the format)")
+    return _output_file(text)
 
 
 def _output_folder(text: str) -> str:
@@ -71,6 +82,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _simulated_seconds(text: str) -> float:
+    value = _positive(text)
+    if value > MAX_SIMULATED_S:
+        raise argparse.ArgumentTypeError(f"{text} s: simulate at most {MAX_SIMULATED_S:g} s")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonctl",
@@ -104,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--runtime",
             choices=["local", "compose", "kubernetes"],
             default="local",
-            help="local: tritonserver processes here (CPU plans); compose: services of a rendered Compose project; "
+            help="local (default): tritonserver processes here; compose: services of a rendered Compose project; "
             "kubernetes: Deployments through the Kubernetes API (kubeconfig or in-cluster)",
         )
         add_compose_dir(p)
@@ -175,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("sweep", help="the sweep's CSV")
     p.add_argument("-o", "--output", required=True, type=_output_file, help="the energy model to write (.json)")
-    p.add_argument("--plot", help="also draw the measurements against the fitted curves (.png)")
+    p.add_argument(
+        "--plot", type=_figure_file, help="also draw the measurements against the fitted curves (.png, .svg or .pdf)"
+    )
     p = add(
         "calibrate",
         "measure.cmd_calibrate",
@@ -225,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--target",
         choices=["repositories", "compose", "kubernetes"],
         default="repositories",
-        help="repositories: the plan's repository_dir (local runtime); compose: a Docker Compose project; "
-        "kubernetes: a kustomize folder (GPU plans, both)",
+        help="repositories (default): in the plan's repository_dir (local runtime); compose: a Docker Compose "
+        "project; kubernetes: a kustomize folder (GPU plans, both)",
     )
     p.add_argument(
         "-o",
@@ -278,10 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-model", help="fitted latency model (tritonctl fit); without it, no re-planning")
     p.add_argument(
         "--policy",
+        choices=list(POLICIES),
         help="policy to re-plan with when BDA fails (default: inss where a trained policy for the cluster ships, "
         "search otherwise)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default: local)")
+    p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9300, help="port of the state and metrics endpoint (default 9300)")
     p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")
     p.add_argument("--threshold", type=_positive, default=0.25, help="relative rate change that acts (default 0.25)")
@@ -303,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_format(p)
     p.add_argument("plan", help="plan.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")
-    p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds (default 60)")
+    p.add_argument(
+        "--duration", type=_simulated_seconds, default=60.0, help="simulated seconds (default 60, at most 3600)"
+    )
     p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival process (default 0)")
     p.add_argument("--drop", action="store_true", help="drop requests that can no longer meet their SLO")
@@ -322,7 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies", nargs="+", help="policies to compare (default: all; inss where a trained policy exists)"
     )
-    p.add_argument("--duration", type=_positive, default=60.0, help="simulated seconds per policy (default 60)")
+    p.add_argument(
+        "--duration",
+        type=_simulated_seconds,
+        default=60.0,
+        help="simulated seconds per policy (default 60, at most 3600)",
+    )
     p.add_argument(
         "-o", "--output", type=_output_folder, help="output folder (default: bench/ beside the cluster file)"
     )
@@ -388,7 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = add("demo", "demo.cmd_demo", "plan, apply and load the CPU demo cluster end to end")
     p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")
-    p.add_argument("--policy", default="search", help="placement policy (default search, tritonctl's best here)")
+    p.add_argument(
+        "--policy", default="search", choices=list(POLICIES), help="placement policy (default search, tritonctl's best)"
+    )
     p.add_argument(
         "--latency-model",
         help="fitted latency model (default: the committed profiles/<cluster name>/latency-model.json)",

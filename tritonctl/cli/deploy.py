@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from pathlib import Path
@@ -85,6 +86,12 @@ def cmd_render(args) -> int:
             f"then kubectl apply -k {out} (docs/kubernetes.md)"
         )
         return 0
+    if args.output:
+        raise TritonctlError(
+            "the repositories go to the plan's runtime.repository_dir; -o names the folder of --target compose or "
+            "kubernetes",
+            field="-o",
+        )
     for name, (folder, launch) in render(loaded).items():
         say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
     return 0
@@ -273,6 +280,13 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
     loaded = load_plan(plan_path)
     targets = endpoints(loaded.plan)
     pa = find_perf_analyzer() if tool == "perf_analyzer" else None  # before any traffic: a missing tool says so
+    silent = [t for t in targets if not _listening(t.url)]
+    if silent:
+        raise TritonctlError(
+            f"nothing listens at {', '.join(f'{t.url} ({t.model})' for t in silent)}: the deployment is not running; "
+            f"start it with `tritonctl apply {plan_path}`",
+            file=plan_path,
+        )
     say(
         f"sending Poisson traffic with {tool} for {duration:.0f} s at {rate_scale:g} x the planned rates "
         f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ..."
@@ -306,6 +320,16 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
                 f"requests, {1000 * joules / max(answered, 1):.1f} mJ/request"
             )
     return 0 if all(r.ok > 0 for r in results) else 1
+
+
+def _listening(url: str) -> bool:
+    """Whether something accepts connections at host:port."""
+    host, port = url.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def cmd_load(args) -> int:

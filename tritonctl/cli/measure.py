@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritonctl.cli.output import say
+from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency import energy
 from tritonctl.latency.dataset import load_dataset
@@ -105,7 +106,10 @@ def cmd_fit_energy(args) -> int:
     sweep = Path(args.sweep)
     samples = energy.read_samples(sweep)
     say(f"fitting {sweep} ({len(samples)} measurements; EAIS: over the clock per batch size, then over the batch) ...")
-    model = energy.fit(samples, meta={"sweep": str(sweep)})
+    try:
+        model = energy.fit(samples, meta={"sweep": str(sweep)})
+    except TritonctlError as exc:  # the sweep's shape: say which file
+        raise TritonctlError(exc.message, file=sweep) from None
     energy.save(model, Path(args.output))
     say(f"energy model written to {args.output}: clocks {model.clocks[0]}-{model.clocks[-1]} MHz, batch 1-32")
     for name, err in model.errors.items():

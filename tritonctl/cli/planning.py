@@ -155,6 +155,11 @@ def cmd_plan(args) -> int:
             field="--objective",
         )
     policy = args.policy or ("search" if args.latency_model else "spread")
+    if policy != "spread" and not args.latency_model:
+        raise TritonctlError(
+            f"policy {policy} needs a fitted latency model (spread is the only policy without one)",
+            field="--latency-model",
+        )
     out = _plan(
         cluster, policy, args.output, args.latency_model, args.strict, args.policy_file, args.latency_margin,
         args.minimise, args.energy_model, args.batching,
@@ -173,7 +178,12 @@ def cmd_simulate(args) -> int:
     trace = None
     if args.trace:
         trace = read_trace(Path(args.trace))
-        unknown = sorted(set(trace) - {m.name for m in loaded.plan.models})
+        served = {m.name for m in loaded.plan.models}
+        unknown = sorted(set(trace) - served)
+        if not set(trace) & served:
+            raise TritonctlError(
+                f"no request is for a model of the plan (it names {', '.join(unknown) or 'none'})", file=args.trace
+            )
         if unknown:
             say(f"WARNING: the trace has requests for models the plan does not serve: {', '.join(unknown)}")
     result = simulate(

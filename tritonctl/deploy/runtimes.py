@@ -11,6 +11,7 @@ from tritonctl.deploy.compose import CommandRunner, ComposeRuntime
 from tritonctl.deploy.gpu import gpu_count
 from tritonctl.deploy.local import LocalRuntime
 from tritonctl.deploy.runtime import Runtime
+from tritonctl.errors import TritonctlError
 from tritonctl.planning.plan import LoadedPlan
 from tritonctl.triton.binary import find_tritonserver
 
@@ -27,6 +28,11 @@ def runtime_for(
     """The runtime `name` ("local", "compose" or "kubernetes", in `namespace`) for the plan; `starts`: it will
     start instances (the local one then needs tritonserver, and for a GPU plan the GPUs and MPS); `log` takes the
     Compose runner's command lines and the Kubernetes calls of a dry run."""
+    if name != "local" and loaded.plan.target == "cpu":
+        raise TritonctlError(
+            f"the {name} runtime runs GPU plans; a CPU plan runs with the local runtime (--runtime local)",
+            file=loaded.path,
+        )
     if name == "kubernetes":
         from tritonctl.deploy.kubernetes import KubernetesRuntime, connect  # the kubernetes client loads only here
 

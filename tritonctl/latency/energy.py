@@ -18,6 +18,7 @@ on the samples, and `clocked` carries a latency model to a clock by the ratio T(
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import read_json, write_text_atomic
+from tritonctl.files import read_json, read_text, write_text_atomic
 from tritonctl.latency.model import MAX_BATCH, LatencyModel, scaled
 
 FORMAT = "tritonctl-energy-model/1"
@@ -46,35 +47,31 @@ class Sample:
 
 def read_samples(path: Path) -> list[Sample]:
     """The rows of an energy sweep's CSV; TritonctlError naming the file, row and column of a bad one."""
-    try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise TritonctlError(f"no column {', '.join(missing)} (an energy sweep's CSV)", file=path)
-            samples = []
-            for i, row in enumerate(reader, start=2):
-                try:
-                    sample = Sample(
-                        row["model"],
-                        int(row["batch"]),
-                        float(row["sm_clock_read_mhz"]),
-                        float(row["batch_ms"]),
-                        float(row["joules_per_image"]),
-                    )
-                except ValueError as exc:
-                    raise TritonctlError(f"row {i}: {exc}", file=path) from None
-                values = {"batch": sample.batch, "sm_clock_read_mhz": sample.clock_mhz, "batch_ms": sample.batch_ms}
-                values["joules_per_image"] = sample.joules_per_image
-                bad = [column for column, value in values.items() if not value > 0]
-                if bad or not 1 <= sample.batch <= MAX_BATCH:
-                    raise TritonctlError(f"row {i}: {', '.join(bad) or 'batch'} out of range", file=path)
-                samples.append(sample)
-    except OSError as exc:
-        raise TritonctlError(f"cannot read: {exc.strerror}", file=path) from None
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise TritonctlError(f"no column {', '.join(missing)} (an energy sweep's CSV)", file=path)
+    samples = []
+    for i, row in enumerate(reader, start=2):
+        values = {}
+        for column, kind in (("batch", int), ("sm_clock_read_mhz", float), ("batch_ms", float)):
+            values[column] = _number(row[column], kind, path, i, column)
+        values["joules_per_image"] = _number(row["joules_per_image"], float, path, i, "joules_per_image")
+        bad = [column for column, value in values.items() if not value > 0]
+        if bad or not 1 <= values["batch"] <= MAX_BATCH:
+            raise TritonctlError(f"row {i}: {', '.join(bad) or 'batch'} out of range", file=path)
+        samples.append(Sample(row["model"], *values.values()))
     if not samples:
         raise TritonctlError("no rows", file=path)
     return samples
+
+
+def _number(text: str | None, kind: type, path: Path, row: int, column: str):
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        what = "a whole number" if kind is int else "a number"
+        raise TritonctlError(f"row {row}: column {column} is not {what} (got {text!r})", file=path) from None
 
 
 # The nonlinear parameter of each curve (the Fourier frequency, the power's exponent) is searched on a grid, the

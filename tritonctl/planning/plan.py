@@ -282,10 +282,17 @@ def save_plan(plan: Plan, path: Path) -> None:
     path.write_text("# tritonctl plan: generated; safe to read, diff and edit.\n" + text)
 
 
+def _a_cluster(raw: dict) -> str | None:
+    """What to say of a cluster file given where a plan is expected."""
+    if "name" in raw and "cluster" not in raw:
+        return "this is a cluster file, not a plan: make a plan from it with `tritonctl plan` first"
+    return None
+
+
 def load_plan(path: str | Path) -> LoadedPlan:
     """Read and validate a plan file; problems name the file and the field."""
     path = Path(path)
-    loaded = LoadedPlan(load_validated(path, Plan), path)
+    loaded = LoadedPlan(load_validated(path, Plan, _a_cluster), path)
     for field in ("repository_dir", "state_dir"):
         check_output_dir(loaded.resolve(getattr(loaded.plan.runtime, field)), file=path, field=f"runtime.{field}")
     return loaded
