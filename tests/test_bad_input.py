@@ -33,6 +33,7 @@ def edit(path: Path, change) -> Path:
     [
         (lambda d: d["models"][0].update(sloms=5), "models[0].sloms", "unknown field"),
         (lambda d: d["models"][1].update(slo_ms="fast"), "models[1].slo_ms", "valid number"),
+        (lambda d: d["models"][1].update(slo_ms="120"), "models[1].slo_ms", "YAML read it as text; write the number"),
         (lambda d: d["models"][0].update(slo_ms=-5), "models[0].slo_ms", "greater than 0"),
         (lambda d: d["models"][1].update(name="alpha"), "models[1].name", "duplicate model name 'alpha'"),
         (lambda d: d["models"][0].update(name="bad/name"), "models[0].name", "not a name Triton accepts"),
@@ -324,3 +325,22 @@ def test_an_energy_sweep_with_a_bad_cell_or_a_plot_of_no_known_format_writes_not
     assert rc == 2 and f"{sweep}: row 2: column batch is not a whole number (got '2.5')" in err
     line = _refused_argument(capsys, "fit-energy", str(sweep), "-o", str(out), "--plot", str(tmp_path / "fig.txt"))
     assert "the suffix picks the format" in line and not out.exists()
+
+
+def test_validate_refuses_what_the_next_verb_would(capsys, tmp_path, mlp_cluster):
+    (tmp_path / "arch").mkdir()
+    cluster = write_cluster(tmp_path / "arch", [mlp_model("alpha", source="resnet9000")])
+    rc, err = run_cli(capsys, "validate", str(cluster))
+    assert rc == 2 and f"{cluster}: models[0].source: 'resnet9000' is neither an .onnx path" in err
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    (mlp_cluster.parent / "mlp.onnx").unlink()
+    rc, err = run_cli(capsys, "validate", str(plan))
+    assert rc == 2 and f"{plan}: models[0].onnx: ONNX file not found" in err
+
+
+def test_fit_on_a_file_or_a_folder_that_is_no_profile_says_so(capsys, mlp_cluster):
+    rc, err = run_cli(capsys, "fit", str(mlp_cluster))
+    assert rc == 2 and "a file, not a profile folder" in err
+    rc, err = run_cli(capsys, "fit", str(mlp_cluster.parent))
+    assert rc == 2 and f"{mlp_cluster.parent}: not a profile folder: no metadata.json in it" in err

@@ -133,6 +133,23 @@ def export_key(model: ModelSpec, torch_version: str, torchvision_version: str) -
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def check_architecture(source: str, *, file: str | Path | None = None, field: str | None = None) -> None:
+    """Refuse a `source` torchvision does not know (nothing is said where torchvision is not installed: the export
+    says that)."""
+    try:
+        import torchvision
+    except ImportError:
+        return
+    available = torchvision.models.list_models()
+    if source not in available:
+        raise TritonctlError(
+            f"{source!r} is neither an .onnx path nor a torchvision architecture "
+            f"(for example: {', '.join(sorted(available)[:6])}, ...)",
+            file=file,
+            field=field,
+        )
+
+
 def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
     """Export `model.source` (a torchvision architecture) to ONNX; returns (path, was_cached)."""
     try:
@@ -148,12 +165,7 @@ def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
     path = out_dir / f"{model.source}-{key}.onnx"
     if path.is_file():
         return path, True
-    available = torchvision.models.list_models()
-    if model.source not in available:
-        raise TritonctlError(
-            f"{model.source!r} is neither an .onnx path nor a torchvision architecture "
-            f"(for example: {', '.join(sorted(available)[:6])}, ...)"
-        )
+    check_architecture(model.source)
     torch.manual_seed(SEED)
     with warnings.catch_warnings():  # e.g. GoogLeNet's notice that its default initialisation will change
         warnings.simplefilter("ignore", FutureWarning)

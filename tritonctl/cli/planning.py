@@ -10,8 +10,9 @@ from tritonctl.cli import output
 from tritonctl.cli.output import emit, say
 from tritonctl.deploy.apply import predicted_misses
 from tritonctl.errors import TritonctlError
-from tritonctl.export import materialize
+from tritonctl.export import check_architecture, materialize
 from tritonctl.files import load_yaml
+from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.energy import clocked
 from tritonctl.latency.energy import load as load_energy_model
 from tritonctl.latency.model import load_latency_model
@@ -175,6 +176,8 @@ def cmd_simulate(args) -> int:
     missing = [m.name for m in loaded.plan.models if m.name not in lm.models]
     if missing:
         raise TritonctlError(f"models {missing} are not in the latency model", file=args.latency_model)
+    if loaded.plan.target == "cpu" and lm.device.fingerprint.get("id") != cpu_fingerprint()["id"]:
+        say(f"note: {args.latency_model} speaks for the CPU it was profiled on ({lm.device.fingerprint.get('model')})")
     trace = None
     if args.trace:
         trace = read_trace(Path(args.trace))
@@ -284,6 +287,9 @@ def cmd_validate(args) -> int:
     raw = load_yaml(path)
     if isinstance(raw, dict) and "cluster_file" in raw:
         loaded = load_plan(path)
+        for i, model in enumerate(loaded.plan.models):
+            if not loaded.resolve(model.onnx).is_file():
+                raise TritonctlError(f"ONNX file not found: {model.onnx}", file=path, field=f"models[{i}].onnx")
         misses = predicted_misses(loaded.plan)
         say(
             f"{path}: a valid plan of cluster {loaded.plan.cluster} "
@@ -293,6 +299,9 @@ def cmd_validate(args) -> int:
             say(f"  predicted to miss: {miss} (apply refuses it without --accept-misses)")
         return 0
     cluster = load_cluster(path)
+    for i, model in enumerate(cluster.spec.models):
+        if not model.is_onnx_file:
+            check_architecture(model.source, file=path, field=f"models[{i}].source")
     say(
         f"{path}: a valid cluster file ({len(cluster.spec.models)} model(s), {len(cluster.spec.devices)} device "
         "group(s))"

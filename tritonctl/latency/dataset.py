@@ -216,8 +216,12 @@ def load_dataset(folder: str | Path) -> Dataset:
     """Read and check a profile folder; a corrupt or foreign one is refused with the file named."""
     folder = Path(folder)
     meta_path = folder / "metadata.json"
+    if folder.is_file():
+        raise TritonctlError("a file, not a profile folder (tritonctl profile writes one)", file=folder)
     if not folder.is_dir():
         raise TritonctlError("no such profile folder", file=folder)
+    if not meta_path.exists():
+        raise TritonctlError("not a profile folder: no metadata.json in it (tritonctl profile writes one)", file=folder)
     metadata = read_json(meta_path)
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise TritonctlError(f"not a tritonctl profile (format is not {FORMAT!r})", file=meta_path)
