@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from tritonctl import __version__
 from tritonctl.cli import output
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan, render and apply dense NVIDIA Triton deployments. "
         "Typical flow: tritonctl plan cluster.yaml && tritonctl apply plan.yaml",
     )
+    parser.add_argument("--version", action="version", version=f"tritonctl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, func, help_text):
@@ -201,13 +203,16 @@ def build_parser() -> argparse.ArgumentParser:
         "measure.cmd_calibrate",
         "carry a latency model profiled on another device to this one: a short measurement through Triton (under a "
         "minute a model on 2 cores). CPU: running time x k * batch^gamma * share^delta per model; GPU (a profile of "
-        "the models' CUDA graphs alone): running time + c0 + c1 * batch, what serving them through Triton adds. Its "
-        "error on held-out points printed",
+        "the models' CUDA graphs alone): running time + c0 + c1 * batch, what serving them through Triton adds. "
+        "Prints its error on held-out points",
     )
     p.add_argument("cluster", help="cluster.yaml (its models must be in the latency model)")
     p.add_argument("--latency-model", required=True, help="the latency model to carry over (tritonctl fit)")
     p.add_argument(
-        "-o", "--output", type=_output_file, help="where to write it (default: beside it, named after this device's id)"
+        "-o",
+        "--output",
+        type=_output_file,
+        help="where to write it (default: in the source model's folder, named after this device's id)",
     )
     p = add("fit", "measure.cmd_fit", "fit the interference-aware latency model (InSS section 4) to a profile")
     p.add_argument("profile", help="profile folder (tritonctl profile)")

@@ -225,8 +225,9 @@ def cmd_status(args) -> int:
         ctl = load_controller_state(loaded.state_dir)
         emit(
             {
-                "cluster": state.cluster,
-                "plan": state.plan,
+                "cluster": state.cluster or loaded.plan.cluster,
+                "plan": state.plan or str(loaded.path),
+                "applied": bool(state.instances),
                 "runtime": state.runtime,
                 "instances": [
                     {**dataclasses.asdict(rec), "health": health[uid]} for uid, rec in sorted(state.instances.items())

@@ -256,7 +256,12 @@ def margins(rows: list[BenchRow]) -> str:
     ok = {r.policy: r for r in rows if not r.error}
     own = [ok[p] for p in OWN if p in ok]
     if not own:
-        return "No tritonctl policy produced a plan."
+        asked = {r.policy for r in rows}
+        return (
+            "No tritonctl policy produced a plan."
+            if asked & set(OWN)
+            else f"No policy of tritonctl's own ({', '.join(OWN)}) was asked for: nothing to compare against."
+        )
     others = [name for name in (*BASELINES, "optimal") if name in ok and ok[name].goodput_rps > 0]
 
     def margin(mine: BenchRow, name: str) -> str:
