@@ -20,7 +20,7 @@ from tritonctl.files import check_output_dir
 from tritonctl.planning.policies import POLICIES
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
-MAX_SIMULATED_S = 3600.0  # a simulation's arrivals are drawn at once: bounded, so memory is
+MAX_SIMULATED_S = 3600.0  # a simulation draws all its arrivals at once: its length bounds their memory
 
 DEMO_CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "cluster.yaml"  # in a checkout
 

@@ -33,6 +33,7 @@ from tritonctl.latency.model import MAX_BATCH, LatencyModel, scaled
 
 FORMAT = "tritonctl-energy-model/1"
 COLUMNS = ("model", "batch", "sm_clock_read_mhz", "batch_ms", "joules_per_image")
+NUMBERS = {"batch": int, "sm_clock_read_mhz": float, "batch_ms": float, "joules_per_image": float}  # in Sample's order
 CLOCK_STEP_MHZ = 15  # the grid the plan chooses clocks on (H100 and A100 clocks step by 15 MHz)
 
 
@@ -53,10 +54,7 @@ def read_samples(path: Path) -> list[Sample]:
         raise TritonctlError(f"no column {', '.join(missing)} (an energy sweep's CSV)", file=path)
     samples = []
     for i, row in enumerate(reader, start=2):
-        values = {}
-        for column, kind in (("batch", int), ("sm_clock_read_mhz", float), ("batch_ms", float)):
-            values[column] = _number(row[column], kind, path, i, column)
-        values["joules_per_image"] = _number(row["joules_per_image"], float, path, i, "joules_per_image")
+        values = {column: _number(row[column], kind, path, i, column) for column, kind in NUMBERS.items()}
         bad = [column for column, value in values.items() if not value > 0]
         if bad or not 1 <= values["batch"] <= MAX_BATCH:
             raise TritonctlError(f"row {i}: {', '.join(bad) or 'batch'} out of range", file=path)
