@@ -268,7 +268,10 @@ def test_a_dead_proxy_shows_in_status_and_the_next_apply_restarts_it(tmp_path, c
     capsys.readouterr()
     assert main(["status", str(plan)]) == 1
     assert "proxy: NOT answering" in capsys.readouterr().out
+    assert main(["apply", str(plan), "--dry-run"]) == 1  # something would change: HAProxy would start again
+    assert "HAProxy was not answering: would be started again" in capsys.readouterr().out
     assert main(["apply", str(plan)]) == 0  # nothing to change but the route: HAProxy comes back
+    assert "HAProxy was not answering: started again" in capsys.readouterr().out
     assert main(["status", str(plan)]) == 0
     assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
     assert main(["down", str(plan)]) == 0
@@ -467,3 +470,56 @@ def test_instances_stop_all_at_once_each_reported_in_the_callers_thread(tmp_path
     assert sorted(key for key, _ in reported) == sorted(records)
     assert {thread for _, thread in reported} == {threading.current_thread()}
     assert [proc.wait(timeout=1) for proc in procs] == [0, 0, 0]
+
+
+def test_an_apply_interrupted_after_a_reload_leaves_the_instance_for_the_next_apply_to_reload(
+    tmp_path, capsys, monkeypatch
+):
+    plan, _ = one_model_deployment(tmp_path)
+    original = plan.read_text()
+    batch = yaml.safe_load(original)["models"][0]["placements"][0]["batch"]
+    edit_plan(plan, batch=batch + 3)
+    reconfigure = LocalRuntime.reconfigure
+
+    def interrupted(self, record, timeout_s):  # Ctrl-C just after Triton took the new configuration
+        reconfigure(self, record, timeout_s)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalRuntime, "reconfigure", interrupted)
+    assert main(["apply", str(plan)]) == 130
+    monkeypatch.undo()
+    (record,) = state_of(plan).instances.values()
+    assert model_config(record)["max_batch_size"] == batch + 3
+    plan.write_text(original)  # back to the plan applied before: the instance no longer runs it
+    capsys.readouterr()
+    assert main(["apply", str(plan)]) == 0
+    assert "reloaded alpha-0" in capsys.readouterr().out
+    assert model_config(record)["max_batch_size"] == batch
+    assert main(["down", str(plan)]) == 0
+
+
+def test_an_apply_interrupted_while_haproxy_starts_leaves_no_haproxy(tmp_path, capsys, monkeypatch):
+    from tritonctl.deploy.proxy import ProxyApi
+
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha")])), "-o", str(plan)]) == 0
+    started = []
+    popen = subprocess.Popen
+
+    def watched(args, *rest, **kwargs):  # note HAProxy's pid as it starts
+        proc = popen(args, *rest, **kwargs)
+        if any("haproxy" in str(a) for a in args):
+            started.append(proc)
+        return proc
+
+    def interrupted(self):  # Ctrl-C while waiting for its runtime API
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", watched)
+    monkeypatch.setattr(ProxyApi, "answers", interrupted)
+    assert main(["apply", str(plan)]) == 130
+    monkeypatch.undo()
+    assert started and all(proc.wait(timeout=10) is not None for proc in started)  # stopped, not left running
+    assert main(["apply", str(plan)]) == 0  # its port is free again
+    assert main(["down", str(plan)]) == 0

@@ -111,7 +111,8 @@ def _apply(
     accept_misses: bool = False,
     namespace: str = "tritonctl",
 ) -> int:
-    """Apply the plan; how many instances it changed (in a dry run: would change)."""
+    """Apply the plan; how many instances it changed, one more where HAProxy had to be started again (in a dry run:
+    would)."""
     loaded = load_plan(plan_path)
     misses = predicted_misses(loaded.plan)
     if misses and not accept_misses:
@@ -145,11 +146,14 @@ def _apply(
         elif share.mechanism() == "none":
             say("WARNING: no writable cgroup here: CPU shares are NOT enforced, instances compete freely")
     started = time.monotonic()
+    # a local deployment whose HAProxy died: apply starts it again (from the rendered configuration and the state)
+    proxy_down = runtime.name == "local" and bool(load_state(loaded.state_dir).instances) and not runtime.proxy_ok()
     steps = apply_plan(loaded, runtime, log=say, dry_run=dry_run)
     changed = sum(step.action != "keep" for step in steps)
     verb = "would change" if dry_run else "changed"
-    say(f"{verb} {changed} instance(s), kept {len(steps) - changed}, in {time.monotonic() - started:.1f} s")
-    return changed
+    proxy = f"; HAProxy was not answering: {'would be ' if dry_run else ''}started again" if proxy_down else ""
+    say(f"{verb} {changed} instance(s), kept {len(steps) - changed}, in {time.monotonic() - started:.1f} s{proxy}")
+    return changed + proxy_down
 
 
 def cmd_apply(args) -> int:

@@ -26,6 +26,8 @@ from tritonctl.planning.plan import LoadedPlan, Plan
 from tritonctl.planning.simulate import simulated_misses
 from tritonctl.triton.render import Launch, render
 
+RELOADING = "reloading"  # the config hash of an instance while its reload is under way: no plan's config matches it
+
 
 @dataclass(frozen=True)
 class Step:
@@ -223,9 +225,13 @@ class _Run:
             began = time.monotonic()
             delay = placement.queue_delay_us
             self.log(f"  reload   {step.instance} in place: batch {placement.batch}, queue delay {delay} us")
+            previous, record.config_hash = record.config_hash, RELOADING  # interrupted, no plan matches: reloaded next
+            self.save(self.state)
             try:
                 self.runtime.reconfigure(record, self.loaded.plan.runtime.startup_timeout_s)
             except StartError as exc:
+                record.config_hash = previous
+                self.save(self.state)
                 raise RolledBack(
                     f"apply failed and was rolled back: {exc}; it keeps serving its previous configuration "
                     "(reloads before it stay, the new instances were stopped)",

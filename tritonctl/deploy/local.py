@@ -495,12 +495,15 @@ class LocalRuntime:
         rec = {"pid": proc.pid, "start_ticks": stat[1] if stat else 0, "host": host, "metrics_port": metrics_port,
                "cgroup": None if group is None else str(group)}  # fmt: skip
         deadline = time.monotonic() + 10
-        while not self._api.answers():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                self._stop_proxy(rec)
-                raise TritonctlError(f"HAProxy did not start: {_proxy_alerts(log_path, since)}", file=log_path)
-            time.sleep(0.05)
-        write_json_atomic(self.state_dir / PROXY_FILE, rec)
+        try:
+            while not self._api.answers():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise TritonctlError(f"HAProxy did not start: {_proxy_alerts(log_path, since)}", file=log_path)
+                time.sleep(0.05)
+            write_json_atomic(self.state_dir / PROXY_FILE, rec)
+        except BaseException:  # an interrupt too: nothing records it yet, so nothing else would stop it
+            self._stop_proxy(rec)
+            raise
         return rec
 
     def _proxy_group(self) -> Path | None:
