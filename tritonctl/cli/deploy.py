@@ -27,7 +27,6 @@ from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import LoadedPlan, load_plan
 from tritonctl.planning.planner import replan_policy
-from tritonctl.planning.policies import POLICIES
 from tritonctl.spec import load_cluster
 from tritonctl.triton.bundle import bundle, members
 from tritonctl.triton.client import endpoints, format_results, run_load
@@ -164,8 +163,6 @@ def cmd_apply(args) -> int:
 
 def cmd_controller(args) -> int:
     loaded = load_plan(args.plan)
-    if args.policy is not None and args.policy not in POLICIES:
-        raise TritonctlError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
     runtime = runtime_for(loaded, args.runtime, args.compose_dir, say, namespace=args.namespace)
     if args.latency_margin and not args.latency_model:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
