@@ -140,10 +140,12 @@ def test_a_missing_perf_analyzer_says_what_to_install_and_touches_nothing(served
 
 
 @pytest.mark.triton
-def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys, synthetic_lm):
-    """With reject_late, Triton refuses what could only be late; perf_analyzer stops at the first."""
+def test_perf_analyzer_stopped_by_a_refused_request_says_why_and_reports_the_others(tmp_path, capsys, synthetic_lm):
+    """With reject_late, Triton refuses what could only be late; perf_analyzer stops at the first. The other
+    model's run goes on to its end and is reported, then the refusal, naming the stopped model."""
     make_mlp(tmp_path / "mlp.onnx")
-    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=100, slo_ms=10)])
+    models = [mlp_model("alpha", rate=100, slo_ms=10), mlp_model("beta", rate=1, slo_ms=5000)]
+    cluster = write_cluster(tmp_path, models)
     spec = yaml.safe_load(cluster.read_text())
     spec["runtime"]["reject_late"] = True
     cluster.write_text(yaml.safe_dump(spec))
@@ -152,9 +154,15 @@ def test_perf_analyzer_stopped_by_a_refused_request_says_why(tmp_path, capsys, s
         main(["plan", str(cluster), "-o", str(plan), "--policy", "spread", "--latency-model", str(synthetic_lm)]) == 0
     )
     assert main(["apply", str(plan), "--accept-misses"]) == 0
-    rc, _, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30")
-    assert rc == 2 and "the server refused a request" in err and "--tool tritonctl" in err
-    assert "refuses what would be late" in err
+    rc, out, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30")
+    assert rc == 2 and "alpha: the server refused a request" in err and "--tool tritonctl" in err
+    assert "refuses what would be late" in err and "beta: measured without that load from then on" in err
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("alpha", "beta"))}
+    assert set(rows) == {"beta"} and int(rows["beta"][2]) > 30  # 30/s over about 3 s, answered
+    rc, out, _ = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30",
+                         "--format", "json")  # fmt: skip
+    report = json.loads(out)
+    assert rc == 2 and [m["model"] for m in report["models"]] == ["beta"] and report["stopped"].startswith("alpha:")
     rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1", "--rate-scale", "30")
     (alpha,) = [line.split() for line in out.splitlines() if line.startswith("alpha")]
     assert int(alpha[3]) > 0  # tritonctl's client counts the refused requests as failed and goes on

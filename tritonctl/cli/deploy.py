@@ -29,8 +29,8 @@ from tritonctl.planning.plan import LoadedPlan, load_plan
 from tritonctl.planning.planner import replan_policy
 from tritonctl.spec import load_cluster
 from tritonctl.triton.bundle import bundle, members
-from tritonctl.triton.client import endpoints, format_results, run_load
-from tritonctl.triton.perf_analyzer import find_perf_analyzer, run_perf_analyzer
+from tritonctl.triton.client import LoadResult, endpoints, format_results, run_load
+from tritonctl.triton.perf_analyzer import RequestsRefused, find_perf_analyzer, run_perf_analyzer
 from tritonctl.triton.render import render
 
 
@@ -295,33 +295,53 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
     )
     gpus = [d.index for d in loaded.plan.devices if d.kind == "gpu"]
     before = energy_mj(gpus) if gpus else None
+    refused = None
     if pa is not None:
-        results = run_perf_analyzer(pa, targets, duration, rate_scale, loaded.state_dir / "perf_analyzer")
+        try:
+            results = run_perf_analyzer(pa, targets, duration, rate_scale, loaded.state_dir / "perf_analyzer")
+        except RequestsRefused as exc:  # the models whose runs finished are still reported, then the refusal
+            results, refused = exc.results, exc
     else:
         results = run_load(targets, duration, rate_scale)
     after = energy_mj(gpus) if before is not None else None
-    answered = sum(r.ok for r in results)
-    joules = None if after is None else (after - before) / 1000
     simulated = {}  # the plan's simulated p99s speak for its own rates only
     if rate_scale == 1:
         simulated = {m.name: m.simulated_p99_ms for m in loaded.plan.models if m.simulated_p99_ms}
+    joules = None if after is None else (after - before) / 1000
+    _report_load(results, tool, rate_scale, simulated, joules, refused)
+    if refused is not None:
+        raise refused
+    return 0 if all(r.ok > 0 for r in results) else 1
+
+
+def _report_load(
+    results: list[LoadResult],
+    tool: str,
+    rate_scale: float,
+    simulated: dict[str, float],
+    joules: float | None,
+    refused: RequestsRefused | None,
+) -> None:
+    """The load's table (or JSON) of the models measured; a refusal that stopped others is raised after it."""
+    answered = sum(r.ok for r in results)
     if output.JSON:
         energy = (
             {} if joules is None else {"gpu_joules": round(joules, 2), "joules_per_request": joules / max(answered, 1)}
         )
         models = [{**r.summary(), "simulated_p99_ms": simulated.get(r.model)} for r in results]
-        emit({"tool": tool, "rate_scale": rate_scale, "models": models, **energy})
-    else:
+        stopped = {} if refused is None else {"stopped": refused.message}
+        emit({"tool": tool, "rate_scale": rate_scale, "models": models, **stopped, **energy})
+        return
+    if results:
         say(format_results(results, simulated))
-        for r in results:
-            if r.errors:
-                say(f"  {r.model}: first error: {r.errors[0]}")
-        if joules is not None:
-            say(
-                f"GPU energy (NVML, all the GPUs' work while the load ran): {joules:.0f} J over {answered} answered "
-                f"requests, {1000 * joules / max(answered, 1):.1f} mJ/request"
-            )
-    return 0 if all(r.ok > 0 for r in results) else 1
+    for r in results:
+        if r.errors:
+            say(f"  {r.model}: first error: {r.errors[0]}")
+    if joules is not None:
+        say(
+            f"GPU energy (NVML, all the GPUs' work while the load ran): {joules:.0f} J over {answered} answered "
+            f"requests, {1000 * joules / max(answered, 1):.1f} mJ/request"
+        )
 
 
 def _listening(url: str) -> bool:

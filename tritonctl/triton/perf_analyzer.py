@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,12 @@ LIBS = {"libcudart.so.12": "libcudart-*.so.12*", "libb64.so.0d": "libb64-*.so.0d
 
 
 class RequestsRefused(TritonctlError):
-    """perf_analyzer stopped at a request the server refused (it has no way to count errors and go on)."""
+    """perf_analyzer stopped at a request the server refused (it has no way to count errors and go on); `results`
+    holds the models whose runs finished, measured while the stopped ones sent nothing more."""
+
+    def __init__(self, message: str, *, results: list[LoadResult], file: Path | None = None):
+        super().__init__(message, file=file)
+        self.results = results
 
 
 @dataclass(frozen=True)
@@ -203,13 +209,35 @@ def read_export(path: Path, target: Endpoint, schedule: np.ndarray) -> LoadResul
     return result
 
 
+def _refusal(model: str, log_text: str, stopped_s: float, duration_s: float) -> str | None:
+    """Why perf_analyzer stopped for `model`, where it was at a request the server refused; None otherwise."""
+    first = next((line for line in log_text.splitlines() if "had error" in line), None)
+    if first is None:
+        return None
+    error = first.split("had error:", 1)[1].strip()
+    why = (
+        "the load is beyond what the deployment serves within the SLO, and an overloaded instance refuses what "
+        "would be late (runtime.reject_late; false serves every request)"
+        if "runtime.reject_late" in error
+        else "the model failed on perf_analyzer's input (random values; zeros for integer inputs)"
+    )
+    return (
+        f"{model}: the server refused a request ({error}) and perf_analyzer stopped there, "
+        f"after {stopped_s:.0f} s of the {duration_s:.0f} s run: {why}"
+    )
+
+
 def run_perf_analyzer(
     pa: PerfAnalyzer, targets: list[Endpoint], duration_s: float, rate_scale: float, out_dir: Path, seed: int = 0
 ) -> list[LoadResult]:
-    """Load every endpoint at once at rate x scale for about `duration_s`; perf_analyzer's logs stay in out_dir."""
+    """Load every endpoint at once at rate x scale for about `duration_s`; perf_analyzer's logs stay in out_dir.
+
+    Every run is waited for. Where some stopped at a refused request, RequestsRefused names them and carries
+    the others' results; any other failure raises TritonctlError naming the model and its log."""
     out_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     schedules = {}
+    started = time.monotonic()
     for i, target in enumerate(targets):
         rate = max(target.rate * rate_scale, 0.1)
         schedules[target.model] = arrivals(rate, 2 * duration_s + 60, seed + i)
@@ -221,41 +249,41 @@ def run_perf_analyzer(
         cmd = command(pa, target, intervals, duration_s, rate, export)
         env = {**os.environ, **pa.env}
         procs.append((target, export, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
-    results = []
+    ended: dict[str, float] = {}  # seconds from the start to each run's exit
     try:
-        for target, export, log, proc in procs:
-            try:
-                rc = proc.wait(timeout=3 * duration_s + 120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = "killed after a time-out"
-            log.close()
-            if rc != 0 or not export.is_file():
-                text = (out_dir / f"{target.model}.log").read_text(errors="replace")
-                if "had error" in text:
-                    first = next(line for line in text.splitlines() if "had error" in line)
-                    error = first.split("had error:", 1)[1].strip()
-                    why = (
-                        "the load is beyond what the deployment serves within the SLO, and an overloaded instance "
-                        "refuses what would be late (runtime.reject_late; false serves every request)"
-                        if "runtime.reject_late" in error
-                        else "the model failed on perf_analyzer's input (random values; zeros for integer inputs)"
-                    )
-                    raise RequestsRefused(
-                        f"{target.model}: the server refused a request ({error}) and perf_analyzer stops at the "
-                        f"first one: {why}; tritonctl's own client (--tool tritonctl) counts refused requests and "
-                        "goes on",
-                        file=out_dir / f"{target.model}.log",
-                    )
-                tail = text.strip().splitlines()[-3:]
-                raise TritonctlError(
-                    f"perf_analyzer for {target.model} failed ({rc}): {' / '.join(tail)}",
-                    file=out_dir / f"{target.model}.log",
-                )
-            results.append(read_export(export, target, schedules[target.model]))
+        deadline = started + 3 * duration_s + 120
+        while len(ended) < len(procs) and time.monotonic() < deadline:
+            for target, _, _, proc in procs:
+                if target.model not in ended and proc.poll() is not None:
+                    ended[target.model] = time.monotonic() - started
+            time.sleep(0.05)
     finally:
         for _, _, log, proc in procs:
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
             log.close()
+    results, refusals = [], []
+    for target, export, _, proc in procs:
+        log_path = out_dir / f"{target.model}.log"
+        if proc.returncode == 0 and export.is_file():
+            results.append(read_export(export, target, schedules[target.model]))
+            continue
+        text = log_path.read_text(errors="replace")
+        refusal = _refusal(target.model, text, ended.get(target.model, 0.0), duration_s)
+        if refusal is None:
+            rc = proc.returncode if target.model in ended else "killed after a time-out"
+            tail = text.strip().splitlines()[-3:]
+            raise TritonctlError(f"perf_analyzer for {target.model} failed ({rc}): {' / '.join(tail)}", file=log_path)
+        refusals.append((refusal, log_path))
+    if refusals:
+        measured = (
+            f"; {', '.join(r.model for r in results)}: measured without that load from then on" if results else ""
+        )
+        raise RequestsRefused(
+            "; ".join(text for text, _ in refusals)
+            + f"{measured}; tritonctl's own client (--tool tritonctl) counts refused requests and goes on",
+            results=results,
+            file=refusals[0][1] if len(refusals) == 1 else out_dir,
+        )
     return results
