@@ -35,7 +35,7 @@ from tqdm import tqdm
 import tritonctl
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.policies.actor import Actor, TrainedActor, save_actor
-from tritonctl.planning.policies.inss import Trained, decide, encode
+from tritonctl.planning.policies.inss import Trained, decide, encode, policy_metadata
 from tritonctl.planning.policies.search import Judge, climb
 from tritonctl.spec import Cluster
 
@@ -199,7 +199,7 @@ def imitate(
         writer.writerows({k: round(v, 4) for k, v in r.items()} for r in rows)
     plot_imitation(rows, out_dir / "imitation-curve.png", f"imitating search on {cluster.spec.name}", best[1])
     actor.load_state_dict(best[2])
-    metadata = {**env.layout.metadata(), "training": {"method": "imitate", "epoch": best[1], **asdict(config)}}
+    metadata = policy_metadata(env.layout, env.lm, {"method": "imitate", "epoch": best[1], **asdict(config)})
     policy_file.parent.mkdir(parents=True, exist_ok=True)
     save_actor(policy_file, actor, env.layout.obs_dim, config.hidden_sizes, metadata)
     share = goodput_share(env, Trained(TrainedActor(actor, metadata), env.layout), config.seed, held, demos.goodput)

@@ -35,7 +35,7 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.planner import demands_of, devices_of, reserve_for_requests
 from tritonctl.planning.policies import PlacementError
 from tritonctl.planning.policies.actor import Actor
-from tritonctl.planning.policies.inss import Layout, load_trained
+from tritonctl.planning.policies.inss import Layout, load_trained, policy_metadata
 from tritonctl.planning.policies.spread import spread
 from tritonctl.spec import Cluster
 
@@ -239,6 +239,6 @@ def train(
     trained = {"method": "sac", "episodes": config.episodes, "seed": config.seed, "env": asdict(config.env)}
     if init is not None:
         trained["init"] = str(init)
-    agent.save_actor(policy_file, {**env.layout.metadata(), "training": trained})
+    agent.save_actor(policy_file, policy_metadata(env.layout, env.lm, trained))
     log(f"policy written to {policy_file}; log, curve and checkpoint in {out_dir}")
     return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import sys
 
 import numpy as np
@@ -15,7 +16,7 @@ from synthetic import synthetic_dataset
 from tritonctl.cli import main
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.fit import fit_latency_model
-from tritonctl.latency.model import load_latency_model
+from tritonctl.latency.model import LatencyModel, load_latency_model
 from tritonctl.latency.queueing import task_latency
 from tritonctl.planning.plan import Device, load_plan
 from tritonctl.planning.planner import replan_policy
@@ -394,6 +395,7 @@ def test_imitation_fits_the_actor_to_search_and_reuses_its_demonstrations(tmp_pa
     assert "of heads as search chose, predicted goodput" in said[0]
     trained = load_trained(tmp_path / "p.pt", "test", ["alpha", "beta"], cpus(4096))
     assert trained.actor.metadata["training"]["method"] == "imitate"
+    assert trained.actor.metadata["latency_model_device"]["id"] == lm.device.fingerprint["id"]
     demands, devices = [Demand("alpha", 150, 300, 100), Demand("beta", 400, 10, 100)], cpus(4096)
     notes = []
     out = inss(demands, devices, lm, trained, log=notes.append)  # spread's 50/50 fails alpha: the actor decides
@@ -434,4 +436,11 @@ def test_the_controller_replans_with_a_trained_policy_where_one_fits_and_search_
     assert replan_policy(cluster, None)[0] == "search"  # no latency model, no re-planning by inss
     monkeypatch.undo()
     demo = load_cluster(REPO / "examples/cpu-demo/cluster.yaml")  # the shipped demo has its policy
-    assert replan_policy(demo, load_latency_model(REPO / "profiles/cpu-demo/latency-model.json"))[0] == "inss"
+    demo_lm = load_latency_model(REPO / "profiles/cpu-demo/latency-model.json")
+    assert replan_policy(demo, demo_lm)[0] == "inss"
+    # calibrated to another CPU, the model's numbers are not those the actor learned from: search re-plans
+    elsewhere = {**demo_lm.device.fingerprint, "id": "0123456789ab", "model": "AMD EPYC"}
+    calibrated = LatencyModel(dataclasses.replace(demo_lm.device, fingerprint=elsewhere), demo_lm.models, demo_lm.meta)
+    chosen, why = replan_policy(demo, calibrated)
+    assert chosen == "search" and "it learned from a latency model of Intel(R) Xeon(R) Processor" in why
+    assert "this one describes AMD EPYC (id 0123456789ab); train one on it with `tritonctl train`" in why

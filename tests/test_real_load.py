@@ -154,13 +154,13 @@ def test_perf_analyzer_stopped_by_a_refused_request_says_why_and_reports_the_oth
         main(["plan", str(cluster), "-o", str(plan), "--policy", "spread", "--latency-model", str(synthetic_lm)]) == 0
     )
     assert main(["apply", str(plan), "--accept-misses"]) == 0
-    rc, out, err = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30")
+    load = ["load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30"]
+    rc, out, err = run_cli(capsys, *load)
     assert rc == 2 and "alpha: the server refused a request" in err and "--tool tritonctl" in err
     assert "refuses what would be late" in err and "beta: measured without that load from then on" in err
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("alpha", "beta"))}
     assert set(rows) == {"beta"} and int(rows["beta"][2]) > 30  # 30/s over about 3 s, answered
-    rc, out, _ = run_cli(capsys, "load", str(plan), "--tool", "perf_analyzer", "--duration", "3", "--rate-scale", "30",
-                         "--format", "json")  # fmt: skip
+    rc, out, _ = run_cli(capsys, *load, "--format", "json")
     report = json.loads(out)
     assert rc == 2 and [m["model"] for m in report["models"]] == ["beta"] and report["stopped"].startswith("alpha:")
     rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1", "--rate-scale", "30")

@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         choices=list(POLICIES),
         help="policy to re-plan with when BDA fails (default: inss where a trained policy for the cluster ships, "
-        "search otherwise)",
+        "trained on a latency model of the same device; search otherwise)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9300, help="port of the state and metrics endpoint (default 9300)")

@@ -362,15 +362,18 @@ def _work(demand: Demand, lm: LatencyModel | None) -> float:
 
 
 def replan_policy(cluster: Cluster, lm: LatencyModel | None) -> tuple[str, str]:
-    """The policy re-planning uses unless told: `inss` where a trained policy for this cluster ships and fits it,
-    `search` otherwise; and why."""
+    """The policy re-planning uses unless told: `inss` where a trained policy for this cluster ships and fits it
+    and the latency model's device, `search` otherwise; and why."""
     path = default_policy_file(cluster.spec.name)
     if lm is None or not path.is_file():
         return "search", f"no trained inss policy {path}"
     try:
-        load_trained(path, cluster.spec.name, [m.name for m in cluster.spec.models], devices_of(cluster))
+        trained = load_trained(path, cluster.spec.name, [m.name for m in cluster.spec.models], devices_of(cluster))
     except TritonctlError as exc:
         return "search", str(exc)
+    other = trained.other_device(lm)
+    if other:
+        return "search", f"the trained policy {path} does not fit the latency model: {other}"
     return "inss", f"the trained policy {path} fits the cluster"
 
 
@@ -433,7 +436,10 @@ def make_plan(
         fn = partial(fn, copies=False)
     if POLICIES[policy].trained:
         path = policy_file or default_policy_file(cluster.spec.name)
-        fn = partial(fn, trained=load_trained(path, cluster.spec.name, [d.name for d in demands], devices))
+        trained = load_trained(path, cluster.spec.name, [d.name for d in demands], devices)
+        if other := trained.other_device(lm):
+            log(f"note: {path}: {other}")
+        fn = partial(fn, trained=trained)
     notes: list[str] = []  # what the policy says of its decision (inss: whose placement; optimal: the gap)
     if POLICIES[policy].logs:
 

@@ -368,6 +368,24 @@ class Trained:
     actor: Any  # actor.TrainedActor (torch, loaded on use)
     layout: Layout
 
+    def other_device(self, lm: LatencyModel) -> str | None:
+        """How `lm` describes another device than the latency model the actor learned from, or None (also where
+        the file does not say which device that was)."""
+        trained_on = self.actor.metadata.get("latency_model_device")
+        here = lm.device.fingerprint
+        if not trained_on or trained_on["id"] == here.get("id"):
+            return None
+        return (
+            f"it learned from a latency model of {trained_on['model']} (id {trained_on['id']}), this one describes "
+            f"{here.get('model', 'another device')} (id {here.get('id')}); train one on it with `tritonctl train`"
+        )
+
+
+def policy_metadata(layout: Layout, lm: LatencyModel, training: dict[str, Any]) -> dict[str, Any]:
+    """What a trained actor's file carries: the layout, the device its latency model describes, how it was trained."""
+    device = {"id": lm.device.fingerprint.get("id", ""), "model": lm.device.fingerprint.get("model", "")}
+    return {**layout.metadata(), "latency_model_device": device, "training": training}
+
 
 def default_policy_file(cluster: str) -> Path:
     """Where the trained policy of `cluster` ships: policies/ of tritonctl.rl (rl/policies/ in a checkout)."""
