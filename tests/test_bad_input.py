@@ -189,6 +189,13 @@ def test_a_latency_margin_out_of_range_or_without_a_model(capsys, mlp_cluster):
     assert not (mlp_cluster.parent / "plan.yaml").exists()
 
 
+@pytest.mark.parametrize("value", ["0", "1.5", "99", "most"])
+def test_a_share_within_the_slo_out_of_range_is_refused_before_any_traffic(capsys, mlp_cluster, value):
+    line = _refused_argument(capsys, "load", str(mlp_cluster.parent / "plan.yaml"), "--min-within-slo", value)
+    assert line.startswith("tritonctl load: error: argument --min-within-slo: ")
+    assert "must be above 0 and at most 1 (0.99 is 99%)" in line or "not a number: 'most'" in line
+
+
 def test_hand_edited_plan_is_validated(capsys, mlp_cluster):
     assert main(["plan", str(mlp_cluster)]) == 0
     plan = mlp_cluster.parent / "plan.yaml"

@@ -50,8 +50,10 @@ def served(tmp_path_factory):
 
 @pytest.mark.triton
 def test_perf_analyzer_loads_every_model_at_once_and_reports_like_the_own_client(served, capsys):
-    rc, out, _ = run_cli(capsys, "load", str(served), "--tool", "perf_analyzer", "--duration", "3")
-    assert rc == 0, out
+    rc, out, _ = run_cli(
+        capsys, "load", str(served), "--tool", "perf_analyzer", "--duration", "3", "--min-within-slo", "0.9"
+    )
+    assert rc == 0 and "below 90% within the SLO" not in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("alpha", "beta"))}
     assert set(rows) == {"alpha", "beta"}
     for cells in rows.values():
@@ -163,9 +165,11 @@ def test_perf_analyzer_stopped_by_a_refused_request_says_why_and_reports_the_oth
     rc, out, _ = run_cli(capsys, *load, "--format", "json")
     report = json.loads(out)
     assert rc == 2 and [m["model"] for m in report["models"]] == ["beta"] and report["stopped"].startswith("alpha:")
-    rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1", "--rate-scale", "30")
+    rc, out, _ = run_cli(capsys, "load", str(plan), "--duration", "1", "--rate-scale", "30", "--min-within-slo", "0.9")
     (alpha,) = [line.split() for line in out.splitlines() if line.startswith("alpha")]
     assert int(alpha[3]) > 0  # tritonctl's client counts the refused requests as failed and goes on
+    (short,) = [line for line in out.splitlines() if line.startswith("below 90% within the SLO: ")]
+    assert rc == 1 and "alpha" in short and "beta" not in short
 
 
 @pytest.mark.triton

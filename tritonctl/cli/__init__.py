@@ -83,6 +83,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1 (0.99 is 99%), not {text}")
+    return value
+
+
 def _simulated_seconds(text: str) -> float:
     value = _positive(text)
     if value > MAX_SIMULATED_S:
@@ -418,6 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="multiply every model's rate (default 1: the planned rates, where the plan's simulated p99 is printed "
         "beside the measured one)",
+    )
+    p.add_argument(
+        "--min-within-slo",
+        type=_fraction,
+        metavar="F",
+        help="exit 1 when a model has fewer than this share of its requests answered within its SLO (0.99 is 99%%; "
+        "default: only when a model had no answer), naming the models",
     )
     p = add("demo", "demo.cmd_demo", "plan, apply and load the CPU demo cluster end to end")
     p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")

@@ -278,7 +278,9 @@ def cmd_down(args) -> int:
     return 0
 
 
-def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "tritonctl") -> int:
+def _load(
+    plan_path: Path, duration: float, rate_scale: float, tool: str = "tritonctl", min_within_slo: float | None = None
+) -> int:
     loaded = load_plan(plan_path)
     targets = endpoints(loaded.plan)
     pa = find_perf_analyzer() if tool == "perf_analyzer" else None  # before any traffic: a missing tool says so
@@ -308,10 +310,11 @@ def _load(plan_path: Path, duration: float, rate_scale: float, tool: str = "trit
     if rate_scale == 1:
         simulated = {m.name: m.simulated_p99_ms for m in loaded.plan.models if m.simulated_p99_ms}
     joules = None if after is None else (after - before) / 1000
-    _report_load(results, tool, rate_scale, simulated, joules, refused)
+    short = [r for r in results if min_within_slo is not None and not r.within_slo >= min_within_slo]
+    _report_load(results, tool, rate_scale, simulated, joules, refused, short, min_within_slo)
     if refused is not None:
         raise refused
-    return 0 if all(r.ok > 0 for r in results) else 1
+    return 0 if all(r.ok > 0 for r in results) and not short else 1
 
 
 def _report_load(
@@ -321,8 +324,11 @@ def _report_load(
     simulated: dict[str, float],
     joules: float | None,
     refused: RequestsRefused | None,
+    short: list[LoadResult],
+    min_within_slo: float | None,
 ) -> None:
-    """The load's table (or JSON) of the models measured; a refusal that stopped others is raised after it."""
+    """The load's table (or JSON) of the models measured, and those with less than `min_within_slo` of their
+    requests within the SLO; a refusal that stopped others is raised after it."""
     answered = sum(r.ok for r in results)
     if output.JSON:
         energy = (
@@ -330,7 +336,8 @@ def _report_load(
         )
         models = [{**r.summary(), "simulated_p99_ms": simulated.get(r.model)} for r in results]
         stopped = {} if refused is None else {"stopped": refused.message}
-        emit({"tool": tool, "rate_scale": rate_scale, "models": models, **stopped, **energy})
+        check = {} if min_within_slo is None else {"min_within_slo": min_within_slo, "short": [r.model for r in short]}
+        emit({"tool": tool, "rate_scale": rate_scale, "models": models, **stopped, **check, **energy})
         return
     if results:
         say(format_results(results, simulated))
@@ -342,6 +349,9 @@ def _report_load(
             f"GPU energy (NVML, all the GPUs' work while the load ran): {joules:.0f} J over {answered} answered "
             f"requests, {1000 * joules / max(answered, 1):.1f} mJ/request"
         )
+    if short:
+        shares = [f"{r.model} {100 * r.within_slo:.1f}%" if r.sent else f"{r.model} (nothing sent)" for r in short]
+        say(f"below {100 * min_within_slo:g}% within the SLO: {', '.join(shares)}")
 
 
 def _listening(url: str) -> bool:
@@ -355,4 +365,4 @@ def _listening(url: str) -> bool:
 
 
 def cmd_load(args) -> int:
-    return _load(Path(args.plan), args.duration, args.rate_scale, args.tool)
+    return _load(Path(args.plan), args.duration, args.rate_scale, args.tool, args.min_within_slo)
