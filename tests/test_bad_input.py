@@ -12,6 +12,7 @@ import yaml
 
 from conftest import make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
+from tritonctl.planning.plan import load_plan
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
@@ -158,9 +159,11 @@ def _refused_argument(capsys, *argv: str) -> str:
 
 
 def test_unknown_policy_is_refused_before_anything_is_exported(capsys, mlp_cluster):
-    line = _refused_argument(capsys, "plan", str(mlp_cluster), "--policy", "magic")
-    assert "invalid choice: 'magic'" in line and "spread" in line
-    assert "models of" not in capsys.readouterr().out  # refused by the parser: no model was even looked at
+    with pytest.raises(SystemExit):
+        main(["plan", str(mlp_cluster), "--policy", "magic"])
+    said = capsys.readouterr()
+    assert "invalid choice: 'magic'" in said.err and "spread" in said.err
+    assert "models of" not in said.out  # refused by the parser: no model was even looked at
 
 
 @pytest.mark.parametrize(
@@ -289,9 +292,10 @@ def test_a_cluster_file_for_a_plan_a_plan_for_a_cluster_file_or_an_empty_file_is
 
 
 def test_a_policy_that_needs_a_latency_model_is_refused_before_anything_is_exported(capsys, mlp_cluster):
-    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--policy", "search")
-    assert rc == 2 and "--latency-model: policy search needs a fitted latency model" in err
-    assert "models of" not in capsys.readouterr().out and not (mlp_cluster.parent / "plan.yaml").exists()
+    rc = main(["plan", str(mlp_cluster), "--policy", "search"])
+    said = capsys.readouterr()
+    assert rc == 2 and "--latency-model: policy search needs a fitted latency model" in said.err
+    assert "models of" not in said.out and not (mlp_cluster.parent / "plan.yaml").exists()
 
 
 def test_load_of_a_deployment_not_running_says_so_at_once(capsys, mlp_cluster):
@@ -341,9 +345,14 @@ def test_validate_refuses_what_the_next_verb_would(capsys, tmp_path, mlp_cluster
     assert rc == 2 and f"{cluster}: models[0].source: 'resnet9000' is neither an .onnx path" in err
     assert main(["plan", str(mlp_cluster)]) == 0
     plan = mlp_cluster.parent / "plan.yaml"
-    (mlp_cluster.parent / "mlp.onnx").unlink()
+    loaded = load_plan(plan)
+    onnx = loaded.resolve(loaded.plan.models[0].onnx)
+    onnx.write_bytes(onnx.read_bytes() + b"\0")  # another file under the same name: what apply would refuse
     rc, err = run_cli(capsys, "validate", str(plan))
-    assert rc == 2 and f"{plan}: models[0].onnx: ONNX file not found" in err
+    assert rc == 2 and f"{plan}: models.alpha.onnx: {onnx} is not the file the plan was made for" in err
+    onnx.unlink()
+    rc, err = run_cli(capsys, "validate", str(plan))
+    assert rc == 2 and f"{plan}: models.alpha.onnx: ONNX file not found" in err
 
 
 def test_fit_on_a_file_or_a_folder_that_is_no_profile_says_so(capsys, mlp_cluster):

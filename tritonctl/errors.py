@@ -1,5 +1,5 @@
-"""The error types the CLI turns into a clean message and a non-zero exit: 2 for bad input, 3 for an
-apply that failed and was rolled back."""
+"""The error types the CLI turns into a clean message and a non-zero exit: 2 for bad input or a problem that
+stopped the work, 3 for an apply that failed and was rolled back."""
 
 from __future__ import annotations
 

@@ -150,22 +150,23 @@ def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str |
             msg = "unknown field"
         elif err["type"] != "missing" and err["loc"] and not isinstance(err["input"], dict):
             msg = f"{msg} (got {excerpt(err['input'])})"
-            if err["type"] in ("float_type", "int_type") and _number_text(err["input"]):
-                msg += ": YAML read it as text; write the number unquoted (an exponent needs a dot: 3.0e1)"
+            numeric = err["type"] in ("float_type", "int_type")
+            if numeric and _number_text(err["input"], whole=err["type"] == "int_type"):
+                msg += ": YAML read it as text; write the number unquoted (an exponent needs a dot and a sign: 3.0e+1)"
         if len(errors) > 1:
             msg += f" (and {len(errors) - 1} more problem(s))"
         raise TritonctlError(msg, file=path, field=_field_text(err["loc"])) from None
 
 
-def _number_text(value) -> bool:
-    """Whether `value` is text that reads as a number."""
+def _number_text(value, whole: bool) -> bool:
+    """Whether `value` is text that reads as a number (`whole`: a whole one)."""
     if not isinstance(value, str):
         return False
     try:
-        float(value)
+        number = float(value)
     except ValueError:
         return False
-    return True
+    return number.is_integer() if whole else True
 
 
 def _field_text(loc: tuple) -> str | None:

@@ -34,7 +34,7 @@ def _output_file(text: str) -> str:
 
 
 def _figure_file(text: str) -> str:
-    """argparse type of a figure to write: an -o file whose suffix names a format matplotlib writes."""
+    """argparse type of a figure to write (--plot): a file whose suffix names a format matplotlib writes."""
     if Path(text).suffix.lower() not in FIGURE_SUFFIXES:
         suffixes = ", ".join(FIGURE_SUFFIXES)
         raise argparse.ArgumentTypeError(f"{text}: name a {suffixes} file (the suffix picks the format)")
@@ -84,6 +84,7 @@ def _positive(text: str) -> float:
 
 
 def _fraction(text: str) -> float:
+    """argparse type of a share: above 0, at most 1."""
     try:
         value = float(text)
     except ValueError:

@@ -328,7 +328,7 @@ def _report_load(
     min_within_slo: float | None,
 ) -> None:
     """The load's table (or JSON) of the models measured, and those with less than `min_within_slo` of their
-    requests within the SLO; a refusal that stopped others is raised after it."""
+    requests within the SLO (`short`); with `refused`, the message of the perf_analyzer runs that stopped."""
     answered = sum(r.ok for r in results)
     if output.JSON:
         energy = (

@@ -39,6 +39,7 @@ from tritonctl.planning.policies import POLICIES
 from tritonctl.planning.policies.inss import default_policy_file
 from tritonctl.planning.simulate import format_sim, read_trace, simulate, simulated_misses, with_simulation
 from tritonctl.spec import Cluster, ClusterSpec, load_cluster
+from tritonctl.triton.render import verified_onnx
 
 
 def _plan(
@@ -287,9 +288,8 @@ def cmd_validate(args) -> int:
     raw = load_yaml(path)
     if isinstance(raw, dict) and "cluster_file" in raw:
         loaded = load_plan(path)
-        for i, model in enumerate(loaded.plan.models):
-            if not loaded.resolve(model.onnx).is_file():
-                raise TritonctlError(f"ONNX file not found: {model.onnx}", file=path, field=f"models[{i}].onnx")
+        for model in loaded.plan.models:
+            verified_onnx(loaded, model)
         misses = predicted_misses(loaded.plan)
         say(
             f"{path}: a valid plan of cluster {loaded.plan.cluster} "

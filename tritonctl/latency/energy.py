@@ -35,6 +35,7 @@ FORMAT = "tritonctl-energy-model/1"
 COLUMNS = ("model", "batch", "sm_clock_read_mhz", "batch_ms", "joules_per_image")
 NUMBERS = {"batch": int, "sm_clock_read_mhz": float, "batch_ms": float, "joules_per_image": float}  # in Sample's order
 CLOCK_STEP_MHZ = 15  # the grid the plan chooses clocks on (H100 and A100 clocks step by 15 MHz)
+MAX_SWEEP_BYTES = 64 << 20  # a sweep's CSV: a row per model, batch and clock measured
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Sample:
 
 def read_samples(path: Path) -> list[Sample]:
     """The rows of an energy sweep's CSV; TritonctlError naming the file, row and column of a bad one."""
-    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    reader = csv.DictReader(io.StringIO(read_text(path, limit=MAX_SWEEP_BYTES), newline=""))
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise TritonctlError(f"no column {', '.join(missing)} (an energy sweep's CSV)", file=path)

@@ -437,7 +437,7 @@ def make_plan(
     if POLICIES[policy].trained:
         path = policy_file or default_policy_file(cluster.spec.name)
         trained = load_trained(path, cluster.spec.name, [d.name for d in demands], devices)
-        if other := trained.other_device(lm):
+        if lm is not None and (other := trained.other_device(lm)):
             log(f"note: {path}: {other}")
         fn = partial(fn, trained=trained)
     notes: list[str] = []  # what the policy says of its decision (inss: whose placement; optimal: the gap)

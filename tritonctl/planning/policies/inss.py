@@ -373,7 +373,7 @@ class Trained:
         the file does not say which device that was)."""
         trained_on = self.actor.metadata.get("latency_model_device")
         here = lm.device.fingerprint
-        if not trained_on or trained_on["id"] == here.get("id"):
+        if not (trained_on and trained_on.get("id")) or trained_on["id"] == here.get("id"):
             return None
         return (
             f"it learned from a latency model of {trained_on['model']} (id {trained_on['id']}), this one describes "
