@@ -48,5 +48,7 @@ def test_demo_serves_every_model_of_the_cpu_demo(tmp_path):
     assert set(rows) == {m["name"] for m in spec["models"]}
     for sent, ok, failed in rows.values():
         assert sent > 0 and ok == sent and failed == 0
+    verdicts = [line for line in run.stdout.splitlines() if line.startswith(("every model held", "not every model"))]
+    assert len(verdicts) == 1  # whether every model kept 99% of its requests within its SLO, said either way
     started = run.stdout.count("\n  ready    ")  # one a placement: replicas where one instance would queue too long
     assert started >= 3 and f"stopped {started} instance(s)" in run.stdout

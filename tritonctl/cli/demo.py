@@ -22,6 +22,7 @@ from tritonctl.triton.client import endpoints
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where the committed profiles are (profiles/<cluster name>/)
 BUSY = 0.25  # cores kept busy by other processes from which the demo reserves them
+DEMO_WITHIN_SLO = 0.99  # what the demo's load must keep within the SLOs to say that every model held
 DEMO_MARGIN = 0.15  # the demo runs at rates its plan serves with batches 15% slower than predicted (at least)
 
 
@@ -57,7 +58,17 @@ def cmd_demo(args) -> int:
     say("== 3/4 endpoints")
     cmd_endpoints(argparse.Namespace(plan=str(plan_path)))
     say("== 4/4 load")
-    rc = _load(plan_path, args.duration, 1.0)
+    # a model short of its SLO is said, not an error (the demo ran end to end); one with no answer is an error
+    rc, short = _load(plan_path, args.duration, 1.0, min_within_slo=DEMO_WITHIN_SLO)
+    if short and (misses or not latency_model):
+        say("not every model held" + (", as the plan predicted" if misses else " (no latency model predicted it)"))
+    elif short:
+        say(
+            "not every model held where the plan simulated it (this CPU served less than calibrated: its speed "
+            "moves, or other processes took cores; docs/real-load.md, 'Why a plan can miss its SLOs on a CPU')"
+        )
+    else:
+        say(f"every model held: {100 * DEMO_WITHIN_SLO:g}% or more of its requests within its SLO")
     if args.teardown:
         cmd_down(argparse.Namespace(plan=str(plan_path), compose_dir=None, namespace="tritonctl", dry_run=False))
     else:

@@ -280,7 +280,9 @@ def cmd_down(args) -> int:
 
 def _load(
     plan_path: Path, duration: float, rate_scale: float, tool: str = "tritonctl", min_within_slo: float | None = None
-) -> int:
+) -> tuple[int, list[str]]:
+    """Load the deployment and report it: 1 where a model had no answer (else 0), and the models with less than
+    `min_within_slo` of their requests within the SLO."""
     loaded = load_plan(plan_path)
     targets = endpoints(loaded.plan)
     pa = find_perf_analyzer() if tool == "perf_analyzer" else None  # before any traffic: a missing tool says so
@@ -314,7 +316,7 @@ def _load(
     _report_load(results, tool, rate_scale, simulated, joules, refused, short, min_within_slo)
     if refused is not None:
         raise refused
-    return 0 if all(r.ok > 0 for r in results) and not short else 1
+    return (0 if all(r.ok > 0 for r in results) else 1), [r.model for r in short]
 
 
 def _report_load(
@@ -365,4 +367,5 @@ def _listening(url: str) -> bool:
 
 
 def cmd_load(args) -> int:
-    return _load(Path(args.plan), args.duration, args.rate_scale, args.tool, args.min_within_slo)
+    rc, short = _load(Path(args.plan), args.duration, args.rate_scale, args.tool, args.min_within_slo)
+    return 1 if short else rc
