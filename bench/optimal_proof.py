@@ -57,7 +57,6 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, help="only these rows of the table (1 = the first setup)")
     parser.add_argument("--max-replicas", type=int, default=solver.MAX_REPLICAS, help="devices a model may span")
     args = parser.parse_args()
-    solver.MAX_REPLICAS = args.max_replicas
     cpu = cpu_fingerprint()
     lines = [
         f"CPU: {cpu['model']}, {cpu['caches'].get('L1 Data', '?')} L1d / {cpu['caches'].get('L2 Unified', '?')} L2, "
@@ -73,7 +72,7 @@ def main() -> None:
         artifacts = materialize(cluster, log=lambda _: None)
         planned = reserve_for_requests(cluster, lm, lambda _: None, None) if cluster.kind == "cpu" else cluster
         demands, devices = demands_of(planned, artifacts, lm), devices_of(planned)  # the cores make_plan plans with
-        outcome = solver.solve(demands, devices, lm, args.time_limit)
+        outcome = solver.solve(demands, devices, lm, args.time_limit, max_replicas=args.max_replicas)
         placement, judge = climb(demands, devices, lm)
         searched = sum(judge(placement).served.values())
         row = (

@@ -18,7 +18,6 @@ the optimum planned knowing the draw.
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 
 from latency_error import HELD, SETUPS, violations
@@ -27,11 +26,11 @@ from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.planner import demands_of, devices_of, make_plan
+from tritonctl.planning.policies.optimal import MAX_REPLICAS, solve
 from tritonctl.planning.simulate import latency_errors
 from tritonctl.spec import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
-solver = importlib.import_module("tritonctl.planning.policies.optimal")  # the package exports the function
 
 
 def main() -> None:
@@ -43,9 +42,8 @@ def main() -> None:
     )
     parser.add_argument("--knowing", type=int, default=5, help="draws over 1%% planned again knowing the error")
     parser.add_argument("--error", type=float, default=0.10, help="largest error per model (default 0.10)")
-    parser.add_argument("--max-replicas", type=int, default=solver.MAX_REPLICAS, help="devices a model may span")
+    parser.add_argument("--max-replicas", type=int, default=MAX_REPLICAS, help="devices a model may span")
     args = parser.parse_args()
-    solver.MAX_REPLICAS = args.max_replicas
     lm = load_latency_model(REPO / "profiles/inss-scaled/latency-model.json")
     clusters = {setup: load_cluster(REPO / f"examples/inss-scaled/{setup}.yaml") for setup in args.setups}
     artifacts = {setup: materialize(cluster, log=lambda _: None) for setup, cluster in clusters.items()}
@@ -57,7 +55,7 @@ def main() -> None:
         demands = demands_of(cluster, artifacts[setup], lm)
         asked = sum(d.rate for d in demands)
         for margin in [0.0, *args.margins]:
-            outcome = solver.solve(demands, devices_of(cluster), lm.with_margin(margin))
+            outcome = solve(demands, devices_of(cluster), lm.with_margin(margin), max_replicas=args.max_replicas)
             print(
                 f"| {setup} | {asked:.1f} | {100 * margin:g}% | {outcome.goodput:.1f} | {outcome.bound:.1f} | "
                 f"{100 * outcome.gap:.2f}% | {100 * outcome.bound / asked:.1f}% |",

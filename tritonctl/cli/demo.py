@@ -13,10 +13,11 @@ from tritonctl.cli.output import say
 from tritonctl.cli.planning import _plan
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
-from tritonctl.latency.device import busy_cores, cpu_fingerprint
+from tritonctl.latency.device import busy_cores
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import load_plan
-from tritonctl.planning.planner import servable_scale
+from tritonctl.planning.planner import on_another_cpu, servable_scale
+from tritonctl.planning.policies import POLICIES
 from tritonctl.spec import Cluster, load_cluster
 from tritonctl.triton.client import endpoints
 
@@ -34,14 +35,14 @@ def cmd_demo(args) -> int:
     if latency_model is None:  # the committed one, where there is one
         committed = CHECKOUT / "profiles" / load_cluster(cluster).spec.name / "latency-model.json"
         latency_model = str(committed) if committed.is_file() else None
-        if latency_model is None and args.policy != "spread":
+        if latency_model is None and POLICIES[args.policy].latency_model:
             raise TritonctlError(
                 f"policy {args.policy} needs a fitted latency model and there is none: pass --latency-model, "
                 "or profile and fit the cluster first (tritonctl profile, tritonctl fit)",
                 file=committed,
             )
     spec = _reserve_what_is_busy(load_cluster(cluster))
-    if latency_model and load_latency_model(latency_model).device.fingerprint.get("id") != cpu_fingerprint()["id"]:
+    if latency_model and on_another_cpu(load_latency_model(latency_model)):
         here = _calibrated_path(Path(latency_model), spec.resolve(spec.spec.runtime.state_dir))
         # calibrated once per CPU, kept in the state folder; again where it lacks what requests cost outside the models
         if not here.is_file() or not any(p.request_cpu_ms for p in load_latency_model(here).models.values()):

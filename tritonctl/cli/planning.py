@@ -12,7 +12,6 @@ from tritonctl.deploy.apply import predicted_misses
 from tritonctl.errors import TritonctlError
 from tritonctl.export import check_architecture, materialize
 from tritonctl.files import load_yaml
-from tritonctl.latency.device import cpu_fingerprint
 from tritonctl.latency.energy import clocked
 from tritonctl.latency.energy import load as load_energy_model
 from tritonctl.latency.model import load_latency_model
@@ -31,6 +30,8 @@ from tritonctl.planning.planner import (
     check_latency_model,
     fewest_devices,
     make_plan,
+    on_another_cpu,
+    other_cpu_note,
     predicted_load,
     simulated_plan,
     sources_of,
@@ -157,7 +158,7 @@ def cmd_plan(args) -> int:
             field="--objective",
         )
     policy = args.policy or ("search" if args.latency_model else "spread")
-    if policy != "spread" and not args.latency_model:
+    if POLICIES[policy].latency_model and not args.latency_model:
         raise TritonctlError(
             f"policy {policy} needs a fitted latency model (spread is the only policy without one)",
             field="--latency-model",
@@ -177,8 +178,8 @@ def cmd_simulate(args) -> int:
     missing = [m.name for m in loaded.plan.models if m.name not in lm.models]
     if missing:
         raise TritonctlError(f"models {missing} are not in the latency model", file=args.latency_model)
-    if loaded.plan.target == "cpu" and lm.device.fingerprint.get("id") != cpu_fingerprint()["id"]:
-        say(f"note: {args.latency_model} speaks for the CPU it was profiled on ({lm.device.fingerprint.get('model')})")
+    if loaded.plan.target == "cpu" and on_another_cpu(lm):
+        say(other_cpu_note(args.latency_model, lm))
     trace = None
     if args.trace:
         trace = read_trace(Path(args.trace))

@@ -130,6 +130,16 @@ def _describe(kind: str, units: int, cores: float | None) -> str:
     return f"a {kind} device of {units} units" + (f" standing for {cores:g} cores" if cores else "")
 
 
+def on_another_cpu(lm: LatencyModel) -> bool:
+    """Whether `lm` was measured on another device than this machine's CPU."""
+    return lm.device.fingerprint.get("id") != cpu_fingerprint()["id"]
+
+
+def other_cpu_note(lm_path: str | Path, lm: LatencyModel) -> str:
+    """What to say where a latency model of another CPU is used without deploying: whose latencies it holds."""
+    return f"note: {lm_path} speaks for the CPU it was profiled on ({lm.device.fingerprint.get('model')})"
+
+
 def check_latency_model(
     cluster: Cluster,
     artifacts: dict[str, Artifact],
@@ -171,9 +181,9 @@ def check_latency_model(
                 field="device.fingerprint",
             )
     here = cpu_fingerprint()
-    elsewhere = group.kind == "cpu" and lm.device.fingerprint.get("id") != here["id"]
+    elsewhere = group.kind == "cpu" and on_another_cpu(lm)
     if elsewhere and not deploys_here:
-        log(f"note: {lm_path} speaks for the CPU it was profiled on ({lm.device.fingerprint.get('model')})")
+        log(other_cpu_note(lm_path, lm))
     elif elsewhere:
         raise TritonctlError(
             f"profiled on another CPU ({lm.device.fingerprint.get('model')}, id {lm.device.fingerprint.get('id')}; "

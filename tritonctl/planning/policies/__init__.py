@@ -20,7 +20,9 @@ from tritonctl.planning.policies.spread import spread
 from tritonctl.planning.policies.timesharing import time_sharing
 
 POLICIES: dict[str, PolicyInfo] = {
-    "spread": PolicyInfo(spread, "spread models over devices, equal shares per device, batch 1 (no latency model)"),
+    "spread": PolicyInfo(
+        spread, "spread models over devices, equal shares per device, batch 1 (no latency model)", latency_model=False
+    ),
     "bda": PolicyInfo(bda_policy, "spread's placement and shares, batch sizes by InSS's BDA (Algorithm 1)"),
     "search": PolicyInfo(
         search,

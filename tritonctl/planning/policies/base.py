@@ -55,3 +55,4 @@ class PolicyInfo:
     sharing: str = "spatial"  # "temporal": every instance gets its whole device, instances take turns
     trained: bool = False  # needs a trained policy file: the planner loads it and passes it as `trained=`
     logs: bool = False  # says how it went (a solver's bound and gap): the planner passes its `log=`
+    latency_model: bool = True  # decides with a fitted latency model (spread alone does without)

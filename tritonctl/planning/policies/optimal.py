@@ -334,10 +334,12 @@ def _kind(device: Device) -> tuple:
 class _Program:
     """The mixed-integer program over the options and turn sets, solved (again after each cut) by HiGHS."""
 
-    def __init__(self, demands: list[Demand], devices: list[Device], lm: LatencyModel):
+    def __init__(
+        self, demands: list[Demand], devices: list[Device], lm: LatencyModel, max_replicas: int = MAX_REPLICAS
+    ):
         self.demands = demands
         self.h = h = _quiet_highs()
-        replicas = min(len(devices), MAX_REPLICAS)
+        replicas = min(len(devices), max_replicas)
         options: list[Option] = []
         turns: list[tuple[Device, tuple[Member, ...], Turns]] = []
         splits: dict[tuple, list[Option]] = {}  # identical devices: evaluated once
@@ -514,6 +516,7 @@ def solve(
     lm: LatencyModel,
     time_limit_s: float = TIME_LIMIT_S,
     from_search: bool = True,
+    max_replicas: int = MAX_REPLICAS,
 ) -> Outcome:
     """The goodput-optimal layout within `time_limit_s` (the best found and its gap when the limit ends it).
 
@@ -540,7 +543,7 @@ def solve(
     searched = best
     if best is not None and best[0] >= offered * (1 - TIE):  # search's plan serves every rate: nothing to gain
         return Outcome(best[1], best[0], best[0], "Optimal", time.monotonic() - began, 0, True)
-    program = _Program(demands, devices, lm)
+    program = _Program(demands, devices, lm, max_replicas)
     bound, status, cuts = offered, "Time limit reached", 0
     stages = [(False, False), (True, False), (True, True)]
     stages = [s for k, s in enumerate(stages) if k == 0 or (s[0] and program.several) or (s[1] and program.in_part)]
