@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -360,3 +361,126 @@ def test_fit_on_a_file_or_a_folder_that_is_no_profile_says_so(capsys, mlp_cluste
     assert rc == 2 and "a file, not a profile folder" in err
     rc, err = run_cli(capsys, "fit", str(mlp_cluster.parent))
     assert rc == 2 and f"{mlp_cluster.parent}: not a profile folder: no metadata.json in it" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["simulate", "p.yaml", "--latency-model", "m.json", "--seed", "-1"], "--seed: -1: a whole number from 0"),
+        (["simulate", "p.yaml", "--latency-model", "m.json", "--rate-scale", "inf"], "'inf' is not a finite number"),
+        (["simulate", "p.yaml", "--latency-model", "m.json", "--rate-scale", "1e9"], "at most 100 times the planned"),
+        (["simulate", "p.yaml", "--latency-model", "m.json", "--latency-error", "1"], "at least 0 and below 1"),
+        (["load", "p.yaml", "--duration", "inf"], "--duration: 'inf' is not a finite number"),
+        (["load", "p.yaml", "--rate-scale", "nan"], "--rate-scale: 'nan' is not a finite number"),
+        (["controller", "p.yaml", "--cooldown", "-5"], "--cooldown: '-5' is negative"),
+        (["controller", "p.yaml", "--port", "70000"], "--port: 70000: a whole number from 0 to 65535"),
+        (["train", "c.yaml", "--latency-model", "m.json", "--epochs", "0"], "--epochs: 0: a whole number from 1"),
+        (["plan", "c.yaml", "-o", ""], "-o/--output: empty: name the file to write"),
+    ],
+)
+def test_numbers_that_cannot_be_meant_are_refused_by_the_parser(capsys, argv, words):
+    assert words in _refused_argument(capsys, *argv)
+
+
+def test_a_simulation_too_large_to_hold_is_refused_before_it_draws(capsys, mlp_cluster, synthetic_lm):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = str(mlp_cluster.parent / "plan.yaml")
+    began = time.monotonic()  # the two models at 20 requests/s: 100 x 3600 s is 14.4 million requests
+    rc, err = run_cli(capsys, "simulate", plan, "--latency-model", str(synthetic_lm), "--duration", "3600",
+                      "--rate-scale", "100")  # fmt: skip
+    assert rc == 2 and "--duration: 3600 s at 100x the plan's rates is about 14,400,000 requests" in err
+    assert time.monotonic() - began < 5
+
+
+def test_a_misspelt_key_is_named_with_the_field_it_means(capsys, mlp_cluster):
+    edit(mlp_cluster, lambda d: d["models"][0].update(slo_msec=d["models"][0].pop("slo_ms")))
+    rc, err = run_cli(capsys, "validate", str(mlp_cluster))
+    assert rc == 2 and f"{mlp_cluster}: models[0].slo_msec: unknown field (did you mean slo_ms?)" in err
+    edit(mlp_cluster, lambda d: d.update(runtme=d.pop("runtime")) or d["models"][0].update(slo_ms=50))
+    edit(mlp_cluster, lambda d: d["models"][0].pop("slo_msec"))
+    rc, err = run_cli(capsys, "validate", str(mlp_cluster))
+    assert rc == 2 and "runtme: unknown field (did you mean runtime?)" in err
+
+
+def test_a_model_without_traffic_is_served_not_shed(capsys, mlp_cluster, synthetic_lm):
+    edit(mlp_cluster, lambda d: d["models"][0].update(rate=0))
+    plan = mlp_cluster.parent / "plan.yaml"
+    assert main(["plan", str(mlp_cluster), "--policy", "search", "--latency-model", str(synthetic_lm)]) == 0
+    out = capsys.readouterr().out
+    alpha = load_plan(plan).plan.models[0]
+    assert alpha.placements and alpha.simulated_in_slo is None and "NOT SERVED" not in out
+    assert "simulated nothing (no traffic)" in out
+    assert main(["apply", str(plan), "--dry-run"]) == 1  # would start it: not refused as a predicted miss
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (lambda d: d["device"].update(contention=float("nan")), "device.contention", "finite number"),
+        (lambda d: d["device"].update(cores=-2), "device.cores", "greater than 0"),
+        (lambda d: d["models"]["alpha"].update(lwr_X="x"), "models.alpha.lwr_X", "valid list"),
+        (lambda d: d["models"]["alpha"].update(lwr_y=[1.0]), "models.alpha", "same training points"),
+        (lambda d: d.pop("models"), "models", "must be a mapping"),
+    ],
+)
+def test_a_corrupt_latency_model_names_its_field(capsys, mlp_cluster, synthetic_lm, tmp_path, change, field, words):
+    data = json.loads(synthetic_lm.read_text())
+    change(data)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(broken))
+    assert rc == 2 and f"{broken}: {field}: corrupt latency model" in err and words in err
+    assert err.count("\n") == 1
+
+
+def test_a_latency_model_of_another_cpu_is_refused_before_any_export(capsys, mlp_cluster, synthetic_lm, tmp_path):
+    data = json.loads(synthetic_lm.read_text())
+    data["device"]["fingerprint"]["id"] = "another-cpu"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(other))
+    assert rc == 2 and "profiled on another CPU" in err
+    assert not (mlp_cluster.parent / "exports").exists()
+
+
+def test_a_plan_edited_beyond_its_devices_is_named(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    edit(plan, lambda d: d["models"][0]["placements"][0].update(share=150))
+    rc, err = run_cli(capsys, "validate", str(plan))
+    assert rc == 2 and "instance 'alpha-0': share 150 is more than device cpu0's 100 units" in err
+    edit(plan, lambda d: (d["models"][0]["placements"][0].update(share=50), d.update(target="gpu")))
+    rc, err = run_cli(capsys, "validate", str(plan))
+    assert rc == 2 and "device cpu0 is a cpu device; the plan's target is gpu" in err
+
+
+def test_a_cpu_plan_for_more_cores_than_the_host_has_is_not_applied(capsys, mlp_cluster):
+    import os
+
+    edit(mlp_cluster, lambda d: d["devices"][0].update(cores=len(os.sched_getaffinity(0)) + 62))
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    rc, err = run_cli(capsys, "apply", str(plan), "--dry-run")
+    assert rc == 2 and f"{plan}: devices: the plan's CPU devices stand for" in err and "this host gives" in err
+    assert not (mlp_cluster.parent / "state").exists()
+
+
+def test_a_trained_policy_file_for_a_policy_that_takes_none_is_refused(capsys, mlp_cluster):
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--policy-file", "nothere.pt")
+    assert rc == 2 and "--policy-file: a trained policy is for --policy inss, not spread" in err
+    assert not (mlp_cluster.parent / "plan.yaml").exists()
+
+
+def test_validate_says_when_a_plans_cluster_file_is_gone(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    mlp_cluster.unlink()
+    capsys.readouterr()
+    assert main(["validate", str(mlp_cluster.parent / "plan.yaml")]) == 0
+    assert f"its cluster file {mlp_cluster} is not there; `controller` re-plans from it" in capsys.readouterr().out
+
+
+def test_json_output_has_no_nan(capsys):
+    from tritonctl.cli import output
+
+    output.emit({"p99_ms": float("nan"), "rows": [1.0, float("inf")]})
+    assert json.loads(capsys.readouterr().out) == {"p99_ms": None, "rows": [1.0, None]}

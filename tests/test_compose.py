@@ -247,7 +247,7 @@ def _same_port(plan: Path) -> list[str]:
     [
         (_gpus_1, ["devices[1].index", "host has 1 GPU"]),
         (_share(0), ["placements[0].share", "greater than or equal to 1"]),
-        (_share(150), ["shares add up to"]),
+        (_share(150), ["share 150 is more than", "100 units"]),
         (_share(3, units=1000), ["placements[0].share", "percentage of 0", "1-100"]),
         (_same_port, ["is used by another model"]),
     ],

@@ -239,3 +239,19 @@ def test_gpus_taken_in_turns_render_no_mps(gpu_plan, tmp_path):
         (container,) = pod["containers"]
         assert not any(e["name"].startswith("CUDA_MPS") for e in container["env"])
         assert "hostIPC" not in pod and [v["name"] for v in pod["volumes"]] == ["models"]
+
+
+@pytest.mark.parametrize("runtime", [False, True])
+def test_a_namespace_kubernetes_would_not_take_is_refused_before_anything_is_written(
+    gpu_plan, tmp_path, capsys, runtime
+):
+    out = tmp_path / "k8s"
+    argv = (
+        ["apply", str(gpu_plan), "--runtime", "kubernetes", "--dry-run"]
+        if runtime
+        else ["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out)]
+    )
+    capsys.readouterr()
+    assert main([*argv, "--namespace", "Bad_NS!"]) == 2
+    assert "--namespace 'Bad_NS!' is not a Kubernetes namespace" in capsys.readouterr().err
+    assert not out.exists()

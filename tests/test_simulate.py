@@ -48,7 +48,7 @@ def plan_of(
         cluster="sim",
         cluster_file="c.yaml",
         policy="test",
-        target="cpu",
+        target=kind,
         sharing=sharing,
         devices=[
             Device(id="cpu0", kind=kind, index=0, memory_mb=4096, units=100, cores=cores if kind == "cpu" else None)

@@ -7,6 +7,7 @@ cannot stand for a huge document. Errors quote at most a short excerpt of the in
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -144,10 +145,15 @@ def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str |
         if (other := mistaken(raw)) is not None:
             raise TritonctlError(other, file=path) from None
         errors = exc.errors()
-        err = errors[0]
+        # a misspelt key also makes its field look missing: the unknown key is the cause, say it first
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         msg = " ".join(err["msg"].removeprefix("Value error, ").split())
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+            known = _fields_at(schema.model_json_schema(), err["loc"][:-1])
+            close = difflib.get_close_matches(str(err["loc"][-1]), sorted(known), n=1, cutoff=0.6)
+            if close:
+                msg += f" (did you mean {close[0]}?)"
         elif err["type"] != "missing" and err["loc"] and not isinstance(err["input"], dict):
             msg = f"{msg} (got {excerpt(err['input'])})"
             numeric = err["type"] in ("float_type", "int_type")
@@ -156,6 +162,25 @@ def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str |
         if len(errors) > 1:
             msg += f" (and {len(errors) - 1} more problem(s))"
         raise TritonctlError(msg, file=path, field=_field_text(err["loc"])) from None
+
+
+def _fields_at(schema: dict, loc: tuple) -> set[str]:
+    """The field names a JSON Schema allows at `loc` (keys and list indices), none where it cannot tell."""
+    defs = schema.get("$defs", {})
+
+    def options(node: dict) -> list[dict]:  # a node with its references and unions opened
+        if "$ref" in node:
+            return options(defs.get(node["$ref"].rsplit("/", 1)[-1], {}))
+        alternatives = node.get("anyOf", []) + node.get("allOf", [])
+        return [o for alt in alternatives for o in options(alt)] if alternatives else [node]
+
+    nodes = options(schema)
+    for step in loc:
+        if isinstance(step, int):
+            nodes = [o for n in nodes if "items" in n for o in options(n["items"])]
+        else:
+            nodes = [o for n in nodes if step in n.get("properties", {}) for o in options(n["properties"][step])]
+    return {name for n in nodes for name in n.get("properties", {})}
 
 
 def _number_text(value, whole: bool) -> bool:

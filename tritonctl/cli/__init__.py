@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonctl import __version__
@@ -21,12 +23,15 @@ from tritonctl.planning.policies import POLICIES
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_SIMULATED_S = 3600.0  # a simulation draws all its arrivals at once: its length bounds their memory
+MAX_RATE_SCALE = 100.0
 
 DEMO_CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "cluster.yaml"  # in a checkout
 
 
 def _output_file(text: str) -> str:
     """argparse type of an -o naming a file to write: not a folder, in a folder that can hold it."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty: name the file to write")
     if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: name the file to write")
     _output_folder(str(Path(text).parent))
@@ -52,11 +57,19 @@ def _output_folder(text: str) -> str:
     return text
 
 
-def _margin(text: str) -> float:
+def _number(text: str) -> float:
+    """argparse type of a finite number."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _margin(text: str) -> float:
+    value = _number(text)
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (0.1 is 10%), not {text}")
     return value
@@ -74,30 +87,64 @@ def add_margin(p: argparse.ArgumentParser) -> None:
 
 
 def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
 
 
-def _fraction(text: str) -> float:
-    """argparse type of a share: above 0, at most 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1 (0.99 is 99%), not {text}")
+def _non_negative(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
     return value
 
 
-def _simulated_seconds(text: str) -> float:
-    value = _positive(text)
-    if value > MAX_SIMULATED_S:
-        raise argparse.ArgumentTypeError(f"{text} s: simulate at most {MAX_SIMULATED_S:g} s")
+def _positive_up_to(most: float, beyond: str) -> Callable[[str], float]:
+    """argparse type of a positive number up to `most`; `beyond` follows the text given where it is more."""
+
+    def parse(text: str) -> float:
+        value = _positive(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text}{beyond}")
+        return value
+
+    return parse
+
+
+_rate_scale = _positive_up_to(MAX_RATE_SCALE, f": at most {MAX_RATE_SCALE:g} times the planned rates")
+_simulated_seconds = _positive_up_to(MAX_SIMULATED_S, f" s: simulate at most {MAX_SIMULATED_S:g} s")
+
+
+def _whole(text: str, least: int, most: int | None = None) -> int:
+    """A whole number from `least` (to `most`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < least or (most is not None and value > most):
+        bounds = f"from {least} to {most}" if most is not None else f"from {least}"
+        raise argparse.ArgumentTypeError(f"{text}: a whole number {bounds}")
+    return value
+
+
+def _seed(text: str) -> int:
+    return _whole(text, 0)
+
+
+def _port(text: str) -> int:
+    return _whole(text, 0, 65535)
+
+
+def _count(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _fraction(text: str) -> float:
+    """argparse type of a share: above 0, at most 1."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1 (0.99 is 99%), not {text}")
     return value
 
 
@@ -152,8 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_output_folder,
         help="dataset folder (default: profile/ beside the cluster file); resumes if present",
     )
-    p.add_argument("--budget", type=float, help="stop after this many seconds (resume later)")
-    p = add("plan", "planning.cmd_plan", "choose placements, shares and batch sizes and write a plan file")
+    p.add_argument("--budget", type=_positive, help="stop after this many seconds (resume later)")
+    p = add(
+        "plan",
+        "planning.cmd_plan",
+        "choose placements, shares and batch sizes and write a plan file (exports the cluster's models to ONNX "
+        "first, cached by content)",
+    )
     add_format(p)
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument(
@@ -169,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency-model", help="a fitted latency model (tritonctl fit or calibrate): adds predictions to the plan"
     )
     p.add_argument(
-        "--strict", action="store_true", help="fail if any model cannot be served (default: plan the others, list it)"
+        "--strict",
+        action="store_true",
+        help="fail if any model cannot be served or is predicted to miss its SLO (default: plan the others, list "
+        "it; warn of misses)",
     )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
     p.add_argument(
@@ -311,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run the sidecar: apply the plan, watch rates, re-size batches (BDA) or re-plan (policy), apply",
     )
     p.add_argument("plan", help="plan.yaml to start from (or resume the plan the controller applied last)")
-    p.add_argument("--latency-model", help="fitted latency model (tritonctl fit); without it, no re-planning")
+    p.add_argument("--latency-model", help="latency model (tritonctl fit or calibrate); without it, no re-planning")
     p.add_argument(
         "--policy",
         choices=list(POLICIES),
@@ -319,13 +374,21 @@ def build_parser() -> argparse.ArgumentParser:
         "trained on a latency model of the same device; search otherwise)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9300, help="port of the state and metrics endpoint (default 9300)")
+    p.add_argument(
+        "--port", type=_port, default=9300, help="port of the state and metrics endpoint (default 9300; 0: any free)"
+    )
     p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")
     p.add_argument("--threshold", type=_positive, default=0.25, help="relative rate change that acts (default 0.25)")
-    p.add_argument("--cooldown", type=float, default=10.0, help="seconds between two changes (default 10)")
+    p.add_argument(
+        "--cooldown", type=_non_negative, default=10.0, help="seconds between two changes (default 10; 0: none)"
+    )
     add_margin(p)
     add_runtime(p)
-    p = add("status", "deploy.cmd_status", "show the running instances, their shares, ports and health")
+    p = add(
+        "status",
+        "deploy.cmd_status",
+        "show the running instances, their shares, ports and health (exit 1 when one is unhealthy)",
+    )
     add_format(p)
     p.add_argument("plan", help="plan.yaml")
     add_compose_dir(p)
@@ -343,16 +406,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--duration", type=_simulated_seconds, default=60.0, help="simulated seconds (default 60, at most 3600)"
     )
-    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every model's rate (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the arrival process (default 0)")
+    p.add_argument(
+        "--rate-scale", type=_rate_scale, default=1.0, help="multiply every model's rate (default 1, at most 100)"
+    )
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the arrival process (default 0)")
     p.add_argument("--drop", action="store_true", help="drop requests that can no longer meet their SLO")
     p.add_argument("--trace", help="replay this trace (CSV: model,time_s) instead of Poisson arrivals at the rates")
     p.add_argument(
         "--latency-error",
-        type=float,
+        type=_margin,
         default=0.0,
+        metavar="X",
         help="run every model's batches (1 + e) times as long as predicted, e fixed per model, uniform in "
-        "[-X, X] (seeded): a latency model that is off (default 0)",
+        "[-X, X] (seeded): a latency model that is off (default 0; at least 0, below 1: 0.1 is 10%%)",
     )
     p = add("bench", "planning.cmd_bench", "plan a cluster with several policies and simulate each plan side by side")
     add_format(p)
@@ -395,11 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Algorithm 2, from scratch or (--init) from an imitated actor",
     )
     p.add_argument(
-        "--demonstrations", type=int, help="imitate: workloads search decides for the actor to learn (default 1500)"
+        "--demonstrations", type=_count, help="imitate: workloads search decides for the actor to learn (default 1500)"
     )
-    p.add_argument("--epochs", type=int, help="imitate: passes over the demonstrations (default 200)")
-    p.add_argument("--episodes", type=int, help="sac: episodes in all, resumed ones included (default 400)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the network and the workloads (default 0)")
+    p.add_argument("--epochs", type=_count, help="imitate: passes over the demonstrations (default 200)")
+    p.add_argument("--episodes", type=_count, help="sac: episodes in all, resumed ones included (default 400)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the network and the workloads (default 0)")
     p.add_argument("--resume", action="store_true", help="sac: go on from the run folder's last checkpoint")
     p.add_argument(
         "--init",
@@ -425,10 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=_positive, default=10.0, help="seconds of traffic (default 10)")
     p.add_argument(
         "--rate-scale",
-        type=_positive,
+        type=_rate_scale,
         default=1.0,
         help="multiply every model's rate (default 1: the planned rates, where the plan's simulated p99 is printed "
-        "beside the measured one)",
+        "beside the measured one; at most 100)",
     )
     p.add_argument(
         "--min-within-slo",
@@ -437,7 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when a model has fewer than this share of its requests answered within its SLO (0.99 is 99%%; "
         "default: only when a model had no answer), naming the models",
     )
-    p = add("demo", "demo.cmd_demo", "plan, apply and load the CPU demo cluster end to end")
+    p = add(
+        "demo",
+        "demo.cmd_demo",
+        "the CPU demo end to end: calibrate its latency model to this CPU where it was made on another (two to three "
+        "minutes, once), plan, apply on a local Triton, load; the deployment keeps running (tritonctl down stops it)",
+    )
     p.add_argument("cluster", nargs="?", default=str(DEMO_CLUSTER), help="cluster.yaml (default: the CPU demo)")
     p.add_argument(
         "--policy", default="search", choices=list(POLICIES), help="placement policy (default search, tritonctl's best)"

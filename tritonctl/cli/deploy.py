@@ -175,7 +175,7 @@ def cmd_controller(args) -> int:
         if lm is not None:
             say(f"re-planning with {policy}: {why}")
     cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
-    if not 0 <= args.port <= 65535 or (args.port and not port_is_free(args.host, args.port)):
+    if args.port and not port_is_free(args.host, args.port):
         raise TritonctlError(f"cannot serve the controller's state on {args.host}:{args.port}", field="--port")
     controller = Controller(loaded.path, runtime, lm, policy, cfg, log=say)
     server = controller.serve(args.host, args.port)

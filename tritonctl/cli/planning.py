@@ -35,6 +35,7 @@ from tritonctl.planning.planner import (
     predicted_load,
     simulated_plan,
     sources_of,
+    warn_changed_exports,
 )
 from tritonctl.planning.policies import POLICIES
 from tritonctl.planning.policies.inss import default_policy_file
@@ -60,11 +61,13 @@ def _plan(
     if margin and not latency_model:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     lm = load_latency_model(latency_model) if latency_model else None  # read before the exports take their time
+    if lm is not None:
+        check_latency_model(cluster, lm, Path(latency_model), say)
     energy = load_energy_model(energy_model) if energy_model else None
     say(f"models of {cluster.spec.name}:")
     artifacts = materialize(cluster, log=say)
     if lm is not None:
-        check_latency_model(cluster, artifacts, lm, Path(latency_model), say)
+        warn_changed_exports(cluster, artifacts, lm, say)
         lm = lm.with_margin(margin)
     trained = Path(policy_file) if policy_file else None
     if minimise:  # "devices", the one objective offered
@@ -128,6 +131,8 @@ def _plan(
 
 def _simulated(model: PlannedModel) -> str:
     """The model's simulated p99 as the plan's lines show it."""
+    if model.simulated_in_slo is None:
+        return "nothing (no traffic)"
     return "overloaded" if model.simulated_p99_ms is None else f"{model.simulated_p99_ms:.1f} ms"
 
 
@@ -158,6 +163,8 @@ def cmd_plan(args) -> int:
             field="--objective",
         )
     policy = args.policy or ("search" if args.latency_model else "spread")
+    if args.policy_file and not POLICIES[policy].trained:
+        raise TritonctlError(f"a trained policy is for --policy inss, not {policy}", field="--policy-file")
     if POLICIES[policy].latency_model and not args.latency_model:
         raise TritonctlError(
             f"policy {policy} needs a fitted latency model (spread is the only policy without one)",
@@ -204,8 +211,9 @@ def cmd_simulate(args) -> int:
 def cmd_bench(args) -> int:
     cluster = load_cluster(args.cluster)
     lm = load_latency_model(args.latency_model)
+    check_latency_model(cluster, lm, Path(args.latency_model), say, deploys_here=False)
     artifacts = materialize(cluster, log=lambda _: None)
-    check_latency_model(cluster, artifacts, lm, Path(args.latency_model), say, deploys_here=False)
+    warn_changed_exports(cluster, artifacts, lm, say)
     unknown = [p for p in args.policies or [] if p not in POLICIES]
     if unknown:
         raise TritonctlError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
@@ -298,6 +306,9 @@ def cmd_validate(args) -> int:
         )
         for miss in misses:
             say(f"  predicted to miss: {miss} (apply refuses it without --accept-misses)")
+        cluster_file = loaded.resolve(loaded.plan.cluster_file)
+        if not cluster_file.is_file():
+            say(f"  note: its cluster file {cluster_file} is not there; `controller` re-plans from it")
         return 0
     cluster = load_cluster(path)
     for i, model in enumerate(cluster.spec.models):

@@ -75,6 +75,15 @@ def dns_name(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].rstrip("-")
 
 
+def check_namespace(namespace: str) -> None:
+    """Refuse a namespace Kubernetes would not take (an RFC 1123 label of at most 63 characters)."""
+    if len(namespace) > 63 or not NAME.match(namespace):
+        raise TritonctlError(
+            f"--namespace {namespace!r} is not a Kubernetes namespace: at most 63 lowercase letters, digits and '-', "
+            "beginning and ending with a letter or digit"
+        )
+
+
 def prefixed(prefix: str, name: str) -> str:
     """`prefix-name` as a Kubernetes name (at most 63 characters)."""
     return f"{prefix}-{dns_name(name)}"[:63].rstrip("-")
@@ -459,6 +468,7 @@ def write_kubernetes(loaded: LoadedPlan, folder: Path, node: str | None, namespa
     plan = loaded.plan
     runtime = plan.runtime.model_copy(update={"repository_dir": relative_to(folder / REPOSITORY, loaded.path.parent)})
     local = LoadedPlan(plan.model_copy(update={"runtime": runtime}), loaded.path)
+    check_namespace(namespace)
     launches = check_kubernetes(local, node)
     objects = manifests(plan, launches, node, namespace)
     folder.mkdir(parents=True, exist_ok=True)

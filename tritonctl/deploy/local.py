@@ -215,6 +215,20 @@ def one_host(loaded: LoadedPlan, runtime: str) -> None:
         )
 
 
+def within_host_cores(loaded: LoadedPlan) -> None:
+    """Refuse a CPU plan whose devices stand for more cores than this host gives tritonctl: their quotas would
+    promise CPU that is not there."""
+    planned = sum(d.cores or 0 for d in loaded.plan.devices if d.kind == "cpu")
+    here = len(os.sched_getaffinity(0))
+    if planned > here + 1e-9:
+        raise TritonctlError(
+            f"the plan's CPU devices stand for {planned:g} cores and this host gives tritonctl {here}: set the "
+            "cluster file's devices[].cores to what this host has and plan again",
+            file=loaded.path,
+            field="devices",
+        )
+
+
 def haproxy_binary() -> str:
     """The haproxy executable; TritonctlError saying how to install it where there is none."""
     found = shutil.which("haproxy") or next((p for p in HAPROXY_PATHS if Path(p).is_file()), None)
@@ -253,6 +267,7 @@ class LocalRuntime:
         rehearsed (`write` False), its SM clocks locked where it sets them and, where it splits a GPU into
         shares, its MPS control daemon running (started or adopted)."""
         one_host(loaded, self.name)
+        within_host_cores(loaded)
         haproxy_binary()
         if loaded.plan.target != "gpu":
             return loaded

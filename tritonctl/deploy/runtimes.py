@@ -35,7 +35,9 @@ def runtime_for(
         )
     if name == "kubernetes":
         from tritonctl.deploy.kubernetes import KubernetesRuntime, connect  # the kubernetes client loads only here
+        from tritonctl.deploy.kubernetes_project import check_namespace
 
+        check_namespace(namespace)
         return KubernetesRuntime(connect(namespace, dry_run, log), loaded.state_dir)
     if name == "compose":
         folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"

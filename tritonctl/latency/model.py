@@ -37,13 +37,15 @@ from __future__ import annotations
 import bisect
 import copy
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
 from tritonctl.errors import TritonctlError
 from tritonctl.files import read_json
@@ -60,24 +62,25 @@ _BATCHES = np.arange(1, MAX_BATCH + 1)
 T_INFS_KEPT = 50_000  # `t_infs` scans a model keeps (about 300 bytes each) before it starts afresh
 
 
+@with_config(ConfigDict(allow_inf_nan=False))  # read back validated (`load_latency_model`)
 @dataclass
 class ModelParams:
     """Everything fitted for one model on this device."""
 
     name: str
     onnx_sha256: str
-    n_ops: int
-    io_bytes: int  # input + output bytes per sample
-    lwr_bandwidth: float
-    lwr_X: list[list[float]]  # (log2 batch, log eff) of the training points
+    n_ops: Annotated[int, Field(ge=0)]
+    io_bytes: Annotated[int, Field(ge=0)]  # input + output bytes per sample
+    lwr_bandwidth: Annotated[float, Field(gt=0)]
+    lwr_X: list[Annotated[list[float], Field(min_length=2, max_length=2)]]  # (log2 batch, log eff) of training points
     lwr_y: list[float]  # running time (ms) at those points
     cache_a: float  # l = cache_a * eff + cache_b   (CPU utilisation proxy on CPU, L2 % on GPU)
     cache_b: float
     alpha_cache: float  # interference coefficient on running time
     memory_mb0: float  # footprint(b) = memory_mb0 + memory_mb1 * b
     memory_mb1: float
-    batch_range: tuple[int, int]
-    share_range: tuple[int, int]  # device units
+    batch_range: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]
+    share_range: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]  # device units
     # How one batch's latency spreads around the prediction (a median): log-normal with sigma
     # max(0, spread[0] + spread[1] * log2 batch). The simulator draws from it; plans use the median.
     spread: tuple[float, float] = (0.0, 0.0)
@@ -91,12 +94,13 @@ class ModelParams:
     lwr_floors: tuple[int, ...] = ()  # training points (indices) with nothing run at a larger batch and no more share
 
 
+@with_config(ConfigDict(allow_inf_nan=False))
 @dataclass
 class DeviceParams:
     kind: str
     fingerprint: dict
-    units: int
-    cores: float | None
+    units: Annotated[int, Field(ge=1)]
+    cores: Annotated[float, Field(gt=0)] | None
     io_c0_ms: float
     io_ms_per_byte: float  # 1 / bandwidth
     sched_a: float  # per operator, ms
@@ -411,23 +415,46 @@ class LatencyModel:
         path.write_text(json.dumps(data, indent=1) + "\n")
 
 
+@functools.cache
+def _adapter(kind: type) -> TypeAdapter:
+    return TypeAdapter(kind)
+
+
+def _validated(kind: type, raw, path: Path, field: str):
+    """`raw` read as a `kind` dataclass, or the first problem naming its field."""
+    try:
+        return _adapter(kind).validate_python(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join([field, *(str(step) for step in err["loc"])])
+        raise TritonctlError(f"corrupt latency model: {err['msg']}", file=path, field=where) from None
+
+
 def load_latency_model(path: str | Path) -> LatencyModel:
+    """A latency model file (`tritonctl fit` or `calibrate`), every field checked; a problem names the field."""
     path = Path(path)
     data = read_json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
         raise TritonctlError(f"not a {FORMAT} file of version {VERSION} (make one with `tritonctl fit`)", file=path)
+    for key in ("device", "models"):
+        if not isinstance(data.get(key), dict):
+            raise TritonctlError("corrupt latency model: must be a mapping", file=path, field=key)
+    device = _validated(DeviceParams, data["device"], path, "device")
+    models = {}
+    for name, raw in data["models"].items():
+        model = _validated(ModelParams, raw, path, f"models.{name}")
+        if not model.lwr_y or len(model.lwr_X) != len(model.lwr_y):
+            raise TritonctlError(
+                "corrupt latency model: lwr_X and lwr_y must hold the same training points",
+                file=path,
+                field=f"models.{name}",
+            )
+        models[name] = dataclasses.replace(model, wake=tuple(sorted(model.wake)))
     try:
-        device = DeviceParams(**data["device"])
-        models = {}
-        for name, raw in data["models"].items():
-            raw["batch_range"], raw["share_range"] = tuple(raw["batch_range"]), tuple(raw["share_range"])
-            raw["wake"] = tuple(sorted((float(gap), float(extra)) for gap, extra in raw.get("wake", ())))
-            raw["lwr_floors"] = tuple(int(i) for i in raw.get("lwr_floors", ()))
-            models[name] = ModelParams(**raw)
-        model = LatencyModel(device, models, data.get("meta", {}))
+        lm = LatencyModel(device, models, data.get("meta", {}))
         if "mlp" in data:
-            model.mlp = MlpPredictor.from_json(data["mlp"])
-        return model
+            lm.mlp = MlpPredictor.from_json(data["mlp"])
+        return lm
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TritonctlError(f"corrupt latency model ({type(exc).__name__}: {exc})", file=path) from None
 

@@ -202,6 +202,8 @@ class Plan(_Strict):
         for device in self.devices:
             if device.kind == "cpu" and not device.cores:
                 raise ValueError(f"device {device.id}: a cpu device needs `cores`")
+            if device.kind != self.target:
+                raise ValueError(f"device {device.id} is a {device.kind} device; the plan's target is {self.target}")
         used: dict[str, int] = {}
         instances: set[str] = set()
         ports: set[int] = set()
@@ -211,7 +213,7 @@ class Plan(_Strict):
                 raise ValueError(f"model {model.name!r} appears twice")
             names.add(model.name.lower())
             if model.port in ports:
-                raise ValueError(f"models {model.name!r}: port {model.port} is used by another model")
+                raise ValueError(f"model {model.name!r}: port {model.port} is used by another model")
             ports.add(model.port)
             for placement in model.placements:
                 if placement.device not in devices:
@@ -220,6 +222,11 @@ class Plan(_Strict):
                     raise ValueError(f"instance name {placement.instance!r} appears twice")
                 instances.add(placement.instance)
                 units = devices[placement.device].units
+                if placement.share > units:
+                    raise ValueError(
+                        f"instance {placement.instance!r}: share {placement.share} is more than device "
+                        f"{placement.device}'s {units} units"
+                    )
                 if self.takes_turns(placement.device) and placement.share != units:
                     raise ValueError(
                         f"instance {placement.instance!r}: a device taken in turns gives every instance the whole "

@@ -38,6 +38,7 @@ from tritonctl.spec import Cluster, DeviceGroup, ModelSpec
 
 # Without a profile: weights twice (session copy + arena) plus runtime overhead.
 RUNTIME_OVERHEAD_MB = 64
+IDLE_RATE = 0.01  # requests/s a model without traffic is planned for, so that it keeps an instance
 SIMULATED_GAIN = 1e-3  # copies are given up where one instance a model answers this part more within the SLOs
 # `turn_threads: lightest` is chosen where it answers this part of the offered load more within the SLOs in simulation:
 # a margin for the two costs neither the search nor the simulator sees (docs/real-load.md, the lightest on every core)
@@ -114,8 +115,11 @@ def device_sets(cluster: Cluster) -> list[frozenset[str]]:
 
 def demands_of(cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel | None) -> list[Demand]:
     """The cluster's models as the policies see them. Memory: the spec's memory_mb, else the profiled footprint
-    at batch 1, else an estimate from the artifact's weights (only then are `artifacts` read: with `lm`, {} does)."""
-    return [Demand(m.name, m.slo_ms, m.rate, _footprint_mb(m, artifacts, lm)) for m in cluster.spec.models]
+    at batch 1, else an estimate from the artifact's weights (only then are `artifacts` read: with `lm`, {} does).
+    A model without traffic (rate 0) asks for `IDLE_RATE`: served, not shed."""
+    return [
+        Demand(m.name, m.slo_ms, max(m.rate, IDLE_RATE), _footprint_mb(m, artifacts, lm)) for m in cluster.spec.models
+    ]
 
 
 def _footprint_mb(model: ModelSpec, artifacts: dict[str, Artifact], lm: LatencyModel | None) -> int:
@@ -141,14 +145,10 @@ def other_cpu_note(lm_path: str | Path, lm: LatencyModel) -> str:
 
 
 def check_latency_model(
-    cluster: Cluster,
-    artifacts: dict[str, Artifact],
-    lm: LatencyModel,
-    lm_path: Path,
-    log: Callable[[str], None],
-    deploys_here: bool = True,
+    cluster: Cluster, lm: LatencyModel, lm_path: Path, log: Callable[[str], None], deploys_here: bool = True
 ) -> None:
-    """Refuse a latency model that cannot speak for this cluster; warn where it is only doubtful.
+    """Refuse a latency model that cannot speak for this cluster (before its models are exported); warn where it
+    is only doubtful.
 
     A CPU cluster deploys on this machine: a model profiled on another CPU is refused unless
     the caller only simulates (`deploys_here=False`), where it speaks for the CPU it was made on.
@@ -192,15 +192,23 @@ def check_latency_model(
             file=lm_path,
             field="device.fingerprint",
         )
-    for i, model in enumerate(cluster.spec.models):
-        fitted = lm.models.get(model.name)
-        if fitted is None:
-            raise TritonctlError(
-                f"model {model.name!r} is not in the latency model {lm_path}: profile and fit it",
-                file=cluster.path,
-                field=f"models[{i}]",
-            )
-        if fitted.onnx_sha256 != artifacts[model.name].sha256:
+    absent = [(i, m.name) for i, m in enumerate(cluster.spec.models) if m.name not in lm.models]
+    if absent:
+        names = ", ".join(repr(name) for _, name in absent)
+        which = f"model {names} is" if len(absent) == 1 else f"models {names} are"
+        raise TritonctlError(
+            f"{which} not in the latency model {lm_path}: profile and fit {'it' if len(absent) == 1 else 'them'}",
+            file=cluster.path,
+            field=f"models[{absent[0][0]}]",
+        )
+
+
+def warn_changed_exports(
+    cluster: Cluster, artifacts: dict[str, Artifact], lm: LatencyModel, log: Callable[[str], None]
+) -> None:
+    """Say which models' ONNX files changed since the latency model's profile."""
+    for model in cluster.spec.models:
+        if lm.models[model.name].onnx_sha256 != artifacts[model.name].sha256:
             log(f"WARNING: {model.name}: its ONNX file changed since it was profiled; predictions may be off")
 
 

@@ -73,6 +73,8 @@ from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.plan import Plan, PlannedModel
 from tritonctl.shares import Turn, rank_weight
 
+MAX_ARRIVALS = 10_000_000  # a simulation holds every arrival in memory; ten million take minutes
+
 
 @dataclass
 class _Executor:
@@ -359,6 +361,13 @@ def simulate(
         raise TritonctlError(f"latency error {latency_error} must be in [0, 1)", field="--latency-error")
     if wake not in ("instance", "device"):
         raise TritonctlError(f"wake {wake!r} must be 'instance' or 'device'")
+    expected = duration_s * rate_scale * sum(m.rate for m in plan.models) if trace is None else 0.0
+    if expected > MAX_ARRIVALS:
+        raise TritonctlError(
+            f"{duration_s:g} s at {rate_scale:g}x the plan's rates is about {expected:,.0f} requests, more than the "
+            f"{MAX_ARRIVALS:,} a simulation holds: simulate less time or a lower rate scale",
+            field="--duration",
+        )
     started = time.perf_counter()
     arrivals = _arrivals(plan, duration_s, rate_scale, trace, seed)
     errors = latency_errors(plan, seed, latency_error)
@@ -483,7 +492,8 @@ SIMULATED_MEETS = 0.99  # a model the simulation answers this part of within its
 
 
 def with_simulation(plan: Plan, lm: LatencyModel) -> Plan:
-    """The plan with each model's `simulated_in_slo` and `simulated_p99_ms` from a seeded simulation at its rates:
+    """The plan with each model's `simulated_in_slo` and `simulated_p99_ms` from a seeded simulation at its rates
+    (neither for a model without traffic):
     what a load generator should measure, where a placement's own prediction (eq. 2 at its predicted batch time)
     leaves out the spread of batch times and the wake-up of an idle instance."""
     total = sum(m.rate for m in plan.models)
@@ -492,6 +502,9 @@ def with_simulation(plan: Plan, lm: LatencyModel) -> Plan:
     result = simulate(plan, lm, duration_s=min(max(SIMULATED_REQUESTS / total, SIMULATED_S[0]), SIMULATED_S[1]))
     models = []
     for model, outcome in zip(plan.models, result.models, strict=True):
+        if not outcome.arrived:  # a model without traffic: nothing to judge
+            models.append(model)
+            continue
         answered = outcome.served and outcome.served >= SIMULATED_MEETS * outcome.arrived
         update = {
             "simulated_in_slo": round(outcome.good / max(outcome.arrived, 1), 4),
