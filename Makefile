@@ -34,8 +34,11 @@ demo: $(STAMP)
 down: $(STAMP)
 	$(BIN)/tritonctl down examples/cpu-demo/plan.yaml
 
+# The fast tier on every core (a file's tests on one worker, so module fixtures run once), then the tests that start
+# tritonserver, HAProxy or perf_analyzer, and those that measure the CPU, one at a time with nothing beside them.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not triton and not alone" tests
+	$(BIN)/python -m pytest -q --durations=15 -m "triton or alone" tests
 
 # What travels to a GPU host without network (bench/gpu_host.sh): the trimmed Triton for its Python, the wheels
 # tritonctl needs beyond what such a host has (PyTorch, numpy, grpcio, ...), and HAProxy with its Lua library.

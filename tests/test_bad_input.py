@@ -373,6 +373,7 @@ def test_fit_on_a_file_or_a_folder_that_is_no_profile_says_so(capsys, mlp_cluste
         (["load", "p.yaml", "--duration", "inf"], "--duration: 'inf' is not a finite number"),
         (["load", "p.yaml", "--rate-scale", "nan"], "--rate-scale: 'nan' is not a finite number"),
         (["controller", "p.yaml", "--cooldown", "-5"], "--cooldown: '-5' is negative"),
+        (["profile", "c.yaml", "--budget", "-1"], "--budget: '-1' is negative"),
         (["controller", "p.yaml", "--port", "70000"], "--port: 70000: a whole number from 0 to 65535"),
         (["train", "c.yaml", "--latency-model", "m.json", "--epochs", "0"], "--epochs: 0: a whole number from 1"),
         (["plan", "c.yaml", "-o", ""], "-o/--output: empty: name the file to write"),

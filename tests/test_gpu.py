@@ -591,6 +591,6 @@ def test_a_deployment_whose_gpus_all_take_turns_starts_no_mps_daemon(gpu_one, tm
     turns = load_plan(path)
     binary = _binary(tmp_path / "py", ("python",))
     with pytest.raises(TritonctlError, match="no MPS control binary"):
-        LocalRuntime(binary, tmp_path / "split-state").prepare(split, write=True)
-    LocalRuntime(binary, tmp_path / "turns-state").prepare(turns, write=True)
-    assert not (tmp_path / "turns-state" / mps.RECORD).exists()
+        LocalRuntime(binary, tmp_path / "s").prepare(split, write=True)  # short: MPS pipe paths are bounded
+    LocalRuntime(binary, tmp_path / "t").prepare(turns, write=True)
+    assert not (tmp_path / "t" / mps.RECORD).exists()

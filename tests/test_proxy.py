@@ -320,6 +320,7 @@ def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts
     assert not load_state(state_dir).instances and not Path(state_dir, PROXY_FILE).exists()
 
 
+@pytest.mark.triton
 def test_a_model_port_taken_after_the_check_rolls_the_apply_back_naming_haproxys_alert(tmp_path, capsys, monkeypatch):
     make_mlp(tmp_path / "mlp.onnx")
     cluster = write_cluster(tmp_path, [mlp_model("alpha")])

@@ -291,6 +291,7 @@ def test_the_plan_reserves_the_cpu_requests_cost_outside_the_models(tmp_path, ca
     assert not (tmp_path / "q.yaml").exists()
 
 
+@pytest.mark.alone
 def test_busy_cores_sees_a_process_burning_one_core():
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

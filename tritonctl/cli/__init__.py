@@ -199,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_output_folder,
         help="dataset folder (default: profile/ beside the cluster file); resumes if present",
     )
-    p.add_argument("--budget", type=_positive, help="stop after this many seconds (resume later)")
+    p.add_argument(
+        "--budget", type=_non_negative, help="stop after this many seconds (resume later; 0: write the metadata only)"
+    )
     p = add(
         "plan",
         "planning.cmd_plan",
