@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import make_mlp, mlp_model, write_cluster
+from conftest import REPO, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.planning.plan import load_plan
 
@@ -39,6 +40,7 @@ def edit(path: Path, change) -> Path:
         (lambda d: d["models"][0].update(slo_ms=-5), "models[0].slo_ms", "greater than 0"),
         (lambda d: d["models"][1].update(name="alpha"), "models[1].name", "duplicate model name 'alpha'"),
         (lambda d: d["models"][0].update(name="bad/name"), "models[0].name", "not a name Triton accepts"),
+        (lambda d: d["models"][0].update(name="a" * 61), "models[0].name", "61 characters: at most 60"),
         (lambda d: d["models"][0].update(source="missing.onnx"), "models[0].source", "ONNX file not found"),
         (lambda d: d["devices"][0].pop("cores"), "devices[0]", "needs `cores`"),
         (lambda d: d["runtime"].update(base_port=80), "runtime.base_port", "greater than or equal to 1024"),
@@ -485,3 +487,39 @@ def test_json_output_has_no_nan(capsys):
 
     output.emit({"p99_ms": float("nan"), "rows": [1.0, float("inf")]})
     assert json.loads(capsys.readouterr().out) == {"p99_ms": None, "rows": [1.0, None]}
+
+
+def test_no_output_is_written_over_an_input(capsys, mlp_cluster, tmp_path):
+    source = mlp_cluster.parent / "mlp.onnx"
+    profile = tmp_path / "p"
+    shutil.copytree(REPO / "profiles" / "cpu-demo", profile)
+    kept = {p: p.read_bytes() for p in (mlp_cluster, source, profile / "measurements.csv")}
+    for argv, what in (
+        (["plan", str(mlp_cluster), "-o", str(mlp_cluster)], f"{mlp_cluster} is the cluster file"),
+        (["plan", str(mlp_cluster), "-o", str(source)], f"{source} is model alpha's source"),
+        (["fit", str(profile), "-o", str(profile / "measurements.csv")], f"{profile}/measurements.csv is the"),
+    ):
+        rc, err = run_cli(capsys, *argv)
+        assert rc == 2 and f"-o/--output: {what}" in err and "which this command reads" in err
+    assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_the_controller_refuses_what_it_cannot_use_before_it_applies(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = str(mlp_cluster.parent / "plan.yaml")
+    rc, err = run_cli(capsys, "controller", plan, "--host", "no-such-host.invalid", "--port", "0")
+    assert rc == 2 and "--host/--port: cannot serve the controller's state on no-such-host.invalid:0" in err
+    other = str(REPO / "profiles" / "cpu-demo" / "latency-model.json")  # of other models (and made on another CPU)
+    rc, err = run_cli(capsys, "controller", plan, "--latency-model", other)
+    assert rc == 2 and err.startswith(f"error: {other}")
+    assert not (load_plan(plan).state_dir / "state.json").exists()  # nothing was applied
+
+
+def test_runtime_folders_triton_cannot_run_from_are_refused_before_anything_starts(capsys, tmp_path):
+    folder = tmp_path / "with space"
+    folder.mkdir()
+    make_mlp(folder / "mlp.onnx")
+    cluster = write_cluster(folder, [mlp_model("alpha")])
+    assert main(["plan", str(cluster)]) == 0
+    rc, err = run_cli(capsys, "apply", str(folder / "plan.yaml"), "--dry-run")
+    assert rc == 2 and "runtime.repository_dir" in err and "spaces or non-ASCII characters" in err

@@ -531,7 +531,7 @@ def test_a_plan_for_another_cluster_writes_nothing(base, tmp_path):
     (folder / "state").mkdir(exist_ok=True)
     (folder / "state" / "state.json").write_text(json.dumps({"cluster": "other", "instances": {"u": RECORD}}))
     loaded = load_plan(folder / "plan.yaml")
-    with pytest.raises(TritonctlError, match="belongs to cluster 'other', not 'test'"):
+    with pytest.raises(TritonctlError, match="holds the deployment of cluster 'other', not 'test'"):
         apply_plan(loaded, LocalRuntime(None, loaded.state_dir), log=lambda _: None)
     assert not (folder / "repo").exists()
 

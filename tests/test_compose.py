@@ -505,3 +505,18 @@ def test_a_gpu_taken_in_turns_runs_its_instances_without_mps(gpu_plan, tmp_path)
     project = yaml.safe_load((out / "compose.yaml").read_text())
     jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(project)
     assert "mps-daemon" not in project["services"] and "volumes" not in project
+
+
+def test_apply_without_docker_compose_is_refused_before_anything_changes(gpu_plan):
+    class NoCompose(CommandRunner):
+        def run(self, argv: list[str]) -> Outcome:
+            self.steps.append(argv)
+            return Outcome(False, error="docker: unknown command: docker compose\n\nRun 'docker --help'\n")
+
+    _deploy(gpu_plan, CommandRunner(dry_run=True, log=lambda _: None))  # the project rendered, a deployment recorded
+    before = _snapshot(gpu_plan)
+    runner = NoCompose(log=lambda _: None)
+    with pytest.raises(TritonctlError, match=r"Docker Compose v2 is not available here \(`docker compose version`: "
+                       r"docker: unknown command: docker compose\).*nothing changed"):  # fmt: skip
+        apply_plan(load_plan(gpu_plan), ComposeRuntime(gpu_plan.parent / "compose", runner), log=lambda _: None)
+    assert runner.steps == [["docker", "compose", "version"]] and _snapshot(gpu_plan) == before

@@ -208,8 +208,9 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
     assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
     data["cluster"] = "another-cluster"  # a plan for another cluster, pointed at this deployment's state
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert main(["apply", str(plan)]) == 2
-    assert "belongs to cluster 'test', not 'another-cluster'" in capsys.readouterr().err
+    for verb in ("apply", "status", "down"):  # nor looked at or stopped through it
+        assert main([verb, str(plan)]) == 2
+        assert "holds the deployment of cluster 'test', not 'another-cluster'" in capsys.readouterr().err
     assert list(state_of(plan).instances) == [old.uid] and process_alive(old.pid, old.start_ticks)
     data["cluster"] = "test"
     plan.write_text(yaml.safe_dump(data, sort_keys=False))

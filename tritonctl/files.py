@@ -220,6 +220,13 @@ def check_output_dir(path: Path, *, file: str | Path | None, field: str | None, 
     return resolved
 
 
+def not_an_input(out: Path, inputs: list[tuple[str, Path]], field: str = "-o/--output") -> None:
+    """Refuse to write `out` over one of the command's inputs, each given with what it is ("the cluster file")."""
+    for what, path in inputs:
+        if out.exists() and path.exists() and os.path.samefile(out, path):
+            raise TritonctlError(f"{out} is {what}, which this command reads: write elsewhere", field=field)
+
+
 def read_json(path: Path):
     """The parsed content of a JSON file."""
     try:

@@ -58,6 +58,17 @@ def host_name(host: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(triton_name)]
+MODEL_NAME_CHARS = 60  # a model's instances are named after it with "-N" added, and must stay Triton names
+
+
+def model_name(name: str) -> str:
+    """A cluster's model name: a Triton name short enough to name its instances too; ValueError if not."""
+    if len(name) > MODEL_NAME_CHARS:
+        raise ValueError(f"{len(name)} characters: at most {MODEL_NAME_CHARS} (its instances add '-N' to it)")
+    return name
+
+
+ModelName = Annotated[Name, AfterValidator(model_name)]
 Text = Annotated[str, Field(max_length=4096), AfterValidator(plain_text)]
 PathText = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(plain_text)]
 Host = Annotated[str, AfterValidator(host_name)]
@@ -164,7 +175,7 @@ class TensorSpec(_Strict):
 class ModelSpec(_Strict):
     """A model to serve: where it comes from, its input, its SLO and expected load."""
 
-    name: Name
+    name: ModelName
     source: PathText
     input: TensorSpec
     slo_ms: SloMs

@@ -14,7 +14,7 @@ from tritonctl.controller.decide import ControllerConfig
 from tritonctl.controller.loop import Controller
 from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy import mps, share
-from tritonctl.deploy.apply import apply_plan, down, predicted_misses
+from tritonctl.deploy.apply import apply_plan, check_cluster, down, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import write_compose
 from tritonctl.deploy.gpu import energy_mj, gpu_count, lock_commands
@@ -26,7 +26,7 @@ from tritonctl.deploy.state import State, load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import LoadedPlan, load_plan
-from tritonctl.planning.planner import replan_policy
+from tritonctl.planning.planner import check_latency_model, replan_policy
 from tritonctl.spec import load_cluster
 from tritonctl.triton.bundle import bundle, members
 from tritonctl.triton.client import LoadResult, endpoints, format_results, run_load
@@ -97,7 +97,8 @@ def cmd_render(args) -> int:
 
 
 def _applied_runtime(args, loaded: LoadedPlan, state: State) -> Runtime:
-    """The runtime the state says applied the plan (to look at or stop what runs)."""
+    """The runtime the state says applied the plan (to look at or stop what runs): the plan's cluster's only."""
+    check_cluster(loaded, state)
     dry_run = getattr(args, "dry_run", False)
     return runtime_for(loaded, state.runtime, args.compose_dir, say, dry_run, starts=False, namespace=args.namespace)
 
@@ -166,17 +167,21 @@ def cmd_controller(args) -> int:
     runtime = runtime_for(loaded, args.runtime, args.compose_dir, say, namespace=args.namespace)
     if args.latency_margin and not args.latency_model:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
-    lm = load_latency_model(args.latency_model).with_margin(args.latency_margin) if args.latency_model else None
+    if not port_is_free(args.host, args.port):  # an address that cannot be served is said before anything starts
+        raise TritonctlError(f"cannot serve the controller's state on {args.host}:{args.port}", field="--host/--port")
+    lm = load_latency_model(args.latency_model) if args.latency_model else None
+    cluster = load_cluster(loaded.resolve(loaded.plan.cluster_file)) if lm is not None or args.policy is None else None
     if lm is None:
         say("note: no --latency-model: the controller follows the plan file and reports rates, but does not re-plan")
+    else:
+        check_latency_model(cluster, lm, Path(args.latency_model), say)
+        lm = lm.with_margin(args.latency_margin)
     policy = args.policy
     if policy is None:
-        policy, why = replan_policy(load_cluster(loaded.resolve(loaded.plan.cluster_file)), lm)
+        policy, why = replan_policy(cluster, lm)
         if lm is not None:
             say(f"re-planning with {policy}: {why}")
     cfg = ControllerConfig(interval_s=args.interval, threshold=args.threshold, cooldown_s=args.cooldown)
-    if args.port and not port_is_free(args.host, args.port):
-        raise TritonctlError(f"cannot serve the controller's state on {args.host}:{args.port}", field="--port")
     controller = Controller(loaded.path, runtime, lm, policy, cfg, log=say)
     server = controller.serve(args.host, args.port)
     say(

@@ -7,6 +7,7 @@ from pathlib import Path
 from tritonctl.cli.output import say
 from tritonctl.errors import TritonctlError
 from tritonctl.export import materialize
+from tritonctl.files import not_an_input
 from tritonctl.latency import energy
 from tritonctl.latency.dataset import load_dataset
 from tritonctl.latency.device import cpu_fingerprint
@@ -36,6 +37,8 @@ def _calibrate(cluster_arg: str, source: Path, output: Path | None) -> Path:
     """Calibrate `source` to this device for the cluster's models, write it to `output` (by default beside it,
     named after this device) and print its errors."""
     cluster = load_cluster(cluster_arg)
+    if output is not None:
+        not_an_input(output, [("the cluster file", cluster.path), ("the latency model to calibrate", source)])
     model = load_latency_model(source)
     if model.mlp is not None:
         say("note: the MLP predictor is the other device's and is not carried over: the calibrated model predicts "
@@ -87,6 +90,8 @@ def cmd_profile(args) -> int:
 def cmd_fit(args) -> int:
     dataset = load_dataset(args.profile)
     out = Path(args.output) if args.output else dataset.folder / "latency-model.json"
+    data = [p for p in dataset.folder.iterdir() if p.suffix == ".csv" or p.name == "metadata.json"]
+    not_an_input(out, [(f"the profile's {p.name}", p) for p in data])
     say(f"fitting {dataset.folder} ({len(dataset.rows)} measurements):")
     model = fit_latency_model(dataset, log=say)
     if args.predictor == "mlp":
@@ -104,6 +109,7 @@ def cmd_fit(args) -> int:
 
 def cmd_fit_energy(args) -> int:
     sweep = Path(args.sweep)
+    not_an_input(Path(args.output), [("the sweep", sweep)])
     samples = energy.read_samples(sweep)
     say(f"fitting {sweep} ({len(samples)} measurements; EAIS: over the clock per batch size, then over the batch) ...")
     try:

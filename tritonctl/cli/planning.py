@@ -11,7 +11,7 @@ from tritonctl.cli.output import emit, say
 from tritonctl.deploy.apply import predicted_misses
 from tritonctl.errors import TritonctlError
 from tritonctl.export import check_architecture, materialize
-from tritonctl.files import load_yaml
+from tritonctl.files import load_yaml, not_an_input
 from tritonctl.latency.energy import clocked
 from tritonctl.latency.energy import load as load_energy_model
 from tritonctl.latency.model import load_latency_model
@@ -58,6 +58,10 @@ def _plan(
 ) -> Path:
     cluster = cluster_arg if isinstance(cluster_arg, Cluster) else load_cluster(cluster_arg)
     out = Path(output) if output else cluster.path.parent / "plan.yaml"
+    others = {"the latency model": latency_model, "the energy model": energy_model, "the trained policy": policy_file}
+    inputs = [("the cluster file", cluster.path), *((what, Path(path)) for what, path in others.items() if path)]
+    inputs += [(f"model {m.name}'s source", cluster.resolve(m.source)) for m in cluster.spec.models if m.is_onnx_file]
+    not_an_input(out, inputs)
     if margin and not latency_model:
         raise TritonctlError("a latency margin needs a latency model", field="--latency-margin")
     lm = load_latency_model(latency_model) if latency_model else None  # read before the exports take their time

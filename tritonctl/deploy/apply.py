@@ -122,14 +122,21 @@ def _steps(
     return steps
 
 
-def check_owner(loaded: LoadedPlan, runtime: Runtime, state: State) -> None:
-    """Refuse a plan for another cluster, or a runtime other than the one running the deployment."""
+def check_cluster(loaded: LoadedPlan, state: State) -> None:
+    """Refuse a plan for another cluster than the one whose deployment the state folder holds: what runs there is
+    not this plan's to change, look at or stop."""
     if state.instances and state.cluster != loaded.plan.cluster:
         raise TritonctlError(
-            f"the state folder belongs to cluster {state.cluster!r}, not {loaded.plan.cluster!r}",
+            f"the state folder {loaded.state_dir} holds the deployment of cluster {state.cluster!r}, not "
+            f"{loaded.plan.cluster!r}: give this cluster its own runtime.state_dir in its cluster file",
             file=loaded.path,
             field="runtime.state_dir",
         )
+
+
+def check_owner(loaded: LoadedPlan, runtime: Runtime, state: State) -> None:
+    """Refuse a plan for another cluster, or a runtime other than the one running the deployment."""
+    check_cluster(loaded, state)
     if state.instances and state.runtime != runtime.name:
         raise TritonctlError(
             f"the deployment in {loaded.state_dir} runs on the {state.runtime} runtime, not {runtime.name}: "

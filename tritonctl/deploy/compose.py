@@ -178,7 +178,18 @@ class ComposeRuntime:
         return ["docker", "compose", "-p", self.project, *file, *args]
 
     def prepare(self, loaded: LoadedPlan, write: bool) -> LoadedPlan:
-        """Re-render the project for the plan (running services keep their names and ports, .env its values)."""
+        """Re-render the project for the plan (running services keep their names and ports, .env its values), once
+        Docker Compose v2 is known to be there."""
+        if not self.runner.dry_run:
+            found = self.runner.run(["docker", "compose", "version"])
+            if not found.ok:
+                said = next(iter((found.error or found.output).strip().splitlines()), "failed")
+                raise TritonctlError(
+                    f"Docker Compose v2 is not available here (`docker compose version`: {said}): install Docker "
+                    "with its Compose plugin, or render the project with `tritonctl render --target compose` and run "
+                    "it where Docker is; nothing changed",
+                    file=loaded.path,
+                )
         # the repositories are apply's to render, from the plan this returns
         project = write_compose(loaded, self.folder, self.gpus, write, repositories=False)
         self.project, self.proxy_api = project.name, project.proxy_api

@@ -229,6 +229,20 @@ def within_host_cores(loaded: LoadedPlan) -> None:
         )
 
 
+def plain_folders(loaded: LoadedPlan) -> None:
+    """Refuse runtime folders whose paths have spaces or characters beyond ASCII: tritonserver and its Python
+    backend fail to start from them (after the whole start-up timeout, with a space)."""
+    for field in ("repository_dir", "state_dir"):
+        path = str(loaded.resolve(getattr(loaded.plan.runtime, field)))
+        if not path.isascii() or any(c.isspace() for c in path):
+            raise TritonctlError(
+                f"{path!r}: Triton cannot run from a folder whose path has spaces or non-ASCII characters; set "
+                f"runtime.{field} in the cluster file to another folder and plan again",
+                file=loaded.path,
+                field=f"runtime.{field}",
+            )
+
+
 def haproxy_binary() -> str:
     """The haproxy executable; TritonctlError saying how to install it where there is none."""
     found = shutil.which("haproxy") or next((p for p in HAPROXY_PATHS if Path(p).is_file()), None)
@@ -268,6 +282,7 @@ class LocalRuntime:
         shares, its MPS control daemon running (started or adopted)."""
         one_host(loaded, self.name)
         within_host_cores(loaded)
+        plain_folders(loaded)
         haproxy_binary()
         if loaded.plan.target != "gpu":
             return loaded
