@@ -41,6 +41,8 @@ def edit(path: Path, change) -> Path:
         (lambda d: d["models"][1].update(name="alpha"), "models[1].name", "duplicate model name 'alpha'"),
         (lambda d: d["models"][0].update(name="bad/name"), "models[0].name", "not a name Triton accepts"),
         (lambda d: d["models"][0].update(name="a" * 61), "models[0].name", "61 characters: at most 60"),
+        (lambda d: d["models"][1].update(name="ALPHA"), "models[1].name", "'alpha' differs only in case"),
+        (lambda d: d["models"][0].update(source="mlp.ONNX"), "models[0].source", "ends in .onnx, in lower case"),
         (lambda d: d["models"][0].update(source="missing.onnx"), "models[0].source", "ONNX file not found"),
         (lambda d: d["devices"][0].pop("cores"), "devices[0]", "needs `cores`"),
         (lambda d: d["runtime"].update(base_port=80), "runtime.base_port", "greater than or equal to 1024"),
@@ -523,3 +525,22 @@ def test_runtime_folders_triton_cannot_run_from_are_refused_before_anything_star
     assert main(["plan", str(cluster)]) == 0
     rc, err = run_cli(capsys, "apply", str(folder / "plan.yaml"), "--dry-run")
     assert rc == 2 and "runtime.repository_dir" in err and "spaces or non-ASCII characters" in err
+
+
+def test_a_batch_queue_delay_as_long_as_the_slo_is_warned_of(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    edit(plan, lambda d: d["models"][0]["placements"][0].update(queue_delay_us=10**7))
+    capsys.readouterr()
+    assert main(["apply", str(plan), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert "warning: a batch may wait as long as the SLO to fill (queue_delay_us) on alpha-0 (10000 ms, SLO" in out
+
+
+def test_an_onnx_source_that_is_a_folder_or_empty_says_so(capsys, mlp_cluster):
+    (mlp_cluster.parent / "dir.onnx").mkdir()
+    (mlp_cluster.parent / "empty.onnx").write_bytes(b"")
+    for source, words in (("dir.onnx", "dir.onnx is a folder, not an ONNX file"), ("empty.onnx", "the file is empty")):
+        edit(mlp_cluster, lambda d, s=source: d["models"][0].update(source=s))
+        rc, err = run_cli(capsys, "plan", str(mlp_cluster))
+        assert rc == 2 and "models[0].source" in err and words in err

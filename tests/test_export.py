@@ -104,3 +104,26 @@ def test_a_dynamic_dimension_is_served_at_the_declared_size_and_a_wrong_rank_is_
     with pytest.raises(TritonctlError) as refused:
         materialize(load_cluster(write_cluster(tmp_path, [model])), log=lambda _: None)
     assert refused.value.field == "models[0].input" and "int64[-1]" in str(refused.value)
+
+
+def test_a_model_with_a_backbone_is_exported_with_random_weights_throughout(tmp_path, monkeypatch):
+    """A segmentation builder fetches its backbone's pretrained weights unless told not to: nothing is fetched."""
+    import torch
+
+    def no_download(*_, **__):
+        raise AssertionError("a download was attempted")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_download)
+    model = {"name": "seg", "source": "lraspp_mobilenet_v3_large", "input": {"shape": [3, 64, 64]}, "slo_ms": 50,
+             "rate": 1}  # fmt: skip
+    artifact = materialize(load_cluster(write_cluster(tmp_path, [model])), log=lambda _: None)["seg"]
+    assert artifact.inputs[0].shape == (3, 64, 64)
+
+
+def test_a_model_the_exporter_cannot_take_is_one_line_without_the_tracers_output(tmp_path, capfd):
+    model = {"name": "flow", "source": "raft_small", "input": {"shape": [3, 64, 64]}, "slo_ms": 50, "rate": 1}
+    with pytest.raises(TritonctlError, match="raft_small could not be exported to ONNX taking input float32") as exc:
+        materialize(load_cluster(write_cluster(tmp_path, [model])), log=lambda _: None)
+    assert "\n" not in str(exc.value)
+    out, err = capfd.readouterr()
+    assert out == "" and "Warning" not in err

@@ -323,6 +323,7 @@ def test_tritonserver_that_fails_to_start(tmp_path, capsys):
     assert main(["apply", str(tmp_path / "plan.yaml")]) == 3  # failed, rolled back: nothing left running
     err = capsys.readouterr().err
     assert "exited with code 3" in err and "simulated broken install" in err
+    assert "(nothing ran before it, nothing runs now)" in err
     assert state_of(tmp_path / "plan.yaml").instances == {}
 
 

@@ -14,10 +14,13 @@ Python backend's copy) pays for.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import inspect
 import json
 import os
+import sys
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -91,6 +94,8 @@ def inspect_onnx(path: Path) -> Artifact:
         identity = file_identity(path)
     except OSError as exc:
         raise TritonctlError(f"not a readable ONNX model ({type(exc).__name__}: {exc})", file=path) from None
+    if path.stat().st_size == 0:
+        raise TritonctlError("not an ONNX model: the file is empty", file=path)
     return _inspected(path, *identity)
 
 
@@ -167,17 +172,21 @@ def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
         return path, True
     check_architecture(model.source)
     torch.manual_seed(SEED)
+    # random weights throughout: a detection or segmentation builder would fetch its backbone's pretrained ones
+    builder = torchvision.models.get_model_builder(model.source)
+    backbone = {"weights_backbone": None} if "weights_backbone" in inspect.signature(builder).parameters else {}
     with warnings.catch_warnings():  # e.g. GoogLeNet's notice that its default initialisation will change
         warnings.simplefilter("ignore", FutureWarning)
-        net = torchvision.models.get_model(model.source, weights=None).eval()
+        net = builder(weights=None, **backbone).eval()
     if model.input.dtype == "uint8":
         net = _image_bytes(net)
     dtype = getattr(torch, model.input.dtype)
     dummy = torch.zeros((1, *model.input.shape), dtype=dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    try:
-        with torch.no_grad():
+    try:  # the tracer's warnings and, on failure, its graph dump are kept from the output: the error says enough
+        with torch.no_grad(), warnings.catch_warnings(), _stdout_muted():
+            warnings.simplefilter("ignore")
             torch.onnx.export(
                 net,
                 (dummy,),
@@ -190,11 +199,27 @@ def export_torchvision(model: ModelSpec, out_dir: Path) -> tuple[Path, bool]:
             )
     except Exception as exc:  # torch raises RuntimeError, ValueError, ... for inputs the net cannot take
         tmp.unlink(missing_ok=True)
+        said = next(iter(str(exc).strip().splitlines()), type(exc).__name__)[:200]
         raise TritonctlError(
-            f"{model.source} does not take input {model.input.dtype}{model.input.shape}: {str(exc)[:200]}"
+            f"{model.source} could not be exported to ONNX taking input {model.input.dtype}{model.input.shape} "
+            f"(torchvision models of one image input are served): {said}"
         ) from None
     tmp.replace(path)
     return path, False
+
+
+@contextlib.contextmanager
+def _stdout_muted():
+    """Standard output (the file descriptor: torch's exporter prints from C++) sent to /dev/null meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _image_bytes(net):

@@ -185,6 +185,8 @@ class ModelSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _source(cls, source: str) -> str:
+        if source.lower().endswith(".onnx") and not source.endswith(".onnx"):
+            raise ValueError("an ONNX file's name ends in .onnx, in lower case")
         if not source.endswith(".onnx") and not ARCHITECTURE.fullmatch(source):
             raise ValueError("neither an .onnx path nor a torchvision architecture name (letters, digits, '_')")
         return source
@@ -322,13 +324,14 @@ def load_cluster(path: str | Path) -> Cluster:
         )
     for name, folder in spec.runtime.folders().items():
         check_output_dir(cluster.resolve(folder), file=path, field=f"runtime.{name}")
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for i, model in enumerate(spec.models):
-        if model.name.lower() in seen:
-            raise TritonctlError(f"duplicate model name {model.name!r}", file=path, field=f"models[{i}].name")
-        seen.add(model.name.lower())
-        if model.is_onnx_file and not cluster.resolve(model.source).is_file():
-            raise TritonctlError(
-                f"ONNX file not found: {cluster.resolve(model.source)}", file=path, field=f"models[{i}].source"
-            )
+        if (other := seen.get(model.name.lower())) is not None:
+            case = "" if other == model.name else f" ({other!r} differs only in case, and names are folders)"
+            raise TritonctlError(f"duplicate model name {model.name!r}{case}", file=path, field=f"models[{i}].name")
+        seen[model.name.lower()] = model.name
+        where = cluster.resolve(model.source)
+        if model.is_onnx_file and not where.is_file():
+            message = f"{where} is a folder, not an ONNX file" if where.is_dir() else f"ONNX file not found: {where}"
+            raise TritonctlError(message, file=path, field=f"models[{i}].source")
     return cluster

@@ -200,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="dataset folder (default: profile/ beside the cluster file); resumes if present",
     )
     p.add_argument(
-        "--budget", type=_non_negative, help="stop after this many seconds (resume later; 0: write the metadata only)"
+        "--budget",
+        type=_non_negative,
+        help="stop after this many seconds (resume later; 0: write the metadata only; default: no limit)",
     )
     p = add(
         "plan",

@@ -249,14 +249,15 @@ def cmd_status(args) -> int:
         say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
         return 0
     say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
-    say(
-        f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'grpc':>6} {'http':>6} {'metrics':>7} "
+    say(  # port: the model's address (HAProxy's); grpc, http, metrics: the instance's own
+        f"{'instance':24} {'model':16} {'device':6} {'share':>7} {'port':>6} {'grpc':>6} {'http':>6} {'metrics':>7} "
         f"{'pid':>7} {'health':9} share enforcement"
     )
     for uid, rec in sorted(state.instances.items(), key=lambda item: item[1].instance):
         say(
             f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
-            f"{rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health[uid]:9} {rec.share_mechanism}"
+            f"{rec.backend_port or '-':>6} {rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health[uid]:9} "
+            f"{rec.share_mechanism}"
         )
     say(runtime.proxy_info())
     if proxy_ok is False:
@@ -299,7 +300,7 @@ def _load(
             file=plan_path,
         )
     say(
-        f"sending Poisson traffic with {tool} for {duration:.0f} s at {rate_scale:g} x the planned rates "
+        f"sending Poisson traffic with {tool} for {duration:g} s at {rate_scale:g} x the planned rates "
         f"({', '.join(f'{t.model} {t.rate * rate_scale:g}/s' for t in targets)}) ..."
     )
     gpus = [d.index for d in loaded.plan.devices if d.kind == "gpu"]
@@ -321,7 +322,11 @@ def _load(
     _report_load(results, tool, rate_scale, simulated, joules, refused, short, min_within_slo)
     if refused is not None:
         raise refused
-    return (0 if all(r.ok > 0 for r in results) else 1), [r.model for r in short]
+    unanswered = [r for r in results if r.ok == 0]
+    for r in unanswered:  # exit 1: say why
+        said = f"sent {r.sent}, none answered" if r.sent else "nothing sent: raise --duration or --rate-scale"
+        say(f"no answer from {r.model} ({said})")
+    return (1 if unanswered else 0), [r.model for r in short]
 
 
 def _report_load(

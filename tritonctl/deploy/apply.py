@@ -149,6 +149,12 @@ def check_owner(loaded: LoadedPlan, runtime: Runtime, state: State) -> None:
 Save = Callable[[State], None]
 
 
+def rolled_back(why: str, serving: bool, file: str | Path, field: str | None = None) -> RolledBack:
+    """The error of an apply undone: `serving`, whether instances of an earlier apply run on."""
+    after = "the running instances keep serving" if serving else "nothing ran before it, nothing runs now"
+    return RolledBack(f"apply failed and was rolled back ({after}): {why}", file=file, field=field)
+
+
 @dataclass
 class _Run:
     """One apply in progress: the plan, its rendering, the runtime and the state it changes."""
@@ -215,10 +221,7 @@ class _Run:
         except BaseException as exc:
             self.discard(started)
             if isinstance(exc, StartError):
-                raise RolledBack(
-                    f"apply failed and was rolled back (the running instances keep serving): {exc}",
-                    file=self.loaded.path,
-                ) from None
+                raise rolled_back(str(exc), bool(self.state.instances), self.loaded.path) from None
             raise
         return started
 
@@ -309,6 +312,8 @@ def apply_plan(
     with a runtime that rehearses (Compose in dry-run mode), walks through them with it, so
     that runtime prints every command it would run (host ports are not checked).
     """
+    if line := late_by_design(loaded):
+        log(line)
     if runtime.name == "local":
         for line in (exposure(loaded), ephemeral_clash(loaded, ephemeral_ports())):
             if line:
@@ -343,11 +348,7 @@ def apply_plan(
                         runtime.route(loaded.plan.runtime.host, port, [])
                 run.discard(started)
                 if isinstance(exc, TritonctlError) and not isinstance(exc, RolledBack):
-                    raise RolledBack(
-                        f"apply failed and was rolled back (the running instances keep serving): {exc.message}",
-                        file=exc.file or loaded.path,
-                        field=exc.field,
-                    ) from None
+                    raise rolled_back(exc.message, bool(state.instances), exc.file or loaded.path, exc.field) from None
                 raise
         except BaseException:  # rolled back: the state says what runs, which is the previous plan
             state.cluster, state.plan, state.runtime = before
@@ -373,6 +374,20 @@ def exposure(loaded: LoadedPlan) -> str | None:
         "are reachable beyond this machine (Triton's control APIs ask for the deployment's key; HAProxy's runtime API "
         "is a unix socket in the state folder)"
     )
+
+
+def late_by_design(loaded: LoadedPlan) -> str | None:
+    """A warning naming the instances whose batch queue delay is as long as their model's SLO: every request that
+    waits it out is late (a plan edited by hand; no policy plans one)."""
+    late = [
+        f"{p.instance} ({p.queue_delay_us / 1000:g} ms, SLO {m.slo_ms:g} ms)"
+        for m in loaded.plan.models
+        for p in m.placements
+        if p.queue_delay_us / 1000 >= m.slo_ms
+    ]
+    if not late:
+        return None
+    return f"warning: a batch may wait as long as the SLO to fill (queue_delay_us) on {', '.join(late)}"
 
 
 def ephemeral_clash(loaded: LoadedPlan, ephemeral: range | None) -> str | None:
