@@ -544,3 +544,23 @@ def test_an_onnx_source_that_is_a_folder_or_empty_says_so(capsys, mlp_cluster):
         edit(mlp_cluster, lambda d, s=source: d["models"][0].update(source=s))
         rc, err = run_cli(capsys, "plan", str(mlp_cluster))
         assert rc == 2 and "models[0].source" in err and words in err
+
+
+def test_down_of_a_plan_never_applied_stops_nothing_and_writes_nothing(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = load_plan(mlp_cluster.parent / "plan.yaml")
+    capsys.readouterr()
+    assert main(["down", str(plan.path)]) == 0
+    assert "nothing to stop" in capsys.readouterr().out and not plan.state_dir.exists()
+
+
+def test_an_interrupted_change_says_how_to_see_and_finish_it(capsys, mlp_cluster, monkeypatch):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = str(mlp_cluster.parent / "plan.yaml")
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("tritonctl.cli.deploy._apply", interrupted)
+    rc, err = run_cli(capsys, "apply", plan)
+    assert rc == 130 and f"interrupted: `tritonctl status {plan}` shows what runs" in err

@@ -542,7 +542,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        changing = name in ("cmd_apply", "cmd_down", "cmd_controller")  # a change cut short: what now
+        hint = f": `tritonctl status {args.plan}` shows what runs; apply or down it again to finish" if changing else ""
+        print(f"interrupted{hint}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -278,6 +278,9 @@ def cmd_endpoints(args) -> int:
 
 def cmd_down(args) -> int:
     loaded = load_plan(args.plan)
+    if not loaded.state_dir.exists():  # never applied: nothing to stop, and nothing to write
+        say(f"nothing to stop: no deployment was applied with state in {loaded.state_dir}")
+        return 0
     runtime = _applied_runtime(args, loaded, load_state(loaded.state_dir))
     count = down(loaded.state_dir, runtime, log=say, dry_run=args.dry_run)
     say(f"{'would stop' if args.dry_run else 'stopped'} {count} instance(s)")
