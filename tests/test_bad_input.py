@@ -564,3 +564,24 @@ def test_an_interrupted_change_says_how_to_see_and_finish_it(capsys, mlp_cluster
     monkeypatch.setattr("tritonctl.cli.deploy._apply", interrupted)
     rc, err = run_cli(capsys, "apply", plan)
     assert rc == 130 and f"interrupted: `tritonctl status {plan}` shows what runs" in err
+
+
+def test_a_latency_model_a_plan_and_a_cluster_file_given_for_one_another_say_what_they_are(
+    capsys, mlp_cluster, synthetic_lm
+):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = str(mlp_cluster.parent / "plan.yaml")
+    for argv, words in (
+        (["plan", str(synthetic_lm)], "a latency model, not a cluster file or plan: give it as --latency-model"),
+        (["status", str(synthetic_lm)], "a latency model, not a cluster file or plan"),
+        (["simulate", plan, "--latency-model", plan], f"{plan}: this is a plan, not a latency model"),
+        (["simulate", plan, "--latency-model", str(mlp_cluster)], "this is a cluster file, not a latency model"),
+    ):
+        rc, err = run_cli(capsys, *argv)
+        assert rc == 2 and words in err, err
+
+
+def test_validate_opens_the_onnx_files_every_verb_would(capsys, mlp_cluster):
+    (mlp_cluster.parent / "mlp.onnx").write_bytes(b"not a model")
+    rc, err = run_cli(capsys, "validate", str(mlp_cluster))
+    assert rc == 2 and "models[0].source" in err and "not a readable ONNX model" in err

@@ -242,14 +242,16 @@ def _image_bytes(net):
     return ImageBytes().eval()
 
 
-def materialize(cluster: Cluster, log=print) -> dict[str, Artifact]:
+def materialize(cluster: Cluster, log=print, files_only: bool = False) -> dict[str, Artifact]:
     """Make an ONNX artifact for every model of the cluster, checked against the spec and served as it says
-    (`served_as`)."""
+    (`served_as`); `files_only`: the models given as ONNX files alone, nothing exported (what `validate` checks)."""
     export_dir = cluster.resolve(cluster.spec.runtime.export_dir)
-    if not all(model.is_onnx_file for model in cluster.spec.models):
+    if not files_only and not all(model.is_onnx_file for model in cluster.spec.models):
         check_output_dir(export_dir, file=cluster.path, field="runtime.export_dir", writable=True)
     artifacts: dict[str, Artifact] = {}
     for i, model in enumerate(cluster.spec.models):
+        if files_only and not model.is_onnx_file:
+            continue
         field = f"models[{i}].source"
         try:
             if model.is_onnx_file:

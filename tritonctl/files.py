@@ -33,6 +33,9 @@ SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/p
 SYSTEM_DIRS = ("/", "/root", "/var")
 
 
+LATENCY_MODEL_FORMAT = "tritonctl-latency-model"  # the `format` of a latency model file
+
+
 def excerpt(value, limit: int = EXCERPT_CHARS) -> str:
     """`repr(value)` cut to `limit` characters, for quoting user input in a message."""
     text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
@@ -131,6 +134,17 @@ def load_yaml(path: Path):
     raise TritonctlError(problem, file=path)
 
 
+def yaml_kind(path: Path) -> str | None:
+    """Which of tritonctl's YAML files `path` holds ("plan", "cluster file"), None where it is neither or unreadable."""
+    try:
+        raw = load_yaml(path)
+    except TritonctlError:
+        return None
+    if isinstance(raw, dict) and "cluster" in raw and "models" in raw:
+        return "plan"
+    return "cluster file" if isinstance(raw, dict) and "name" in raw and "models" in raw else None
+
+
 def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str | None] = lambda _: None) -> M:
     """A YAML file validated against `schema`; the first problem is raised naming the file and the field, or what
     `mistaken` says the file is where it is another kind of file."""
@@ -139,6 +153,8 @@ def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str |
         raise TritonctlError("holds nothing (empty, or comments only)", file=path)
     if not isinstance(raw, dict):
         raise TritonctlError(f"must be a YAML mapping, not {type(raw).__name__}", file=path)
+    if raw.get("format") == LATENCY_MODEL_FORMAT:  # JSON is YAML: a latency model given in the wrong place
+        raise TritonctlError("a latency model, not a cluster file or plan: give it as --latency-model", file=path)
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:

@@ -318,6 +318,7 @@ def cmd_validate(args) -> int:
     for i, model in enumerate(cluster.spec.models):
         if not model.is_onnx_file:
             check_architecture(model.source, file=path, field=f"models[{i}].source")
+    materialize(cluster, log=lambda _: None, files_only=True)  # the ONNX files opened and checked, none exported
     say(
         f"{path}: a valid cluster file ({len(cluster.spec.models)} model(s), {len(cluster.spec.devices)} device "
         "group(s))"

@@ -73,7 +73,7 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
         elif not older:
             starts.append(Step("start", name, "new"))
         elif ready:
-            starts.append(Step("swap", name, "share, device or model changed", ready[0]))
+            starts.append(Step("swap", name, "share, device, model, ports or settings changed", ready[0]))
         else:
             starts.append(Step("swap", name, "not ready: restart", older[0]))
     stops = []

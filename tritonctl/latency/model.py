@@ -48,7 +48,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
 from tritonctl.errors import TritonctlError
-from tritonctl.files import read_json
+from tritonctl.files import LATENCY_MODEL_FORMAT, read_json, yaml_kind
 from tritonctl.latency.mlp import MlpPredictor
 from tritonctl.shares import threads_for_cores
 from tritonctl.spec import MAX_BATCH  # BDA searches batch sizes 1..MAX_BATCH (InSS Algorithm 1); profiles too
@@ -56,7 +56,7 @@ from tritonctl.spec import MAX_BATCH  # BDA searches batch sizes 1..MAX_BATCH (I
 if TYPE_CHECKING:
     from tritonctl.latency.lwr import LocallyWeightedRegression
 
-FORMAT = "tritonctl-latency-model"
+FORMAT = LATENCY_MODEL_FORMAT
 VERSION = 1
 _BATCHES = np.arange(1, MAX_BATCH + 1)
 T_INFS_KEPT = 50_000  # `t_infs` scans a model keeps (about 300 bytes each) before it starts afresh
@@ -433,7 +433,14 @@ def _validated(kind: type, raw, path: Path, field: str):
 def load_latency_model(path: str | Path) -> LatencyModel:
     """A latency model file (`tritonctl fit` or `calibrate`), every field checked; a problem names the field."""
     path = Path(path)
-    data = read_json(path)
+    try:
+        data = read_json(path)
+    except TritonctlError:
+        if kind := yaml_kind(path):
+            raise TritonctlError(
+                f"this is a {kind}, not a latency model (tritonctl fit or calibrate writes one)", file=path
+            ) from None
+        raise
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
         raise TritonctlError(f"not a {FORMAT} file of version {VERSION} (make one with `tritonctl fit`)", file=path)
     for key in ("device", "models"):
