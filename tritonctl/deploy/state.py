@@ -67,7 +67,7 @@ def load_state(state_dir: Path) -> State:
         return State(**raw, instances=records)
     except ValueError as exc:
         raise TritonctlError(
-            f"corrupt state file ({exc}); stop stray tritonserver processes and remove it", file=path
+            f"corrupt state file ({exc}); stop stray tritonserver and haproxy processes and remove it", file=path
         ) from None
 
 
