@@ -585,3 +585,14 @@ def test_validate_opens_the_onnx_files_every_verb_would(capsys, mlp_cluster):
     (mlp_cluster.parent / "mlp.onnx").write_bytes(b"not a model")
     rc, err = run_cli(capsys, "validate", str(mlp_cluster))
     assert rc == 2 and "models[0].source" in err and "not a readable ONNX model" in err
+
+
+def test_a_model_no_request_arrived_for_in_a_trace_is_not_judged(capsys, mlp_cluster, synthetic_lm):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    trace = mlp_cluster.parent / "trace.csv"
+    trace.write_text("model,time_s\nalpha,0.1\n")
+    plan = str(mlp_cluster.parent / "plan.yaml")
+    capsys.readouterr()
+    assert main(["simulate", plan, "--latency-model", str(synthetic_lm), "--trace", str(trace)]) == 0
+    (beta,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("beta ")]
+    assert beta == ["beta", "0", "0", "-", "0", "-", "-"]

@@ -523,10 +523,11 @@ def format_sim(result: SimResult) -> str:
     head = f"{'model':18} {'arrived':>8} {'served':>8} {'in SLO':>7} {'dropped':>8} {'p50 ms':>8} {'p99 ms':>8}"
     lines = [head, "-" * len(head)]
     for m in result.models:
-        lines.append(
-            f"{m.model:18} {m.arrived:8d} {m.served:8d} {100 * m.good / max(m.arrived, 1):6.1f}% "
-            f"{m.dropped:8d} {m.p50_ms:8.1f} {m.p99_ms:8.1f}"
-        )
+        if m.arrived:
+            judged = f"{100 * m.good / m.arrived:6.1f}% {m.dropped:8d} {m.p50_ms:8.1f} {m.p99_ms:8.1f}"
+        else:  # no arrival: nothing to judge
+            judged = f"{'-':>7} {0:8d} {'-':>8} {'-':>8}"
+        lines.append(f"{m.model:18} {m.arrived:8d} {m.served:8d} {judged}")
     if result.latency_errors:
         lines.append(
             "latency model errors: " + ", ".join(f"{m} {100 * e:+.1f}%" for m, e in result.latency_errors.items())
