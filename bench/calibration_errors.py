@@ -38,19 +38,21 @@ FORMS = {
 }
 
 
-def committed_logs() -> list[Path]:
+def committed_logs() -> dict[Path, list[str]]:
+    """Every committed CPU calibration log that printed its points, read once."""
     listed = subprocess.run(["git", "grep", "-l", "held-out points (", "--", "bench/results"], capture_output=True,
                             text=True, check=True).stdout.split()  # fmt: skip
-    return [Path(p) for p in listed if _points(Path(p)) and "on this CPU" in Path(p).read_text()]
+    logs = {Path(p): _lines(Path(p)) for p in listed}
+    return {p: lines for p, lines in logs.items() if _points(lines) and any("on this CPU" in x for x in lines)}
 
 
 def _lines(path: Path) -> list[str]:
     return [re.sub(r"^\d\d:\d\d:\d\d ", "", line).strip() for line in path.read_text().splitlines()]
 
 
-def _points(path: Path) -> list[tuple[str, int, int, float, float]]:
+def _points(lines: list[str]) -> list[tuple[str, int, int, float, float]]:
     """(model, batch, share, measured ms, source ms) of every point the log printed."""
-    return [(m[1], int(m[2]), int(m[3]), float(m[4]), float(m[5])) for line in _lines(path) if (m := POINT.match(line))]
+    return [(m[1], int(m[2]), int(m[3]), float(m[4]), float(m[5])) for line in lines if (m := POINT.match(line))]
 
 
 def refit(lm, points, use_gamma: bool, use_delta: bool) -> list[float]:
@@ -91,15 +93,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/calibration-errors.md"))
     args = parser.parse_args()
     lm = load_latency_model(SOURCE)
-    logs = args.logs or committed_logs()
+    logs = {path: _lines(path) for path in args.logs} if args.logs else committed_logs()
+    texts = {path: "\n".join(lines) for path, lines in logs.items()}
     rows, pooled = [], {form: [] for form in FORMS}
-    caches = {m[3]: f"{m[1]} / {m[2]}" for path in logs for m in CPU.finditer(path.read_text())}
-    for path in logs:
-        text = "\n".join(_lines(path))
+    caches = {m[3]: f"{m[1]} / {m[2]}" for text in texts.values() for m in CPU.finditer(text)}
+    for path, text in texts.items():
         held, spread = HELD_OUT.search(text), ROUNDS.search(text)
         cpu_id = next(iter(re.findall(r"CPU id ([0-9a-f]{12})", text) or re.findall(r"[0-9a-f]{12}", path.name)), "")
         machine = f"{caches.get(cpu_id, '?')} ({cpu_id})" if cpu_id else "not logged"
-        points = _points(path)
+        points = _points(logs[path])
         refits = {form: refit(lm, points, *used) for form, used in FORMS.items()}
         for form, errors in refits.items():
             pooled[form] += errors

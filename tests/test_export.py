@@ -108,12 +108,11 @@ def test_a_dynamic_dimension_is_served_at_the_declared_size_and_a_wrong_rank_is_
 
 def test_a_model_with_a_backbone_is_exported_with_random_weights_throughout(tmp_path, monkeypatch):
     """A segmentation builder fetches its backbone's pretrained weights unless told not to: nothing is fetched."""
-    import torch
 
     def no_download(*_, **__):
         raise AssertionError("a download was attempted")
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_download)
+    monkeypatch.setattr("torchvision.models._api.load_state_dict_from_url", no_download)  # where the weights fetch
     model = {"name": "seg", "source": "lraspp_mobilenet_v3_large", "input": {"shape": [3, 64, 64]}, "slo_ms": 50,
              "rate": 1}  # fmt: skip
     artifact = materialize(load_cluster(write_cluster(tmp_path, [model])), log=lambda _: None)["seg"]

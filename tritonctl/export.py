@@ -94,7 +94,7 @@ def inspect_onnx(path: Path) -> Artifact:
         identity = file_identity(path)
     except OSError as exc:
         raise TritonctlError(f"not a readable ONNX model ({type(exc).__name__}: {exc})", file=path) from None
-    if path.stat().st_size == 0:
+    if identity[2] == 0:  # its size
         raise TritonctlError("not an ONNX model: the file is empty", file=path)
     return _inspected(path, *identity)
 
