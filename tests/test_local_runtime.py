@@ -336,7 +336,10 @@ def test_status_reports_a_dead_instance(tmp_path, capsys):
     LocalRuntime(None, tmp_path / "state").stop(record)  # kill it behind tritonctl's back
     capsys.readouterr()
     assert main(["status", str(plan)]) == 1
-    assert " dead " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert " dead " in out
+    row = next(line.split() for line in out.splitlines() if line.startswith("alpha-0 "))
+    assert row[4:6] == [str(record.grpc_port), str(record.backend_port)]  # the model's address, the instance's own
     assert main(["apply", str(plan)]) == 0  # a re-apply heals it
     (healed,) = state_of(plan).instances.values()
     assert healed.pid != record.pid and process_alive(healed.pid, healed.start_ticks)
