@@ -14,6 +14,7 @@ import yaml
 
 from conftest import REPO, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
+from tritonctl.errors import TritonctlError, shown_path
 from tritonctl.planning.plan import load_plan
 
 
@@ -100,6 +101,29 @@ def test_not_yaml_and_missing_file(capsys, tmp_path):
     assert rc == 2 and "not valid YAML" in err
     rc, err = run_cli(capsys, "plan", str(tmp_path / "nope.yaml"))
     assert rc == 2 and "cannot read" in err and "nope.yaml" in err
+
+
+def test_a_file_is_named_from_the_working_directory_wherever_it_lies_under_it(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    assert str(TritonctlError("x", file=tmp_path / "sub" / "plan.yaml")) == "sub/plan.yaml: x"
+    assert str(TritonctlError("x", file="sub/plan.yaml", field="f")) == "sub/plan.yaml: f: x"
+    assert str(TritonctlError("x", file="/etc/plan.yaml")) == "/etc/plan.yaml: x"  # outside: absolute
+    assert shown_path("../up.yaml") == str(tmp_path.parent / "up.yaml")
+
+
+def test_a_plan_file_is_read_as_written_not_coerced(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    text = plan.read_text()
+    for change, field, got in (
+        (lambda d: d["models"][0]["placements"][0].update(batch=True), "models[0].placements[0].batch", "True"),
+        (lambda d: d["models"][0].update(port=str(d["models"][0]["port"])), "models[0].port", "'"),
+    ):
+        plan.write_text(text)
+        edit(plan, change)
+        rc, err = run_cli(capsys, "validate", str(plan))
+        assert rc == 2 and f"{plan}: {field}: Input should be a valid integer (got {got}" in err
 
 
 def test_unreadable_onnx_file(capsys, tmp_path):
@@ -513,7 +537,7 @@ def test_the_controller_refuses_what_it_cannot_use_before_it_applies(capsys, mlp
     assert rc == 2 and "--host/--port: cannot serve the controller's state on no-such-host.invalid:0" in err
     other = str(REPO / "profiles" / "cpu-demo" / "latency-model.json")  # of other models (and made on another CPU)
     rc, err = run_cli(capsys, "controller", plan, "--latency-model", other)
-    assert rc == 2 and err.startswith(f"error: {other}")
+    assert rc == 2 and err.startswith(f"error: {shown_path(other)}")
     assert not (load_plan(plan).state_dir / "state.json").exists()  # nothing was applied
 
 

@@ -330,7 +330,7 @@ PLAN_FIELDS = [
     Case("port-70000", "plan", data(put("models.0.port", 70_000))),
     Case("port-duplicate", "plan", data(lambda d: d["models"][1].update(port=d["models"][0]["port"])), "port"),
     Case("placements-empty", "plan", data(put("models.0.placements", []))),
-    Case("batch-1e9", "plan", data(put("models.0.placements.0.batch", 1e9)), "32"),
+    Case("batch-1e9", "plan", data(put("models.0.placements.0.batch", 1e9)), "valid integer"),
     Case("batch-zero", "plan", data(put("models.0.placements.0.batch", 0))),
     Case("batch-33", "plan", data(put("models.0.placements.0.batch", 33)), "32"),
     Case("batch-fraction", "plan", data(put("models.0.placements.0.batch", 1.5))),
@@ -417,7 +417,8 @@ def test_malformed_file_is_refused_cleanly(capsys, monkeypatch, tmp_path, base, 
         err = capsys.readouterr().err
         lines = err.splitlines()
         assert rc == 2, f"{verb}: exit {rc}, stderr {err!r}"
-        assert len(lines) == 1 and lines[0].startswith(f"error: {path}"), f"{verb}: {err[:500]!r}"
+        # the file named as the working directory (the case's folder) reaches it
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path.name}"), f"{verb}: {err[:500]!r}"
         assert "Traceback" not in err and len(lines[0]) < 600
         assert case.words in lines[0], f"{verb}: {lines[0]!r}"
         assert took < 5, f"{verb} took {took:.1f} s"
@@ -470,7 +471,7 @@ def test_hostile_files_in_a_process_with_500_MB(tmp_path, name, content, words):
     )
     assert run.returncode == 2, run.stderr[-2000:]
     lines = run.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and words in lines[0], run.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: cluster.yaml: ") and words in lines[0], run.stderr[-2000:]
     assert len(lines[0]) < 600
     assert time.monotonic() - started < 20
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]

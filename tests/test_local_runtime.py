@@ -97,6 +97,7 @@ def test_status_and_endpoints(deployment, capsys):
     assert main(["status", str(deployment)]) == 0
     out = capsys.readouterr().out
     assert out.count(" ready ") == 2 and "alpha-0" in out and "beta-0" in out
+    assert f"the deployment matches {deployment}" in out  # what runs is what the plan says
     assert main(["endpoints", str(deployment)]) == 0
     out = capsys.readouterr().out
     ports = [m.port for m in load_plan(deployment).plan.models]
@@ -131,6 +132,11 @@ def edit_plan(plan: Path, **changes) -> None:
 def test_batch_change_reloads_in_place_without_a_restart(deployment, capsys):
     before = state_of(deployment).instances
     edit_plan(deployment, batch=4, queue_delay_us=2000)
+    assert main(["status", str(deployment)]) == 0  # healthy, but not what the plan now says
+    assert f"the deployment differs from {deployment}: `tritonctl apply` would reload alpha-0 " in capsys.readouterr().out
+    assert main(["status", str(deployment), "--format", "json"]) == 0
+    (step,) = json.loads(capsys.readouterr().out)["pending"]
+    assert step["action"] == "reload" and step["instance"] == "alpha-0"
     assert main(["apply", str(deployment), "--dry-run"]) == 1  # something would change
     assert "would change 1 instance(s), kept 1" in capsys.readouterr().out
     assert main(["apply", str(deployment)]) == 0

@@ -3,7 +3,18 @@ stopped the work, 3 for an apply that failed and was rolled back."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as messages name it: relative to the working directory where it lies under it, absolute otherwise, so a
+    file is named the same however it reached the message."""
+    absolute = Path(os.path.abspath(path))  # `..` folded: a file up the tree is outside
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
 
 
 class TritonctlError(Exception):
@@ -18,7 +29,7 @@ class TritonctlError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        where = ": ".join(part for part in (self.file, self.field) if part)
+        where = ": ".join(part for part in (shown_path(self.file) if self.file else None, self.field) if part)
         return f"{where}: {self.message}" if where else self.message
 
 

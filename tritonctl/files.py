@@ -147,7 +147,8 @@ def yaml_kind(path: Path) -> str | None:
 
 def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str | None] = lambda _: None) -> M:
     """A YAML file validated against `schema`; the first problem is raised naming the file and the field, or what
-    `mistaken` says the file is where it is another kind of file."""
+    `mistaken` says the file is where it is another kind of file. Validated strictly, as written: `batch: true` or
+    `port: "8001"` is refused, not read as 1 or 8001."""
     raw = load_yaml(path)
     if raw is None:
         raise TritonctlError("holds nothing (empty, or comments only)", file=path)
@@ -156,7 +157,7 @@ def load_validated(path: Path, schema: type[M], mistaken: Callable[[dict], str |
     if raw.get("format") == LATENCY_MODEL_FORMAT:  # JSON is YAML: a latency model given in the wrong place
         raise TritonctlError("a latency model, not a cluster file or plan: give it as --latency-model", file=path)
     try:
-        return schema.model_validate(raw)
+        return schema.model_validate(raw, strict=True)
     except ValidationError as exc:
         if (other := mistaken(raw)) is not None:
             raise TritonctlError(other, file=path) from None

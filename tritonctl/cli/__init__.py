@@ -391,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "status",
         "deploy.cmd_status",
-        "show the running instances, their shares, ports and health (exit 1 when one is unhealthy)",
+        "show the running instances, their shares, ports and health, and whether they are what the plan says "
+        "(exit 1 when one is unhealthy)",
     )
     add_format(p)
     p.add_argument("plan", help="plan.yaml")

@@ -14,7 +14,7 @@ from tritonctl.controller.decide import ControllerConfig
 from tritonctl.controller.loop import Controller
 from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy import mps, share
-from tritonctl.deploy.apply import apply_plan, check_cluster, down, predicted_misses
+from tritonctl.deploy.apply import Step, apply_plan, check_cluster, down, pending, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import write_compose
 from tritonctl.deploy.gpu import energy_mj, gpu_count, lock_commands
@@ -220,13 +220,25 @@ def _controller_status(state_dir: Path) -> None:
         say(f"  {when} {decision['kind']:8} {decision['reason']} ({decision['took_s']:g} s)")
 
 
+def _drift(loaded: LoadedPlan, steps: list[Step]) -> str:
+    """One line: whether what runs is what the plan says, and if not what `apply` would change."""
+    if not steps:
+        return f"the deployment matches {loaded.path}"
+    changes = ", ".join(f"{step.action} {step.instance}" for step in steps)
+    return f"the deployment differs from {loaded.path}: `tritonctl apply` would {changes} (`tritonctl apply --dry-run` says why)"
+
+
 def cmd_status(args) -> int:
+    """Exit 0 when every instance and the proxy answer, 1 otherwise; the local runtime also says whether what runs
+    is what the plan says."""
     loaded = load_plan(args.plan)
     state = load_state(loaded.state_dir)
     runtime = _applied_runtime(args, loaded, state) if state.instances else None
-    health = {uid: runtime.health(rec).label for uid, rec in state.instances.items()} if runtime else {}
+    health = {uid: runtime.health(rec) for uid, rec in state.instances.items()} if runtime else {}
     proxy_ok = runtime.proxy_ok() if runtime else None
-    unhealthy = sum(label != "ready" for label in health.values()) + (proxy_ok is False)
+    unhealthy = sum(h.label != "ready" for h in health.values()) + (proxy_ok is False)
+    # another runtime's prepare reaches its engine: `apply --dry-run` compares there
+    changes = pending(loaded, runtime, state, health) if runtime and runtime.name == "local" else None
     if output.JSON:
         ctl = load_controller_state(loaded.state_dir)
         emit(
@@ -236,8 +248,10 @@ def cmd_status(args) -> int:
                 "applied": bool(state.instances),
                 "runtime": state.runtime,
                 "instances": [
-                    {**dataclasses.asdict(rec), "health": health[uid]} for uid, rec in sorted(state.instances.items())
+                    {**dataclasses.asdict(rec), "health": health[uid].label}
+                    for uid, rec in sorted(state.instances.items())
                 ],
+                "pending": None if changes is None else [dataclasses.asdict(step) for step in changes],
                 "proxy_ok": proxy_ok,
                 "proxy": runtime.proxy_info() if runtime else None,
                 "controller": dataclasses.asdict(ctl) if ctl else None,
@@ -256,12 +270,14 @@ def cmd_status(args) -> int:
     for uid, rec in sorted(state.instances.items(), key=lambda item: item[1].instance):
         say(
             f"{rec.instance:24} {rec.model:16} {rec.device:6} {f'{rec.share}/{rec.units}':>7} {rec.grpc_port:>6} "
-            f"{rec.backend_port or '-':>6} {rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} {health[uid]:9} "
-            f"{rec.share_mechanism}"
+            f"{rec.backend_port or '-':>6} {rec.http_port:>6} {rec.metrics_port:>7} {rec.pid:>7} "
+            f"{health[uid].label:9} {rec.share_mechanism}"
         )
     say(runtime.proxy_info())
     if proxy_ok is False:
         say("proxy: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
+    if changes is not None:
+        say(_drift(loaded, changes))
     return 1 if unhealthy else 0
 
 

@@ -122,6 +122,13 @@ def _steps(
     return steps
 
 
+def pending(loaded: LoadedPlan, runtime: Runtime, state: State, health: dict[str, Health]) -> list[Step]:
+    """What `apply` would change to make the recorded deployment match the plan (its steps but the keeps);
+    renders nothing to disk."""
+    launches = {name: launch for name, (_, launch) in render(runtime.prepare(loaded, write=False), write=False).items()}
+    return [step for step in diff(launches, state.instances, health) if step.action != "keep"]
+
+
 def check_cluster(loaded: LoadedPlan, state: State) -> None:
     """Refuse a plan for another cluster than the one whose deployment the state folder holds: what runs there is
     not this plan's to change, look at or stop."""
