@@ -22,7 +22,7 @@ import yaml
 from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy import share
-from tritonctl.deploy.local import LocalRuntime, proc_stat_fields, process_alive
+from tritonctl.deploy.local import LocalRuntime, free_port, proc_stat_fields, process_alive
 from tritonctl.deploy.proxy import ARRIVAL_HEADER
 from tritonctl.deploy.runtime import InstanceRecord, stop_all
 from tritonctl.deploy.state import apply_lock, load_state
@@ -133,7 +133,8 @@ def test_batch_change_reloads_in_place_without_a_restart(deployment, capsys):
     before = state_of(deployment).instances
     edit_plan(deployment, batch=4, queue_delay_us=2000)
     assert main(["status", str(deployment)]) == 0  # healthy, but not what the plan now says
-    assert f"the deployment differs from {deployment}: `tritonctl apply` would reload alpha-0 " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"the deployment differs from {deployment}: `tritonctl apply` would reload alpha-0 " in out
     assert main(["status", str(deployment), "--format", "json"]) == 0
     (step,) = json.loads(capsys.readouterr().out)["pending"]
     assert step["action"] == "reload" and step["instance"] == "alpha-0"
@@ -153,6 +154,24 @@ def test_batch_change_reloads_in_place_without_a_restart(deployment, capsys):
     assert config["model_warmup"][0]["batch_size"] == 4
     x = np.ones((3, 16), np.float32)
     assert infer(f"127.0.0.1:{alpha.grpc_port}", "alpha", x).shape == (3, 4)
+
+
+def test_port_change_moves_the_address_without_a_restart(deployment, capsys):
+    before = state_of(deployment).instances
+    data = yaml.safe_load(deployment.read_text())
+    old, new = data["models"][0]["port"], free_port("127.0.0.1")
+    data["models"][0]["port"] = new
+    deployment.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["apply", str(deployment)]) == 0
+    out = capsys.readouterr().out
+    assert "move   alpha-0" in out and f"moved    alpha-0 to model port {new}, no restart" in out
+    after = state_of(deployment).instances
+    assert {uid: rec.pid for uid, rec in after.items()} == {uid: rec.pid for uid, rec in before.items()}
+    assert infer(f"127.0.0.1:{new}", "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
+    with pytest.raises(ConnectionRefusedError):  # the old address is closed
+        socket.create_connection(("127.0.0.1", old), timeout=2).close()
+    assert main(["status", str(deployment)]) == 0
+    assert f"the deployment matches {deployment}" in capsys.readouterr().out
 
 
 def test_share_change_swaps_only_that_instance(deployment, capsys):

@@ -225,7 +225,8 @@ def _drift(loaded: LoadedPlan, steps: list[Step]) -> str:
     if not steps:
         return f"the deployment matches {loaded.path}"
     changes = ", ".join(f"{step.action} {step.instance}" for step in steps)
-    return f"the deployment differs from {loaded.path}: `tritonctl apply` would {changes} (`tritonctl apply --dry-run` says why)"
+    why = "`tritonctl apply --dry-run` says why"
+    return f"the deployment differs from {loaded.path}: `tritonctl apply` would {changes} ({why})"
 
 
 def cmd_status(args) -> int:

@@ -33,9 +33,10 @@ RELOADING = "reloading"  # the config hash of an instance while its reload is un
 class Step:
     """One change: `start` a new instance, `swap` one for a new process (shadow swap: start the
     new one, then the old one is stopped by a `stop` step), `reload` a model in place (batch or
-    queue delay changed), `keep` one as it is, or `stop` one."""
+    queue delay changed), `move` the model's address to another port (the instance stays), `keep`
+    one as it is, or `stop` one."""
 
-    action: Literal["start", "swap", "reload", "keep", "stop"]
+    action: Literal["start", "swap", "reload", "move", "keep", "stop"]
     instance: str
     reason: str
     uid: str | None = None  # the recorded instance the step keeps, reloads, replaces or stops
@@ -64,7 +65,10 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
         same = [uid for uid in ready if records[uid].config_hash == launch.config_hash]
         reloadable = [uid for uid in ready if records[uid].process_hash == launch.process_hash]
         older = [uid for uid, rec in records.items() if rec.instance == name]
-        if same:
+        if same and (port := records[same[0]].grpc_port) != launch.grpc_port:
+            reloads.append(Step("move", name, f"model port {port} -> {launch.grpc_port}", same[0]))
+            used.add(same[0])
+        elif same:
             keeps.append(Step("keep", name, "unchanged and ready", same[0]))
             used.add(same[0])
         elif reloadable:
@@ -73,7 +77,7 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
         elif not older:
             starts.append(Step("start", name, "new"))
         elif ready:
-            starts.append(Step("swap", name, "share, device, model, ports or settings changed", ready[0]))
+            starts.append(Step("swap", name, "share, device, model or settings changed", ready[0]))
         else:
             starts.append(Step("swap", name, "not ready: restart", older[0]))
     stops = []
@@ -96,7 +100,7 @@ def _check_ports(loaded: LoadedPlan, steps: list[Step], rendered: dict[str, tupl
     """A model port must be free or already the model's address (held by the runtime's proxy)."""
     host = loaded.plan.runtime.host
     for step in steps:
-        if step.action not in ("start", "swap"):
+        if step.action not in ("start", "swap", "move", "reload"):
             continue
         launch = rendered[step.instance][1]
         ours = any(rec.grpc_port == launch.grpc_port and rec.model == launch.model for rec in state.instances.values())
@@ -259,11 +263,28 @@ class _Run:
             self.save(self.state)
             self.log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
 
-    def _backends(self, steps: list[Step]) -> dict[int, list[tuple[InstanceRecord, float]]]:
-        """Every model address and the instances (with their weights) the plan keeps behind it."""
+    def move_all(self, steps: list[Step]) -> set[int]:
+        """Give every kept instance whose model's port changed (a `move`, or a `reload` with a new port) the model's
+        new address; returns the ports they leave."""
+        left = set()
+        for step in steps:
+            if step.action not in ("move", "reload"):
+                continue
+            record, port = self.state.instances[step.uid], self.rendered[step.instance][1].grpc_port
+            if record.grpc_port != port:
+                left.add(record.grpc_port)
+                record.grpc_port = port
+                self.log(f"  moved    {step.instance} to model port {port}, no restart")
+        self.save(self.state)
+        return left
+
+    def _backends(self, steps: list[Step], left: Collection[int] = ()) -> dict[int, list[tuple[InstanceRecord, float]]]:
+        """Every model address (and every address in `left`, to close) and the instances (with their weights) the
+        plan keeps behind it."""
         leaving = {step.uid for step in steps if step.action == "stop"}
         weights = {p.instance: p.weight for _, p in self.loaded.plan.instances()}
-        ports: dict[int, list[tuple[InstanceRecord, float]]] = {model.port: [] for model in self.loaded.plan.models}
+        ports: dict[int, list[tuple[InstanceRecord, float]]] = {port: [] for port in left}
+        ports.update({model.port: [] for model in self.loaded.plan.models})
         for uid, record in self.state.instances.items():
             ports.setdefault(record.grpc_port, [])
             if uid not in leaving:
@@ -280,10 +301,12 @@ class _Run:
                 self.log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, backends)}")
                 opened.append(port)
 
-    def route(self, steps: list[Step], log: Callable[[str], None], opened: Collection[int] = ()) -> None:
-        """Point every model address (but those `opened` already) at the instances the plan keeps; connections to
-        the others drain."""
-        for port, backends in self._backends(steps).items():
+    def route(
+        self, steps: list[Step], log: Callable[[str], None], opened: Collection[int] = (), left: Collection[int] = ()
+    ) -> None:
+        """Point every model address (but those `opened` already) at the instances the plan keeps, and close the
+        addresses `left`; connections to the others drain."""
+        for port, backends in self._backends(steps, left).items():
             if port not in opened:
                 log(f"  switch   {self.runtime.route(self.loaded.plan.runtime.host, port, backends)}")
 
@@ -309,7 +332,8 @@ def apply_plan(
 
     Order: start every new instance (shadows included) and wait until each is warm; then
     open the addresses of models new to the deployment; then reload in place; then point the
-    other model addresses at the instances to keep (the proxy drains the others); then stop
+    other model addresses at the instances to keep (the proxy drains the others), a model's
+    changed port at its running instances (the old port closed); then stop
     what the plan no longer has. A failed start, opening or reload closes what this apply
     opened, stops the instances it started and touches nothing else. The model
     repositories on disk always hold the latest applied plan; a running instance keeps what
@@ -361,7 +385,7 @@ def apply_plan(
             state.cluster, state.plan, state.runtime = before
             save(state)
             raise
-        run.route(steps, log, opened)
+        run.route(steps, log, opened, left=run.move_all(steps))
         run.stop_steps(steps)
         return steps
 

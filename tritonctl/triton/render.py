@@ -178,7 +178,8 @@ def launch_for(
         threads=threads,
         gpu_backend=gpu_backend,
     )
-    process = [batchless, model.onnx_sha256, placement.share, placement.device, model.port, env, quota, period]
+    # The model's port is HAProxy's, not the process's: a change of it moves the address, not the instance.
+    process = [batchless, model.onnx_sha256, placement.share, placement.device, env, quota, period]
     if weight is not None:
         process.append(weight)
     if rank is not None:
