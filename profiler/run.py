@@ -9,6 +9,7 @@ tritonctl does not know about show up as noise.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -139,10 +140,17 @@ def profile(
         )
     if share.mechanism() == "none":
         raise TritonctlError("profiling needs enforceable shares, and no cgroup is writable here (run as root)")
+    device = devices_of(cluster)[0]
+    if device.cores > (here := len(os.sched_getaffinity(0))):  # its shares would be quotas of CPU not there
+        raise TritonctlError(
+            f"the device profiled stands for {device.cores:g} cores and this host gives tritonctl {here}: set "
+            "devices[0].cores to what this host has",
+            file=cluster.path,
+            field="devices[0].cores",
+        )
     artifacts = materialize(cluster, log=log)
     features = [ModelFeatures(name, a.sha256, **graph_info(a.path).__dict__) for name, a in artifacts.items()]
     dataset = _open_dataset(folder, cluster, features, cpu_fingerprint())
-    device = devices_of(cluster)[0]
     measured = {(r.units, r.cores) for r in dataset.rows}
     if measured - {(device.units, device.cores)}:
         raise TritonctlError(

@@ -14,6 +14,7 @@ import yaml
 
 from conftest import REPO, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
+from tritonctl.deploy import share
 from tritonctl.errors import TritonctlError, shown_path
 from tritonctl.planning.plan import load_plan
 
@@ -124,6 +125,15 @@ def test_a_plan_file_is_read_as_written_not_coerced(capsys, mlp_cluster):
         edit(plan, change)
         rc, err = run_cli(capsys, "validate", str(plan))
         assert rc == 2 and f"{plan}: {field}: Input should be a valid integer (got {got}" in err
+
+
+def test_profile_refuses_a_device_of_more_cores_than_the_host_before_measuring(capsys, mlp_cluster):
+    if share.mechanism() == "none":
+        pytest.skip("no writable cgroup: profile refuses to run at all here")
+    edit(mlp_cluster, lambda d: d["devices"][0].update(cores=64))
+    rc, err = run_cli(capsys, "profile", str(mlp_cluster), "--budget", "60")
+    assert rc == 2 and f"{mlp_cluster}: devices[0].cores: the device profiled stands for 64 cores" in err
+    assert not (mlp_cluster.parent / "profile").exists()  # nothing measured, nothing written
 
 
 def test_unreadable_onnx_file(capsys, tmp_path):

@@ -242,6 +242,26 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
     assert main(["down", str(plan)]) == 0
 
 
+def test_a_host_change_moves_the_instances_and_haproxy_to_the_new_address(tmp_path, capsys):
+    plan, url = one_model_deployment(tmp_path)
+    port = int(url.rsplit(":", 1)[1])
+    data = yaml.safe_load(plan.read_text())
+    data["runtime"]["host"] = "127.0.0.2"  # loopback too, another address
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        assert main(["apply", str(plan)]) == 0
+        assert "swap   alpha-0" in capsys.readouterr().out
+        (record,) = state_of(plan).instances.values()
+        assert record.host == "127.0.0.2"
+        assert infer(f"127.0.0.2:{port}", "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
+        with pytest.raises(ConnectionRefusedError):  # HAProxy left the old address
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        assert main(["status", str(plan)]) == 0
+        assert f"the deployment matches {plan}" in capsys.readouterr().out
+    finally:
+        assert main(["down", str(plan)]) == 0
+
+
 def crash_new_instances(plan: Path, known: set[str], count: int) -> threading.Thread:
     """A thread that sends SIGSEGV to the next `count` tritonservers the plan's state records, before they are
     ready (each as soon as it appears)."""
@@ -293,7 +313,8 @@ def test_a_dead_proxy_shows_in_status_and_the_next_apply_restarts_it(tmp_path, c
     time.sleep(0.2)
     capsys.readouterr()
     assert main(["status", str(plan)]) == 1
-    assert "proxy: NOT answering" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "proxy: NOT answering" in out and f"differs from {plan}: `tritonctl apply` would start HAProxy" in out
     assert main(["apply", str(plan), "--dry-run"]) == 1  # something would change: HAProxy would start again
     assert "HAProxy was not answering: would be started again" in capsys.readouterr().out
     assert main(["apply", str(plan)]) == 0  # nothing to change but the route: HAProxy comes back

@@ -13,6 +13,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from conftest import REPO
+from tritonctl.deploy.apply import Step, changed
 from tritonctl.export import materialize
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import Device, Prediction, load_plan, save_plan
@@ -253,3 +254,14 @@ def test_plan_minimise_devices_says_why_where_not_even_all_serve(tmp_path, capsy
     assert "more than all 1 devices could carry" in capsys.readouterr().err and not (tmp_path / "plan.yaml").exists()
     assert main(["plan", str(cluster), "--minimise", "devices"]) == 2
     assert "--minimise devices needs a latency model" in capsys.readouterr().err
+
+
+def test_a_swap_and_the_stop_of_what_it_replaces_count_as_one_changed_instance():
+    steps = [
+        Step("swap", "a-0", "share changed", "a.1"),
+        Step("start", "b-0", "new"),
+        Step("keep", "c-0", "unchanged and ready", "c.1"),
+        Step("stop", "a-0", "replaced", "a.1"),
+        Step("stop", "d-0", "not in the plan", "d.1"),
+    ]
+    assert changed(steps) == 3  # a-0 swapped, b-0 started, d-0 stopped

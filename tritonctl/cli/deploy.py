@@ -14,7 +14,7 @@ from tritonctl.controller.decide import ControllerConfig
 from tritonctl.controller.loop import Controller
 from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy import mps, share
-from tritonctl.deploy.apply import Step, apply_plan, check_cluster, down, pending, predicted_misses
+from tritonctl.deploy.apply import Step, apply_plan, changed, check_cluster, down, pending, predicted_misses
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import write_compose
 from tritonctl.deploy.gpu import energy_mj, gpu_count, lock_commands
@@ -149,11 +149,11 @@ def _apply(
     # a local deployment whose HAProxy died: apply starts it again (from the rendered configuration and the state)
     proxy_down = runtime.name == "local" and bool(load_state(loaded.state_dir).instances) and not runtime.proxy_ok()
     steps = apply_plan(loaded, runtime, log=say, dry_run=dry_run)
-    changed = sum(step.action != "keep" for step in steps)
+    count, kept = changed(steps), sum(step.action == "keep" for step in steps)
     verb = "would change" if dry_run else "changed"
     proxy = f"; HAProxy was not answering: {'would be ' if dry_run else ''}started again" if proxy_down else ""
-    say(f"{verb} {changed} instance(s), kept {len(steps) - changed}, in {time.monotonic() - started:.1f} s{proxy}")
-    return changed + proxy_down
+    say(f"{verb} {count} instance(s), kept {kept}, in {time.monotonic() - started:.1f} s{proxy}")
+    return count + proxy_down
 
 
 def cmd_apply(args) -> int:
@@ -220,13 +220,13 @@ def _controller_status(state_dir: Path) -> None:
         say(f"  {when} {decision['kind']:8} {decision['reason']} ({decision['took_s']:g} s)")
 
 
-def _drift(loaded: LoadedPlan, steps: list[Step]) -> str:
+def _drift(loaded: LoadedPlan, steps: list[Step], proxy_ok: bool) -> str:
     """One line: whether what runs is what the plan says, and if not what `apply` would change."""
-    if not steps:
+    if not steps and proxy_ok:
         return f"the deployment matches {loaded.path}"
-    changes = ", ".join(f"{step.action} {step.instance}" for step in steps)
+    changes = [f"{step.action} {step.instance}" for step in steps] + ([] if proxy_ok else ["start HAProxy"])
     why = "`tritonctl apply --dry-run` says why"
-    return f"the deployment differs from {loaded.path}: `tritonctl apply` would {changes} ({why})"
+    return f"the deployment differs from {loaded.path}: `tritonctl apply` would {', '.join(changes)} ({why})"
 
 
 def cmd_status(args) -> int:
@@ -278,7 +278,7 @@ def cmd_status(args) -> int:
     if proxy_ok is False:
         say("proxy: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
     if changes is not None:
-        say(_drift(loaded, changes))
+        say(_drift(loaded, changes, proxy_ok is not False))
     return 1 if unhealthy else 0
 
 

@@ -56,6 +56,12 @@ def predicted_misses(plan: Plan) -> list[str]:
     return misses
 
 
+def changed(steps: list[Step]) -> int:
+    """How many instances the steps change: a swap and the stop of the instance it replaces count once."""
+    replaced = {step.uid for step in steps if step.action == "swap"}
+    return sum(step.action != "keep" and not (step.action == "stop" and step.uid in replaced) for step in steps)
+
+
 def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health: dict[str, Health]) -> list[Step]:
     """Steps that turn the recorded instances into the planned ones: starts, reloads, keeps, then stops."""
     starts, reloads, keeps = [], [], []
@@ -72,7 +78,8 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
             keeps.append(Step("keep", name, "unchanged and ready", same[0]))
             used.add(same[0])
         elif reloadable:
-            reloads.append(Step("reload", name, "batch or queue delay changed", reloadable[0]))
+            reason = "configuration changed (batch, queue delay or late refusals)"
+            reloads.append(Step("reload", name, reason, reloadable[0]))
             used.add(reloadable[0])
         elif not older:
             starts.append(Step("start", name, "new"))

@@ -546,10 +546,11 @@ class LocalRuntime:
         except OSError:
             return None
 
-    def _reload_proxy(self, rec: dict, routes: Routes, before: Routes) -> None:
-        """Rewrite the configuration for a new set of model ports and reload (the old worker finishes its requests).
-        If the new configuration does not load, the saved one goes back to `before`, what still runs."""
-        self._write_routes(routes, rec["host"], rec["metrics_port"])
+    def _reload_proxy(self, rec: dict, routes: Routes, before: Routes, host: str | None = None) -> None:
+        """Rewrite the configuration for a new set of model ports (listening on `host`, by default where they listen
+        now) and reload (the old worker finishes its requests). If the new configuration does not load, the saved
+        one goes back to `before`, what still runs."""
+        self._write_routes(routes, host or rec["host"], rec["metrics_port"])
         log_path = self.state_dir / "logs" / "haproxy.log"
         since = log_path.stat().st_size if log_path.exists() else 0
         os.kill(rec["pid"], signal.SIGUSR2)
@@ -583,6 +584,9 @@ class LocalRuntime:
                 rec = self._start_proxy(routes, host)
             else:
                 (self.state_dir / ROUTES_FILE).unlink(missing_ok=True)
+        elif rec["host"] != host:  # the plan's runtime.host changed: the model ports listen there from now on
+            self._reload_proxy(rec, routes, before, host)
+            write_json_atomic(self.state_dir / PROXY_FILE, {**rec, "host": host})
         elif set(routes) != set(before) or balance(servers) != balance(before.get(port, servers)):
             self._reload_proxy(rec, routes, before)
         else:

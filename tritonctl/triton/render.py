@@ -137,10 +137,11 @@ def launch_for(
     gpu_backend: str = "onnxruntime",
     rank: int | None = None,
     whole_gpu: bool = False,
+    host: str | None = None,
 ) -> Launch:
     """How the instance's process is started. `rank`: the priority rank of an instance taking turns with a CPU
     (`shares.turn_ranks`), beside its quota. `whole_gpu`: it takes turns with the whole GPU, as a process of its
-    own (no MPS: no active thread percentage)."""
+    own (no MPS: no active thread percentage). `host`: the address its ports listen on (the plan's runtime.host)."""
     env: dict[str, str] = {}
     quota = period = weight = None
     if device.kind == "gpu" and whole_gpu:
@@ -179,7 +180,7 @@ def launch_for(
         gpu_backend=gpu_backend,
     )
     # The model's port is HAProxy's, not the process's: a change of it moves the address, not the instance.
-    process = [batchless, model.onnx_sha256, placement.share, placement.device, env, quota, period]
+    process = [batchless, model.onnx_sha256, placement.share, placement.device, env, quota, period, host]
     if weight is not None:
         process.append(weight)
     if rank is not None:
@@ -232,10 +233,13 @@ def render_instance(
     gpu_backend: str = "onnxruntime",
     rank: int | None = None,
     whole_gpu: bool = False,
+    host: str | None = None,
 ) -> Launch:
     """Write one instance's model repository and launch.json into `folder` (only compute them if not `write`)."""
     config = render_config(cluster, model, placement, device, reject_late, threads, gpu_backend)
-    launch = launch_for(cluster, model, placement, device, config, cpu_share, threads, gpu_backend, rank, whole_gpu)
+    launch = launch_for(
+        cluster, model, placement, device, config, cpu_share, threads, gpu_backend, rank, whole_gpu, host
+    )
     if not write:
         return launch
     version_dir = folder / "models" / model.name / MODEL_VERSION
@@ -291,6 +295,7 @@ def render(loaded: LoadedPlan, write: bool = True) -> dict[str, tuple[Path, Laun
             plan.runtime.gpu_backend,
             turn.rank if turn else None,
             turn is not None and device.kind == "gpu",
+            plan.runtime.host,
         )
 
     reject_late = plan.runtime.reject_late
