@@ -15,6 +15,7 @@ import yaml
 from conftest import REPO, make_mlp, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy import share
+from tritonctl.deploy.apply import predicted_misses
 from tritonctl.errors import TritonctlError, shown_path
 from tritonctl.planning.plan import load_plan
 
@@ -630,3 +631,20 @@ def test_a_model_no_request_arrived_for_in_a_trace_is_not_judged(capsys, mlp_clu
     assert main(["simulate", plan, "--latency-model", str(synthetic_lm), "--trace", str(trace)]) == 0
     (beta,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("beta ")]
     assert beta == ["beta", "0", "0", "-", "0", "-", "-"]
+
+
+def test_a_hand_edited_plan_is_not_judged_by_the_predictions_made_before_the_edit(capsys, mlp_cluster, synthetic_lm):
+    assert main(["plan", str(mlp_cluster), "--latency-model", str(synthetic_lm)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    made = load_plan(plan).plan
+    assert made.predicted_for == made.decisions_digest() and not predicted_misses(made)
+    edit(plan, lambda d: d["models"][0].update(rate=d["models"][0]["rate"] * 100))  # beyond what the CPU serves
+    assert load_plan(plan).plan.stale_predictions() and not predicted_misses(load_plan(plan).plan)
+    capsys.readouterr()
+    assert main(["validate", str(plan)]) == 0
+    assert f"note: {plan} was edited after it was planned" in capsys.readouterr().out
+    assert main(["simulate", str(plan), "--latency-model", str(synthetic_lm), "--duration", "5", "--update"]) == 0
+    fresh = load_plan(plan).plan
+    assert not fresh.stale_predictions() and any(m.startswith("alpha") for m in predicted_misses(fresh))
+    rc, err = run_cli(capsys, "apply", str(plan))  # the fresh predictions are checked again
+    assert rc == 2 and "predicted to miss SLOs" in err

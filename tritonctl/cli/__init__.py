@@ -425,6 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every model's batches (1 + e) times as long as predicted, e fixed per model, uniform in "
         "[-X, X] (seeded): a latency model that is off (default 0; at least 0, below 1: 0.1 is 10%%)",
     )
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="also write into the plan file the predictions and simulation of the plan as it is now (after a hand "
+        "edit: apply then checks them again)",
+    )
     p = add("bench", "planning.cmd_bench", "plan a cluster with several policies and simulate each plan side by side")
     add_format(p)
     p.add_argument("cluster", help="cluster.yaml")

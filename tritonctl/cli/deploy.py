@@ -14,7 +14,16 @@ from tritonctl.controller.decide import ControllerConfig
 from tritonctl.controller.loop import Controller
 from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy import mps, share
-from tritonctl.deploy.apply import Step, apply_plan, changed, check_cluster, down, pending, predicted_misses
+from tritonctl.deploy.apply import (
+    Step,
+    apply_plan,
+    changed,
+    check_cluster,
+    down,
+    pending,
+    predicted_misses,
+    stale_note,
+)
 from tritonctl.deploy.compose import ComposeRuntime
 from tritonctl.deploy.compose_project import write_compose
 from tritonctl.deploy.gpu import energy_mj, gpu_count, lock_commands
@@ -114,6 +123,8 @@ def _apply(
     """Apply the plan; how many instances it changed, one more where HAProxy had to be started again (in a dry run:
     would)."""
     loaded = load_plan(plan_path)
+    if note := stale_note(loaded):
+        say(note)
     misses = predicted_misses(loaded.plan)
     if misses and not accept_misses:
         raise TritonctlError(
@@ -334,8 +345,10 @@ def _load(
     else:
         results = run_load(targets, duration, rate_scale)
     after = energy_mj(gpus) if before is not None else None
-    simulated = {}  # the plan's simulated p99s speak for its own rates only
-    if rate_scale == 1:
+    simulated = {}  # the plan's simulated p99s speak for its own rates, and for it as it was planned, only
+    if note := stale_note(loaded):
+        say(note)
+    elif rate_scale == 1:
         simulated = {m.name: m.simulated_p99_ms for m in loaded.plan.models if m.simulated_p99_ms}
     joules = None if after is None else (after - before) / 1000
     short = [r for r in results if min_within_slo is not None and not r.within_slo >= min_within_slo]

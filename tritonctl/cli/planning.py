@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tritonctl.cli import output
 from tritonctl.cli.output import emit, say
-from tritonctl.deploy.apply import predicted_misses
+from tritonctl.deploy.apply import predicted_misses, stale_note
 from tritonctl.errors import TritonctlError
 from tritonctl.export import check_architecture, materialize
 from tritonctl.files import load_yaml, not_an_input
@@ -33,6 +33,7 @@ from tritonctl.planning.planner import (
     on_another_cpu,
     other_cpu_note,
     predicted_load,
+    repredicted,
     simulated_plan,
     sources_of,
     warn_changed_exports,
@@ -202,6 +203,18 @@ def cmd_simulate(args) -> int:
             )
         if unknown:
             say(f"WARNING: the trace has requests for models the plan does not serve: {', '.join(unknown)}")
+    if args.update:
+        if loaded.plan.target == "cpu" and on_another_cpu(lm):  # apply would trust what another CPU predicts
+            raise TritonctlError(
+                "made on another CPU: its predictions would not speak for the plan here; calibrate it to this CPU "
+                "first (`tritonctl calibrate`)",
+                file=args.latency_model,
+            )
+        save_plan(repredicted(loaded.plan, lm), loaded.path)
+        say(f"{loaded.path}: predictions and simulation written for the plan as it is now")
+        loaded = load_plan(loaded.path)
+    elif note := stale_note(loaded):
+        say(note)
     result = simulate(
         loaded.plan, lm, args.duration, args.seed, args.drop, args.rate_scale, trace, latency_error=args.latency_error
     )
@@ -310,6 +323,8 @@ def cmd_validate(args) -> int:
         )
         for miss in misses:
             say(f"  predicted to miss: {miss} (apply refuses it without --accept-misses)")
+        if note := stale_note(loaded):
+            say(f"  {note}")
         cluster_file = loaded.resolve(loaded.plan.cluster_file)
         if not cluster_file.is_file():
             say(f"  note: its cluster file {cluster_file} is not there; `controller` re-plans from it")

@@ -44,8 +44,11 @@ class Step:
 
 def predicted_misses(plan: Plan) -> list[str]:
     """What the plan's own predictions (and its simulation, where it has one) say it will not serve within the
-    SLO: one line per placement or model."""
+    SLO: one line per placement or model. Predictions a hand edit made stale (`Plan.stale_predictions`) say nothing
+    of the plan: only the models it leaves out are named then."""
     misses = [f"{m.name}: not served ({m.reason})" for m in plan.unserved]
+    if plan.stale_predictions():
+        return misses
     for model in plan.models:
         for p in model.placements:
             if p.predicted is not None and not p.predicted.meets_slo:
@@ -54,6 +57,17 @@ def predicted_misses(plan: Plan) -> list[str]:
     for model in simulated_misses(plan):
         misses.append(f"{model.name}: simulated {100 * model.simulated_in_slo:.1f}% within {model.slo_ms:g} ms")
     return misses
+
+
+def stale_note(loaded: LoadedPlan) -> str | None:
+    """What to say of a plan edited since its predictions were made (None: they describe it)."""
+    if not loaded.plan.stale_predictions():
+        return None
+    return (
+        f"note: {loaded.path} was edited after it was planned: its predictions describe the plan as it was made and "
+        f"are neither checked nor compared; `tritonctl simulate {loaded.path} --latency-model MODEL --update` "
+        "predicts it as it is now"
+    )
 
 
 def changed(steps: list[Step]) -> int:

@@ -3,11 +3,14 @@
 A plan is the output of a policy and the input of render and apply. It carries everything
 later stages need (several replicas per model, shares in device units, predictions per
 placement), so a person can read it, diff it and hand-edit it. Paths inside a plan file
-are relative to the plan file.
+are relative to the plan file. A plan records which decisions its predictions were made for
+(`predicted_for`), so that after a hand edit they are known to be stale.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -175,6 +178,42 @@ class Plan(_Strict):
     turns: list[Name] = Field(default_factory=list, max_length=1024)
     notes: list[Text] = Field(default_factory=list, max_length=64)  # what the policy said of its decision
     runtime: RuntimeSettings
+    # The digest of the decisions (`decisions_digest`) its predictions and simulation were made for: a plan edited
+    # since (a rate, an SLO, a share, a batch, a device ...) no longer matches it, and its predictions are stale.
+    predicted_for: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")] | None = None
+
+    def decisions_digest(self) -> str:
+        """A digest of what the predictions depend on: the devices, how they are shared, every model's ONNX file,
+        rate and SLO, its placements (less their predictions) and whether late requests are refused."""
+        models = [
+            {
+                "name": m.name,
+                "onnx": m.onnx_sha256,
+                "rate": m.rate,
+                "slo_ms": m.slo_ms,
+                "placements": [p.model_dump(mode="json", exclude={"predicted"}) for p in m.placements],
+            }
+            for m in self.models
+        ]
+        decisions = {
+            "devices": [d.model_dump(mode="json") for d in self.devices],
+            "sharing": self.sharing,
+            "turns": self.turns,
+            "reject_late": self.runtime.reject_late,
+            "models": models,
+        }
+        return hashlib.sha256(json.dumps(decisions, sort_keys=True).encode()).hexdigest()[:16]
+
+    def has_predictions(self) -> bool:
+        return any(p.predicted for _, p in self.instances()) or any(m.simulated_in_slo is not None for m in self.models)
+
+    def stamped(self) -> Plan:
+        """The plan recording that its predictions describe its decisions as they are now."""
+        return self.model_copy(update={"predicted_for": self.decisions_digest() if self.has_predictions() else None})
+
+    def stale_predictions(self) -> bool:
+        """Whether the plan was edited since its predictions were made: they describe other decisions."""
+        return self.has_predictions() and self.predicted_for not in (None, self.decisions_digest())
 
     def takes_turns(self, device_id: str) -> bool:
         """Whether the instances on this device take turns with all of it (rather than splitting it)."""

@@ -561,7 +561,7 @@ def make_plan(
                         f"WARNING: {p.instance}: predicted to miss its SLO: {p.predicted.in_slo_rps:g} of "
                         f"{m.rate_of(p):g} requests/s within {m.slo_ms:g} ms"
                     )
-    return Plan(
+    plan = Plan(
         cluster=cluster.spec.name,
         cluster_file=relative_to(cluster.path, base),
         policy=policy,
@@ -585,6 +585,17 @@ def make_plan(
             gpu_backend=runtime.gpu_backend,
         ),
     )
+    return plan.stamped()
+
+
+def repredicted(plan: Plan, lm: LatencyModel) -> Plan:
+    """The plan, as it is now (edited by hand, say), with fresh predictions on every placement and a fresh
+    simulation, recorded as describing its decisions."""
+    unsimulated = [m.model_copy(update={"simulated_in_slo": None, "simulated_p99_ms": None}) for m in plan.models]
+    models = predict(
+        unsimulated, lm, log=lambda _: None, sharing=plan.sharing, turns=frozenset(plan.turns), devices=plan.devices
+    )
+    return with_simulation(plan.model_copy(update={"models": models}), lm).stamped()
 
 
 def simulated_plan(
