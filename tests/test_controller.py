@@ -83,6 +83,27 @@ def test_proxy_metrics_are_read_per_model_port_and_become_rates():
     assert rates.rates(8100) is None
 
 
+def test_status_tells_a_controller_that_stopped_from_one_that_runs(capsys, mlp_cluster):
+    from tritonctl.cli import main
+    from tritonctl.controller.state import ControllerState, save_controller_state
+    from tritonctl.planning.plan import load_plan
+
+    state = ControllerState(plan="p", interval_s=1.0, heartbeat=100.0)
+    assert state.running(105.0) and not state.running(114.0)
+    state.target = "p2"  # applying: starting instances says nothing for minutes
+    assert state.running(400.0) and not state.running(800.0)
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    state_dir = load_plan(plan).state_dir
+    state_dir.mkdir(parents=True)
+    stopped = ControllerState(plan="p", interval_s=1.0, heartbeat=time.time() - 60, planned_rates={"gone": 5.0})
+    save_controller_state(state_dir, stopped)
+    capsys.readouterr()
+    assert main(["status", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "controller: not running (last heard from " in out and "gone" not in out
+
+
 def test_metrics_follow_prometheus_conventions():
     from prometheus_client.parser import text_string_to_metric_families
 

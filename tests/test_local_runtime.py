@@ -262,6 +262,25 @@ def test_a_host_change_moves_the_instances_and_haproxy_to_the_new_address(tmp_pa
         assert main(["down", str(plan)]) == 0
 
 
+def test_a_plan_edited_into_an_invalid_one_still_shows_and_stops_its_deployment(tmp_path, capsys):
+    plan, url = one_model_deployment(tmp_path)
+    (record,) = state_of(plan).instances.values()
+    (tmp_path / "mlp.onnx").write_bytes(b"replaced")  # its ONNX file changed under it
+    capsys.readouterr()
+    assert main(["status", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert " ready " in out and "cannot compare the deployment with the plan: " in out and "SHA-256" in out
+    data = yaml.safe_load(plan.read_text())
+    data["models"][0]["placements"][0]["share"] = 150  # more than the device's 100 units
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["status", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {plan}: instance 'alpha-0': share 150" in out and "records the deployment below" in out
+    assert " ready " in out and "alpha-0" in out
+    assert main(["down", str(plan)]) == 0
+    assert "stopped 1 instance(s)" in capsys.readouterr().out and all_stopped([record])
+
+
 def crash_new_instances(plan: Path, known: set[str], count: int) -> threading.Thread:
     """A thread that sends SIGSEGV to the next `count` tritonservers the plan's state records, before they are
     ready (each as soon as it appears)."""

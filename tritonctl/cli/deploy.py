@@ -30,9 +30,10 @@ from tritonctl.deploy.gpu import energy_mj, gpu_count, lock_commands
 from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
-from tritonctl.deploy.runtimes import runtime_for
+from tritonctl.deploy.runtimes import runtime_for, watching_runtime
 from tritonctl.deploy.state import State, load_state
 from tritonctl.errors import TritonctlError
+from tritonctl.files import load_yaml
 from tritonctl.latency.model import load_latency_model
 from tritonctl.planning.plan import LoadedPlan, load_plan
 from tritonctl.planning.planner import check_latency_model, replan_policy
@@ -212,6 +213,10 @@ def _controller_status(state_dir: Path) -> None:
     ctl = load_controller_state(state_dir)
     if ctl is None:
         return
+    if not ctl.running(time.time()):  # what it saved last is no longer what happens
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ctl.heartbeat)) if ctl.heartbeat else "never"
+        say(f"controller: not running (last heard from {when}; {ctl.applies} change(s) applied, policy {ctl.policy})")
+        return
     say(f"controller: {ctl.applies} change(s) applied, policy {ctl.policy}, current plan {ctl.plan}")
     if ctl.target:
         say(f"  applying now: {ctl.target}" + (f" (last step: {ctl.steps[-1]})" if ctl.steps else ""))
@@ -240,23 +245,63 @@ def _drift(loaded: LoadedPlan, steps: list[Step], proxy_ok: bool) -> str:
     return f"the deployment differs from {loaded.path}: `tritonctl apply` would {', '.join(changes)} ({why})"
 
 
+def _recorded(plan_arg: str, invalid: TritonctlError) -> tuple[Path, State]:
+    """Where a plan file that no longer validates (`invalid`) says its deployment's state is, and what that folder
+    records, so that what runs can still be looked at and stopped; raises `invalid` where the file cannot say or the
+    folder records no deployment of the file's cluster."""
+    path = Path(plan_arg)
+    try:
+        raw = load_yaml(path)
+    except TritonctlError:
+        raise invalid from None
+    runtime = raw.get("runtime") if isinstance(raw, dict) else None
+    folder = runtime.get("state_dir") if isinstance(runtime, dict) else None
+    if not isinstance(folder, str):
+        raise invalid
+    state_dir = path.parent / folder
+    state = load_state(state_dir)
+    if not state.instances or state.cluster != raw.get("cluster"):
+        raise invalid
+    say(f"note: {invalid}")
+    say(f"  the plan file does not validate; its state folder {state_dir} records the deployment below")
+    return state_dir, state
+
+
+def _deployment(args) -> tuple[LoadedPlan | None, Path, State, Runtime | None]:
+    """The plan (None where it no longer validates but still names its deployment), the state folder, what it
+    records and the runtime that applied it (None where nothing runs)."""
+    try:
+        loaded = load_plan(args.plan)
+    except TritonctlError as exc:
+        state_dir, state = _recorded(args.plan, exc)
+        dry_run = getattr(args, "dry_run", False)
+        runtime = watching_runtime(
+            state.runtime, state_dir, Path(args.plan), args.compose_dir, say, dry_run, args.namespace
+        )
+        return None, state_dir, state, runtime
+    state = load_state(loaded.state_dir)
+    return loaded, loaded.state_dir, state, _applied_runtime(args, loaded, state) if state.instances else None
+
+
 def cmd_status(args) -> int:
     """Exit 0 when every instance and the proxy answer, 1 otherwise; the local runtime also says whether what runs
     is what the plan says."""
-    loaded = load_plan(args.plan)
-    state = load_state(loaded.state_dir)
-    runtime = _applied_runtime(args, loaded, state) if state.instances else None
+    loaded, state_dir, state, runtime = _deployment(args)
     health = {uid: runtime.health(rec) for uid, rec in state.instances.items()} if runtime else {}
     proxy_ok = runtime.proxy_ok() if runtime else None
     unhealthy = sum(h.label != "ready" for h in health.values()) + (proxy_ok is False)
-    # another runtime's prepare reaches its engine: `apply --dry-run` compares there
-    changes = pending(loaded, runtime, state, health) if runtime and runtime.name == "local" else None
+    changes, uncompared = None, None  # another runtime's prepare reaches its engine: `apply --dry-run` compares there
+    if loaded is not None and runtime is not None and runtime.name == "local":
+        try:
+            changes = pending(loaded, runtime, state, health)
+        except TritonctlError as exc:  # an ONNX file replaced since, say: what runs is still shown
+            uncompared = f"cannot compare the deployment with the plan: {exc}"
     if output.JSON:
-        ctl = load_controller_state(loaded.state_dir)
+        ctl = load_controller_state(state_dir)
         emit(
             {
-                "cluster": state.cluster or loaded.plan.cluster,
-                "plan": state.plan or str(loaded.path),
+                "cluster": state.cluster or (loaded.plan.cluster if loaded else None),
+                "plan": state.plan or args.plan,
                 "applied": bool(state.instances),
                 "runtime": state.runtime,
                 "instances": [
@@ -270,9 +315,9 @@ def cmd_status(args) -> int:
             }
         )
         return 1 if unhealthy else 0
-    _controller_status(loaded.state_dir)
+    _controller_status(state_dir)
     if not state.instances:
-        say(f"no instances running for {loaded.plan.cluster} (state in {loaded.state_dir})")
+        say(f"no instances running for {loaded.plan.cluster} (state in {state_dir})")
         return 0
     say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
     say(  # port: the model's address (HAProxy's); grpc, http, metrics: the instance's own
@@ -290,6 +335,8 @@ def cmd_status(args) -> int:
         say("proxy: NOT answering: clients cannot reach the models; `tritonctl apply` restarts it")
     if changes is not None:
         say(_drift(loaded, changes, proxy_ok is not False))
+    elif uncompared:
+        say(uncompared)
     return 1 if unhealthy else 0
 
 
@@ -305,12 +352,13 @@ def cmd_endpoints(args) -> int:
 
 
 def cmd_down(args) -> int:
-    loaded = load_plan(args.plan)
-    if not loaded.state_dir.exists():  # never applied: nothing to stop, and nothing to write
-        say(f"nothing to stop: no deployment was applied with state in {loaded.state_dir}")
+    loaded, state_dir, state, runtime = _deployment(args)
+    if not state_dir.exists():  # never applied: nothing to stop, and nothing to write
+        say(f"nothing to stop: no deployment was applied with state in {state_dir}")
         return 0
-    runtime = _applied_runtime(args, loaded, load_state(loaded.state_dir))
-    count = down(loaded.state_dir, runtime, log=say, dry_run=args.dry_run)
+    if runtime is None:  # no instance recorded: the runtime still stops what else the deployment runs (HAProxy)
+        runtime = _applied_runtime(args, loaded, state)
+    count = down(state_dir, runtime, log=say, dry_run=args.dry_run)
     say(f"{'would stop' if args.dry_run else 'stopped'} {count} instance(s)")
     return 0
 

@@ -103,7 +103,7 @@ class Controller:
         else:
             self.state = ControllerState(plan=source, source=source, source_digest=_digest(Path(source)))
             resume = self.state.plan
-        self.state.policy = policy
+        self.state.policy, self.state.interval_s = policy, cfg.interval_s
         if lm is not None:  # before the instances start, so that it takes no CPU from their first requests
             self._warm_planner(loaded)
         self._apply(Path(resume), Decision(time.time(), "adopt", "controller started: adopt or start the instances"))
@@ -125,7 +125,7 @@ class Controller:
     def _apply(self, path: Path, decision: Decision) -> bool:
         """Apply the plan at `path` and record the decision; a bad plan or a failed apply is recorded, not raised."""
         with self.lock:
-            self.state.target, self.state.steps = str(path), []
+            self.state.target, self.state.steps, self.state.heartbeat = str(path), [], time.time()
             save_controller_state(self.state_dir, self.state)
 
         def log(line: str) -> None:
@@ -326,4 +326,6 @@ class Controller:
                 with self.lock:
                     self.state.target = ""
                     self.state.record(Decision(time.time(), "error", f"tick failed: {exc}"))
-                    save_controller_state(self.state_dir, self.state)
+            with self.lock:  # the heartbeat `status` reads
+                self.state.heartbeat = time.time()
+                save_controller_state(self.state_dir, self.state)

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from tritonctl.files import write_json_atomic
 
 CONTROLLER_FILE = "controller.json"
+APPLY_QUIET_S = 600.0  # the longest an apply under way may go without the controller saving its state
 
 
 @dataclass
@@ -48,6 +49,15 @@ class ControllerState:
     last_change: float = 0.0
     steps: list[str] = field(default_factory=list)  # the current (or last) apply's steps
     decisions: list[dict] = field(default_factory=list)
+    # when the controller last saved its state, which it does every tick of `interval_s` and as an apply begins: long
+    # before now, it has stopped (`running`)
+    heartbeat: float = 0.0
+    interval_s: float = 0.0
+
+    def running(self, now: float) -> bool:
+        """Whether the controller was heard from within three ticks and ten seconds, or within APPLY_QUIET_S while
+        it applies a plan (starting instances says nothing for minutes)."""
+        return now - self.heartbeat <= (APPLY_QUIET_S if self.target else 3 * self.interval_s + 10)
 
     def record(self, decision: Decision) -> None:
         self.decisions = [*self.decisions[-19:], asdict(decision)]

@@ -33,17 +33,34 @@ def runtime_for(
             f"the {name} runtime runs GPU plans; a CPU plan runs with the local runtime (--runtime local)",
             file=loaded.path,
         )
+    if name == "kubernetes" or not starts:
+        return watching_runtime(name, loaded.state_dir, loaded.path, compose_dir, log, dry_run, namespace)
+    if name == "compose":
+        folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
+        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), gpu_count())
+    if loaded.plan.target == "gpu" and not dry_run:  # a dry run rehearses a GPU plan on any host
+        mps.check_host(gpu_count(), 1 + max(d.index for d in loaded.plan.devices), shares=mps.needed(loaded.plan))
+    return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
+
+
+def watching_runtime(
+    name: str,
+    state_dir: Path,
+    plan_path: Path,
+    compose_dir: str | None,
+    log: Callable[[str], None],
+    dry_run: bool = False,
+    namespace: str = "tritonctl",
+) -> Runtime:
+    """The runtime `name` as it looks at and stops the deployment recorded in `state_dir`: it needs no plan beyond
+    where the plan file is (a Compose project's default folder is beside it)."""
     if name == "kubernetes":
         from tritonctl.deploy.kubernetes import KubernetesRuntime, connect  # the kubernetes client loads only here
         from tritonctl.deploy.kubernetes_project import check_namespace
 
         check_namespace(namespace)
-        return KubernetesRuntime(connect(namespace, dry_run, log), loaded.state_dir)
+        return KubernetesRuntime(connect(namespace, dry_run, log), state_dir)
     if name == "compose":
-        folder = Path(compose_dir) if compose_dir else loaded.path.parent / "compose"
-        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), gpu_count() if starts else None)
-    if not starts:
-        return LocalRuntime(None, loaded.state_dir)
-    if loaded.plan.target == "gpu" and not dry_run:  # a dry run rehearses a GPU plan on any host
-        mps.check_host(gpu_count(), 1 + max(d.index for d in loaded.plan.devices), shares=mps.needed(loaded.plan))
-    return LocalRuntime(find_tritonserver(loaded.plan.runtime.tritonserver), loaded.state_dir)
+        folder = Path(compose_dir) if compose_dir else plan_path.parent / "compose"
+        return ComposeRuntime(folder, CommandRunner(dry_run=dry_run, log=log), None)
+    return LocalRuntime(None, state_dir)
