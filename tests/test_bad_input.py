@@ -648,3 +648,20 @@ def test_a_hand_edited_plan_is_not_judged_by_the_predictions_made_before_the_edi
     assert not fresh.stale_predictions() and any(m.startswith("alpha") for m in predicted_misses(fresh))
     rc, err = run_cli(capsys, "apply", str(plan))  # the fresh predictions are checked again
     assert rc == 2 and "predicted to miss SLOs" in err
+
+
+def test_a_plan_whose_tensors_disagree_with_the_onnx_graph_is_refused_before_anything_starts(capsys, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = mlp_cluster.parent / "plan.yaml"
+    text = plan.read_text()
+    for change, words in (
+        (lambda d: d["models"][0]["inputs"][0].update(shape=[65]), "input 'x' float32[65] is not the ONNX graph's"),
+        (lambda d: d["models"][0]["outputs"][0].update(dtype="int64"), "output 'y' int64[4] is not the ONNX graph's"),
+        (lambda d: d["models"][0]["inputs"].append(d["models"][0]["inputs"][0]), "the plan lists 2 input(s)"),
+    ):
+        plan.write_text(text)
+        edit(plan, change)
+        for verb in ("validate", "render", "apply"):
+            rc, err = run_cli(capsys, verb, str(plan))
+            assert rc == 2 and f"{plan}: models.alpha." in err and words in err, (verb, err)
+    assert not (load_plan(plan).state_dir / "state.json").exists()  # nothing started, nothing recorded

@@ -312,12 +312,16 @@ def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts
         taken.bind(("127.0.0.1", port))
         taken.listen()
         capsys.readouterr()
+        assert main(["apply", str(plan), "--dry-run"]) == 2  # the dry run finds what the apply would
+        assert f"port {port} is in use by another process" in capsys.readouterr().err
         assert main(["apply", str(plan)]) == 2
     err = capsys.readouterr().err
     assert f"port {port} is in use by another process: python" in err and f"(pid {os.getpid()})" in err
     assert "Traceback" not in err
     state_dir = load_plan(plan).state_dir
     assert not load_state(state_dir).instances and not Path(state_dir, PROXY_FILE).exists()
+    repositories = load_plan(plan).resolve(load_plan(plan).plan.runtime.repository_dir)
+    assert not repositories.exists()  # refused before the repositories were written
 
 
 @pytest.mark.triton

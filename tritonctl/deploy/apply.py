@@ -355,10 +355,11 @@ def apply_plan(
     open the addresses of models new to the deployment; then reload in place; then point the
     other model addresses at the instances to keep (the proxy drains the others), a model's
     changed port at its running instances (the old port closed); then stop
-    what the plan no longer has. A failed start, opening or reload closes what this apply
-    opened, stops the instances it started and touches nothing else. The model
-    repositories on disk always hold the latest applied plan; a running instance keeps what
-    it loaded until it is reloaded or replaced.
+    what the plan no longer has. A plan refused (bad input, a port taken) writes nothing; a
+    failed start, opening or reload closes what this apply opened, stops the instances it
+    started and touches nothing else. The model repositories on disk hold the latest plan
+    apply went ahead with (a rolled-back one too); a running instance keeps what it loaded
+    until it is reloaded or replaced.
 
     A dry run takes no lock and writes nothing: it reads the state and prints the steps, and,
     with a runtime that rehearses (Compose in dry-run mode), walks through them with it, so
@@ -372,20 +373,26 @@ def apply_plan(
                 log(line)
     if dry_run and not runtime.rehearses:
         loaded = runtime.prepare(loaded, write=False)
-        return _steps(loaded, runtime, load_state(loaded.state_dir), render(loaded, write=False), log)
+        state, rendered = load_state(loaded.state_dir), render(loaded, write=False)
+        steps = _steps(loaded, runtime, state, rendered, log)
+        if runtime.name == "local":  # a port the apply would find taken: the dry run says so too
+            _check_ports(loaded, steps, rendered, state)
+        return steps
     state_dir = loaded.state_dir
     with nullcontext() if dry_run else apply_lock(state_dir):
         state = load_state(state_dir)
         check_owner(loaded, runtime, state)  # before anything is written for the plan
         loaded = runtime.prepare(loaded, write=not dry_run)
         save: Save = (lambda _: None) if dry_run else partial(save_state, state_dir)
-        run = _Run(loaded, runtime, state, render(loaded, write=not dry_run), log, save)
+        run = _Run(loaded, runtime, state, render(loaded, write=False), log, save)
         steps = _steps(loaded, runtime, state, run.rendered, log)
+        if not dry_run and runtime.name != "kubernetes":  # a pod's ports are its own
+            _check_ports(loaded, steps, run.rendered, state)
+        if not dry_run:  # checked: now the repositories are written
+            render(loaded, write=True)
         if all(step.action == "keep" for step in steps):
             run.route(steps, log=lambda _: None)  # restarts a proxy that died
             return steps
-        if not dry_run and runtime.name != "kubernetes":  # a pod's ports are its own
-            _check_ports(loaded, steps, run.rendered, state)
         before = (state.cluster, state.plan, state.runtime)
         state.cluster, state.plan, state.runtime = loaded.plan.cluster, str(loaded.path), runtime.name
         opened: list[int] = []

@@ -244,6 +244,7 @@ class Plan(_Strict):
             if device.kind != self.target:
                 raise ValueError(f"device {device.id} is a {device.kind} device; the plan's target is {self.target}")
         used: dict[str, int] = {}
+        memory: dict[str, float] = {}  # MB the instances on each device need (every replica loads its model)
         instances: set[str] = set()
         ports: set[int] = set()
         names: set[str] = set()
@@ -272,9 +273,15 @@ class Plan(_Strict):
                         f"device ({units} units), not {placement.share}"
                     )
                 used[placement.device] = used.get(placement.device, 0) + placement.share
+                memory[placement.device] = memory.get(placement.device, 0) + model.memory_mb
         for device_id, total in used.items():
             if not self.takes_turns(device_id) and total > devices[device_id].units:
                 raise ValueError(f"device {device_id}: shares add up to {total} of {devices[device_id].units} units")
+            if memory[device_id] > devices[device_id].memory_mb:
+                raise ValueError(
+                    f"device {device_id}: its instances need {memory[device_id]:g} MB of memory, it has "
+                    f"{devices[device_id].memory_mb:g} MB"
+                )
         return self
 
     def nodes(self) -> list[str]:

@@ -27,8 +27,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonctl.errors import TritonctlError
+from tritonctl.export import TensorSig, inspect_onnx
 from tritonctl.files import check_output_dir, sha256_unchanged
-from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel
+from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel, Tensor
 from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for
 from tritonctl.spec import DTYPES, ZERO_INPUTS
 
@@ -252,8 +253,26 @@ def render_instance(
     return launch
 
 
+def disagreement(kind: str, planned: list[Tensor], graph: tuple[TensorSig, ...]) -> str | None:
+    """How the plan's tensors of one `kind` ("input", "output") differ from the ONNX graph's (None: they agree; a
+    dimension the graph leaves dynamic may be any size)."""
+    if len(planned) != len(graph):
+        return f"the plan lists {len(planned)} {kind}(s), the ONNX graph has {len(graph)}"
+    for tensor, sig in zip(planned, graph, strict=True):
+        same_shape = len(tensor.shape) == len(sig.shape) and all(
+            g == -1 or g == d for d, g in zip(tensor.shape, sig.shape, strict=True)
+        )
+        if tensor.name != sig.name or tensor.dtype != sig.dtype or not same_shape:
+            return (
+                f"{kind} {tensor.name!r} {tensor.dtype}{tensor.shape} is not the ONNX graph's "
+                f"{sig.name!r} {sig.dtype}{list(sig.shape)}"
+            )
+    return None
+
+
 def verified_onnx(loaded: LoadedPlan, model: PlannedModel) -> Path:
-    """The model's ONNX file, refused unless it is a file whose SHA-256 is the plan's `onnx_sha256`."""
+    """The model's ONNX file, refused unless it is a file whose SHA-256 is the plan's `onnx_sha256` and whose
+    inputs and outputs are the plan's."""
     path = loaded.resolve(model.onnx)
     field = f"models.{model.name}.onnx"
     if not path.is_file():
@@ -265,6 +284,10 @@ def verified_onnx(loaded: LoadedPlan, model: PlannedModel) -> Path:
             file=loaded.path,
             field=field,
         )
+    artifact = inspect_onnx(path)
+    for kind, planned, graph in (("input", model.inputs, artifact.inputs), ("output", model.outputs, artifact.outputs)):
+        if (differs := disagreement(kind, planned, graph)) is not None:
+            raise TritonctlError(f"{differs} (plan again)", file=loaded.path, field=f"models.{model.name}.{kind}s")
     return path
 
 
