@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from conftest import make_mlp, make_unloadable, mlp_model, write_cluster
+from conftest import edit, make_mlp, make_unloadable, mlp_model, write_cluster
 from tritonctl.cli import main
 from tritonctl.deploy import share
 from tritonctl.deploy.local import LocalRuntime, free_port, proc_stat_fields, process_alive
@@ -279,6 +279,25 @@ def test_a_plan_edited_into_an_invalid_one_still_shows_and_stops_its_deployment(
     assert " ready " in out and "alpha-0" in out
     assert main(["down", str(plan)]) == 0
     assert "stopped 1 instance(s)" in capsys.readouterr().out and all_stopped([record])
+
+
+def test_a_running_deployments_repositories_are_not_rendered_over_by_another(tmp_path, capsys):
+    plan, _ = one_model_deployment(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    make_mlp(other / "mlp.onnx")
+    cluster = write_cluster(other, [mlp_model("beta")])
+    edit(cluster, lambda d: d["runtime"].update(repository_dir="../repo"))  # the running deployment's
+    assert main(["plan", str(cluster)]) == 0
+    config = tmp_path / "repo" / "alpha-0" / "models" / "alpha" / "config.pbtxt"
+    before = config.read_text()
+    capsys.readouterr()
+    for verb in ("render", "apply"):
+        rc, err = main([verb, str(other / "plan.yaml")]), capsys.readouterr().err
+        assert rc == 2 and f"{tmp_path / 'repo'} holds the model repositories of the deployment with state in" in err
+    assert config.read_text() == before and not (tmp_path / "repo" / "beta-0").exists()
+    assert main(["down", str(plan)]) == 0
+    assert main(["render", str(other / "plan.yaml")]) == 0  # that deployment has stopped: the folder is free
 
 
 def crash_new_instances(plan: Path, known: set[str], count: int) -> threading.Thread:

@@ -31,7 +31,7 @@ from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
 from tritonctl.deploy.runtimes import runtime_for, watching_runtime
-from tritonctl.deploy.state import State, load_state
+from tritonctl.deploy.state import State, claim_repositories, load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.files import load_yaml
 from tritonctl.latency.model import load_latency_model
@@ -101,6 +101,8 @@ def cmd_render(args) -> int:
             "kubernetes",
             field="-o",
         )
+    render(loaded, write=False)  # every check first: bad input writes nothing
+    claim_repositories(loaded)
     for name, (folder, launch) in render(loaded).items():
         say(f"  {name:24} {folder}  ({launch.kind}, share {launch.share}/{launch.units})")
     return 0

@@ -20,7 +20,7 @@ from typing import Literal
 
 from tritonctl.deploy.local import ephemeral_ports, port_holder, port_is_free
 from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError, stop_all
-from tritonctl.deploy.state import State, apply_lock, load_state, save_state
+from tritonctl.deploy.state import State, apply_lock, claim_repositories, load_state, save_state
 from tritonctl.errors import RolledBack, TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan
 from tritonctl.planning.simulate import simulated_misses
@@ -389,6 +389,7 @@ def apply_plan(
         if not dry_run and runtime.name != "kubernetes":  # a pod's ports are its own
             _check_ports(loaded, steps, run.rendered, state)
         if not dry_run:  # checked: now the repositories are written
+            claim_repositories(loaded)
             render(loaded, write=True)
         if all(step.action == "keep" for step in steps):
             run.route(steps, log=lambda _: None)  # restarts a proxy that died

@@ -15,10 +15,12 @@ from pathlib import Path
 from tritonctl.deploy.runtime import InstanceRecord
 from tritonctl.errors import TritonctlError
 from tritonctl.files import MAX_INPUT_BYTES, check_output_dir, excerpt, read_text, write_json_atomic
+from tritonctl.planning.plan import LoadedPlan
 from tritonctl.triton.client import Endpoint
 
 STATE_FILE = "state.json"
 KEY_FILE = "control.key"
+OWNER_FILE = ".tritonctl-deployment"  # in a repository folder: the state folder of the deployment it serves
 
 
 @dataclass
@@ -123,3 +125,24 @@ def straight_to_instances(targets: list[Endpoint], state_dir: Path) -> list[Endp
     one instance per model (a model's last recorded instance)."""
     own = {r.model: f"{r.host}:{r.backend_port}" for r in load_state(state_dir).instances.values()}
     return [dataclasses.replace(t, url=own[t.model]) for t in targets]
+
+
+def claim_repositories(loaded: LoadedPlan) -> None:
+    """Refuse to write the plan's model repositories where a running deployment with another state folder serves
+    from; else mark the folder as this plan's deployment's (one that has stopped leaves it to whoever comes next)."""
+    folder = loaded.resolve(loaded.plan.runtime.repository_dir)
+    ours, marker = str(loaded.state_dir.resolve()), folder / OWNER_FILE
+    try:
+        theirs = marker.read_text().strip()
+    except OSError:
+        theirs = ""
+    if theirs and theirs != ours and load_state(Path(theirs)).instances:
+        raise TritonctlError(
+            f"{folder} holds the model repositories of the deployment with state in {theirs}, which is running: "
+            "give this cluster its own runtime.repository_dir in its cluster file",
+            file=loaded.path,
+            field="runtime.repository_dir",
+        )
+    if theirs != ours:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(ours + "\n")
