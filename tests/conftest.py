@@ -47,12 +47,13 @@ def make_mlp(path: Path, features: int = 16, classes: int = 4, seed: int = 0, fi
 
 
 def make_unloadable(path: Path) -> Path:
-    """A well-formed ONNX file that onnxruntime refuses to load (an operator nobody implements)."""
+    """A well-formed ONNX file with make_mlp's signature that onnxruntime refuses to load (an operator nobody
+    implements)."""
     graph = helper.make_graph(
         [helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.example")],
         "broken",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     model.ir_version = 8

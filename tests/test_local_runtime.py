@@ -296,7 +296,13 @@ def test_a_running_deployments_repositories_are_not_rendered_over_by_another(tmp
         rc, err = main([verb, str(other / "plan.yaml")]), capsys.readouterr().err
         assert rc == 2 and f"{tmp_path / 'repo'} holds the model repositories of the deployment with state in" in err
     assert config.read_text() == before and not (tmp_path / "repo" / "beta-0").exists()
+    edit(cluster, lambda d: d["runtime"].update(repository_dir="repo", base_port=load_plan(plan).plan.models[0].port))
+    assert main(["plan", str(cluster)]) == 0  # its own folders, the running deployment's model port
+    rc, err = main(["apply", str(other / "plan.yaml")]), capsys.readouterr().err
+    assert rc == 2 and f"the HAProxy of the deployment with state in {tmp_path / 'state'}" in err
     assert main(["down", str(plan)]) == 0
+    edit(cluster, lambda d: d["runtime"].update(repository_dir="../repo"))
+    assert main(["plan", str(cluster)]) == 0
     assert main(["render", str(other / "plan.yaml")]) == 0  # that deployment has stopped: the folder is free
 
 

@@ -95,8 +95,8 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def port_holder(port: int) -> str | None:
-    """Which process listens on the TCP port, as "NAME (pid N)" (from /proc: Linux, and the processes this user may
-    see); None where none is found."""
+    """Which process listens on the TCP port, as "NAME (pid N)" and, for the HAProxy of a tritonctl deployment, its
+    state folder (from /proc: Linux, and the processes this user may see); None where none is found."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
@@ -109,7 +109,11 @@ def port_holder(port: int) -> str | None:
             continue
         with contextlib.suppress(OSError):
             if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
-                return f"{(proc / 'comm').read_text().strip()} (pid {proc.name})"
+                name = (proc / "comm").read_text().strip()
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                config = next((arg for arg in argv if arg.endswith(f"/{PROXY_CONFIG}")), None)
+                ours = f", the HAProxy of the deployment with state in {Path(config).parent}" if config else ""
+                return f"{name} (pid {proc.name}){ours}"
     return None
 
 
