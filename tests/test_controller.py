@@ -173,6 +173,8 @@ def test_rebatch_is_bda_on_the_current_placement(planned):
     assert {m.name: m.placements[0].batch for m in plan.models} == expected.batches
     assert [p.share for _, p in plan.instances()] == [p.share for _, p in loaded.plan.instances()]
     assert all(p.predicted is not None for _, p in plan.instances())
+    assert with_rates(loaded.plan, {"alpha": 150.0}).stale_predictions() and not plan.stale_predictions()
+    assert all(m.simulated_in_slo is None for m in plan.models)  # the simulation of other rates is gone
     impossible, why = rebatch(with_rates(loaded.plan, {"alpha": 100_000.0}), lm)
     assert impossible is None and "alpha" in why
 

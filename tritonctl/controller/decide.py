@@ -96,16 +96,20 @@ def rebatch(plan: Plan, lm: LatencyModel) -> tuple[Plan | None, str]:
         served = eager(served)
     chosen = {name: choices[0] for name, choices in served.items()}
     sized = {name: {"batch": c.batch, "queue_delay_us": c.queue_delay_us} for name, c in chosen.items()}
-    models = [
-        m.model_copy(update={"placements": [m.placements[0].model_copy(update=sized[m.name])]}) for m in plan.models
+    models = [  # the earlier simulation spoke for other rates and batches
+        m.model_copy(
+            update={
+                "placements": [m.placements[0].model_copy(update=sized[m.name])],
+                "simulated_in_slo": None,
+                "simulated_p99_ms": None,
+            }
+        )
+        for m in plan.models
     ]
-    return plan.model_copy(
-        update={
-            "models": predict(
-                models, lm, log=lambda _: None, sharing=plan.sharing, turns=frozenset(plan.turns), devices=plan.devices
-            )
-        }
-    ), ""
+    predicted = predict(
+        models, lm, log=lambda _: None, sharing=plan.sharing, turns=frozenset(plan.turns), devices=plan.devices
+    )
+    return plan.model_copy(update={"models": predicted}).stamped(), ""
 
 
 def rebase(plan: Plan, old_dir: Path, new_dir: Path) -> Plan:
