@@ -32,8 +32,8 @@ RELOADING = "reloading"  # the config hash of an instance while its reload is un
 @dataclass(frozen=True)
 class Step:
     """One change: `start` a new instance, `swap` one for a new process (shadow swap: start the
-    new one, then the old one is stopped by a `stop` step), `reload` a model in place (batch or
-    queue delay changed), `move` the model's address to another port (the instance stays), `keep`
+    new one, then the old one is stopped by a `stop` step), `reload` a model in place (batch,
+    queue delay or late refusals changed), `move` the model's address to another port (the instance stays), `keep`
     one as it is, or `stop` one."""
 
     action: Literal["start", "swap", "reload", "move", "keep", "stop"]
