@@ -337,6 +337,7 @@ PLAN_FIELDS = [
     Case("share-zero", "plan", data(put("models.0.placements.0.share", 0))),
     Case("share-over-units", "plan", data(put("models.0.placements.0.share", 90)), "shares add up"),
     Case("share-huge", "plan", data(put("models.0.placements.0.share", 5000))),
+    Case("version-true", "plan", data(put("version", True)), "valid integer"),
     Case("memory-beyond-device", "plan", data(put("models.0.memory_mb", 1_000_000)), "MB of memory, it has"),
     Case("placement-device-unknown", "plan", data(put("models.0.placements.0.device", "cpu7")), "unknown device"),
     Case("instance-traversal", "plan", data(put("models.0.placements.0.instance", "../../escape")), "Triton"),

@@ -25,6 +25,7 @@ from tritonctl.cli import main
 from tritonctl.controller.decide import ControllerConfig, changed_rates, rebase, rebatch, with_rates
 from tritonctl.controller.loop import Controller
 from tritonctl.controller.metrics import ProxyRates, RateEstimator, parse_metrics, parse_proxy_metrics
+from tritonctl.controller.state import load_controller_state
 from tritonctl.deploy.local import LocalRuntime, process_alive
 from tritonctl.deploy.state import load_state
 from tritonctl.errors import TritonctlError
@@ -92,6 +93,8 @@ def test_status_tells_a_controller_that_stopped_from_one_that_runs(capsys, mlp_c
     assert state.running(105.0) and not state.running(114.0)
     state.target = "p2"  # applying: starting instances says nothing for minutes
     assert state.running(400.0) and not state.running(800.0)
+    state.stopped = 390.0
+    assert not state.running(400.0)
     assert main(["plan", str(mlp_cluster)]) == 0
     plan = mlp_cluster.parent / "plan.yaml"
     state_dir = load_plan(plan).state_dir
@@ -398,10 +401,13 @@ def test_controller_restarts_a_killed_instance_and_a_killed_proxy_and_bounds_its
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/state"), timeout_s=8, what="the state endpoint")
         for sock in idle:
             sock.close()
+        assert load_controller_state(state_dir).running(time.time())
     finally:
         ctl.terminate()
         ctl.wait()
-        assert main(["down", str(plan)]) == 0
+    stopped = load_controller_state(state_dir)  # SIGTERM: it says so before it exits
+    assert stopped.stopped and not stopped.running(time.time())
+    assert main(["down", str(plan)]) == 0
 
 
 def test_rebatch_and_replan_keep_the_plans_batching_and_threads(planned, tmp_path):

@@ -174,6 +174,19 @@ def test_port_change_moves_the_address_without_a_restart(deployment, capsys):
     assert f"the deployment matches {deployment}" in capsys.readouterr().out
 
 
+def test_two_models_trade_ports_without_a_restart(deployment, capsys):
+    before = {uid: rec.pid for uid, rec in state_of(deployment).instances.items()}
+    data = yaml.safe_load(deployment.read_text())
+    first, second = data["models"][0], data["models"][1]
+    first["port"], second["port"] = second["port"], first["port"]
+    deployment.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["apply", str(deployment)]) == 0
+    assert "move   alpha-0" in capsys.readouterr().out
+    assert {uid: rec.pid for uid, rec in state_of(deployment).instances.items()} == before
+    for model in (first, second):  # each port now answers for the other model
+        assert infer(f"127.0.0.1:{model['port']}", model["name"], np.ones((1, 16), np.float32)).shape == (1, 4)
+
+
 def test_share_change_swaps_only_that_instance(deployment, capsys):
     before = state_of(deployment).instances
     old_share = yaml.safe_load(deployment.read_text())["models"][0]["placements"][0]["share"]
@@ -243,21 +256,33 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
 
 
 def test_a_host_change_moves_the_instances_and_haproxy_to_the_new_address(tmp_path, capsys):
-    plan, url = one_model_deployment(tmp_path)
-    port = int(url.rsplit(":", 1)[1])
+    make_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(write_cluster(tmp_path, [mlp_model("alpha"), mlp_model("beta")]))]) == 0
+    assert main(["apply", str(plan)]) == 0
     data = yaml.safe_load(plan.read_text())
     data["runtime"]["host"] = "127.0.0.2"  # loopback too, another address
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         assert main(["apply", str(plan)]) == 0
         assert "swap   alpha-0" in capsys.readouterr().out
-        (record,) = state_of(plan).instances.values()
-        assert record.host == "127.0.0.2"
-        assert infer(f"127.0.0.2:{port}", "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
-        with pytest.raises(ConnectionRefusedError):  # HAProxy left the old address
-            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        assert {record.host for record in state_of(plan).instances.values()} == {"127.0.0.2"}
+        for model in load_plan(plan).plan.models:  # each address reaches the new instances (none stopped)
+            x = np.ones((1, 16), np.float32)
+            assert infer(f"127.0.0.2:{model.port}", model.name, x).shape == (1, 4)
+            with pytest.raises(ConnectionRefusedError):  # HAProxy left the old address
+                socket.create_connection(("127.0.0.1", model.port), timeout=2).close()
         assert main(["status", str(plan)]) == 0
         assert f"the deployment matches {plan}" in capsys.readouterr().out
+        port = load_plan(plan).plan.models[0].port
+        data["runtime"]["host"] = "127.0.0.3"
+        plan.write_text(yaml.safe_dump(data, sort_keys=False))
+        with socket.socket() as taken:  # another program on that address and port
+            taken.bind(("127.0.0.3", port))
+            taken.listen()
+            for dry_run in (["--dry-run"], []):
+                assert main(["apply", str(plan), *dry_run]) == 2
+                assert f"port {port} is in use by another process: python" in capsys.readouterr().err
     finally:
         assert main(["down", str(plan)]) == 0
 
@@ -292,8 +317,8 @@ def test_a_running_deployments_repositories_are_not_rendered_over_by_another(tmp
     config = tmp_path / "repo" / "alpha-0" / "models" / "alpha" / "config.pbtxt"
     before = config.read_text()
     capsys.readouterr()
-    for verb in ("render", "apply"):
-        rc, err = main([verb, str(other / "plan.yaml")]), capsys.readouterr().err
+    for verb in ("render", "apply", "apply --dry-run"):
+        rc, err = main([*verb.split(), str(other / "plan.yaml")]), capsys.readouterr().err
         assert rc == 2 and f"{tmp_path / 'repo'} holds the model repositories of the deployment with state in" in err
     assert config.read_text() == before and not (tmp_path / "repo" / "beta-0").exists()
     edit(cluster, lambda d: d["runtime"].update(repository_dir="repo", base_port=load_plan(plan).plan.models[0].port))

@@ -206,7 +206,13 @@ def cmd_controller(args) -> int:
     stop = threading.Event()
     try:
         controller.run(stop)
+    except KeyboardInterrupt:
+        if controller.applying():
+            raise  # cut short mid-apply: the CLI says how to see and finish the change
+        say("controller stopped: the instances keep serving (`tritonctl down` stops them)")
+        return 130
     finally:
+        controller.record_stop()
         server.shutdown()
     return 0
 
@@ -216,8 +222,10 @@ def _controller_status(state_dir: Path) -> None:
     if ctl is None:
         return
     if not ctl.running(time.time()):  # what it saved last is no longer what happens
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ctl.heartbeat)) if ctl.heartbeat else "never"
-        say(f"controller: not running (last heard from {when}; {ctl.applies} change(s) applied, policy {ctl.policy})")
+        last = ctl.stopped or ctl.heartbeat
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last)) if last else "never"
+        how = "stopped at" if ctl.stopped else "last heard from"
+        say(f"controller: not running ({how} {when}; {ctl.applies} change(s) applied, policy {ctl.policy})")
         return
     say(f"controller: {ctl.applies} change(s) applied, policy {ctl.policy}, current plan {ctl.plan}")
     if ctl.target:
@@ -242,7 +250,9 @@ def _drift(loaded: LoadedPlan, steps: list[Step], proxy_ok: bool) -> str:
     """One line: whether what runs is what the plan says, and if not what `apply` would change."""
     if not steps and proxy_ok:
         return f"the deployment matches {loaded.path}"
-    changes = [f"{step.action} {step.instance}" for step in steps] + ([] if proxy_ok else ["start HAProxy"])
+    replaced = {step.uid for step in steps if step.action == "swap"}  # a swap stops what it replaces: said once
+    shown = [step for step in steps if not (step.action == "stop" and step.uid in replaced)]
+    changes = [f"{step.action} {step.instance}" for step in shown] + ([] if proxy_ok else ["start HAProxy"])
     why = "`tritonctl apply --dry-run` says why"
     return f"the deployment differs from {loaded.path}: `tritonctl apply` would {', '.join(changes)} ({why})"
 
@@ -310,10 +320,11 @@ def cmd_status(args) -> int:
                     {**dataclasses.asdict(rec), "health": health[uid].label}
                     for uid, rec in sorted(state.instances.items())
                 ],
+                "matches": None if changes is None else not changes and proxy_ok is not False,
                 "pending": None if changes is None else [dataclasses.asdict(step) for step in changes],
                 "proxy_ok": proxy_ok,
                 "proxy": runtime.proxy_info() if runtime else None,
-                "controller": dataclasses.asdict(ctl) if ctl else None,
+                "controller": {**dataclasses.asdict(ctl), "running": ctl.running(time.time())} if ctl else None,
             }
         )
         return 1 if unhealthy else 0

@@ -97,6 +97,7 @@ class Controller:
         previous = load_controller_state(self.state_dir)
         if previous is not None and previous.source == source and Path(previous.target or previous.plan).exists():
             self.state = previous
+            self.state.stopped = 0.0
             resume = previous.target or previous.plan
             busy = f", {resume} was being applied" if previous.target else ""
             self.log(f"resuming: {previous.plan} was applied last{busy}")
@@ -283,6 +284,15 @@ class Controller:
         self.log(f"decision: {decision.reason}")
         self._apply(self._save(plan, decision.kind), decision)
         return decision
+
+    def applying(self) -> bool:
+        return bool(self.state.target)
+
+    def record_stop(self) -> None:
+        """Save that the controller stopped, for `status`."""
+        with self.lock:
+            self.state.stopped = time.time()
+            save_controller_state(self.state_dir, self.state)
 
     def snapshot(self) -> dict:
         with self.lock:

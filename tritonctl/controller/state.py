@@ -53,11 +53,13 @@ class ControllerState:
     # before now, it has stopped (`running`)
     heartbeat: float = 0.0
     interval_s: float = 0.0
+    stopped: float = 0.0  # when it stopped (Ctrl-C, SIGTERM); 0 while it runs
 
     def running(self, now: float) -> bool:
-        """Whether the controller was heard from within three ticks and ten seconds, or within APPLY_QUIET_S while
-        it applies a plan (starting instances says nothing for minutes)."""
-        return now - self.heartbeat <= (APPLY_QUIET_S if self.target else 3 * self.interval_s + 10)
+        """Whether the controller runs: not stopped, and heard from within three ticks and ten seconds, or within
+        APPLY_QUIET_S while it applies a plan (starting instances says nothing for minutes)."""
+        quiet = APPLY_QUIET_S if self.target else 3 * self.interval_s + 10
+        return not self.stopped and now - self.heartbeat <= quiet
 
     def record(self, decision: Decision) -> None:
         self.decisions = [*self.decisions[-19:], asdict(decision)]

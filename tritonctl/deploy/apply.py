@@ -118,20 +118,27 @@ def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health
 
 
 def _check_ports(loaded: LoadedPlan, steps: list[Step], rendered: dict[str, tuple[Path, Launch]], state: State) -> None:
-    """A model port must be free or already the model's address (held by the runtime's proxy)."""
+    """A model port must be free on the plan's host, or an address of this deployment there already (its proxy
+    holds it, for whichever model), or held by this deployment's own proxy on another address (the host changed:
+    the proxy moves)."""
     host = loaded.plan.runtime.host
     for step in steps:
         if step.action not in ("start", "swap", "move", "reload"):
             continue
         launch = rendered[step.instance][1]
-        ours = any(rec.grpc_port == launch.grpc_port and rec.model == launch.model for rec in state.instances.values())
-        if not ours and not port_is_free(host, launch.grpc_port):
-            holder = port_holder(launch.grpc_port)
-            raise TritonctlError(
-                f"port {launch.grpc_port} is in use by another process" + (f": {holder}" if holder else ""),
-                file=loaded.path,
-                field=f"models.{launch.model}.port",
-            )
+        port = launch.grpc_port
+        if any(rec.grpc_port == port and rec.host == host for rec in state.instances.values()):
+            continue
+        if port_is_free(host, port):
+            continue
+        holder = port_holder(port)
+        if holder is not None and holder.state_dir == loaded.state_dir.resolve():
+            continue
+        raise TritonctlError(
+            f"port {port} is in use by another process" + (f": {holder}" if holder else ""),
+            file=loaded.path,
+            field=f"models.{launch.model}.port",
+        )
 
 
 def _steps(
@@ -355,7 +362,7 @@ def apply_plan(
     open the addresses of models new to the deployment; then reload in place; then point the
     other model addresses at the instances to keep (the proxy drains the others), a model's
     changed port at its running instances (the old port closed); then stop
-    what the plan no longer has. A plan refused (bad input, a port taken) writes nothing; a
+    what the plan no longer has. A plan refused (bad input, a port taken) changes nothing; a
     failed start, opening or reload closes what this apply opened, stops the instances it
     started and touches nothing else. The model repositories on disk hold the latest plan
     apply went ahead with (a rolled-back one too); a running instance keeps what it loaded
@@ -375,8 +382,9 @@ def apply_plan(
         loaded = runtime.prepare(loaded, write=False)
         state, rendered = load_state(loaded.state_dir), render(loaded, write=False)
         steps = _steps(loaded, runtime, state, rendered, log)
-        if runtime.name == "local":  # a port the apply would find taken: the dry run says so too
+        if runtime.name == "local":  # what the apply would find taken, the dry run says so too
             _check_ports(loaded, steps, rendered, state)
+            claim_repositories(loaded, write=False)
         return steps
     state_dir = loaded.state_dir
     with nullcontext() if dry_run else apply_lock(state_dir):

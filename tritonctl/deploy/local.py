@@ -94,9 +94,23 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def port_holder(port: int) -> str | None:
-    """Which process listens on the TCP port, as "NAME (pid N)" and, for the HAProxy of a tritonctl deployment, its
-    state folder (from /proc: Linux, and the processes this user may see); None where none is found."""
+@dataclasses.dataclass(frozen=True)
+class Listener:
+    """A process listening on a TCP port: its name and pid, and for the HAProxy of a tritonctl deployment, that
+    deployment's state folder."""
+
+    name: str
+    pid: int
+    state_dir: Path | None
+
+    def __str__(self) -> str:
+        ours = f", the HAProxy of the deployment with state in {self.state_dir}" if self.state_dir else ""
+        return f"{self.name} (pid {self.pid}){ours}"
+
+
+def port_holder(port: int) -> Listener | None:
+    """Which process listens on the TCP port (from /proc: Linux, and the processes this user may see); None where
+    none is found."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
@@ -109,11 +123,10 @@ def port_holder(port: int) -> str | None:
             continue
         with contextlib.suppress(OSError):
             if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
-                name = (proc / "comm").read_text().strip()
                 argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                config = next((arg for arg in argv if arg.endswith(f"/{PROXY_CONFIG}")), None)
-                ours = f", the HAProxy of the deployment with state in {Path(config).parent}" if config else ""
-                return f"{name} (pid {proc.name}){ours}"
+                config = next((arg for arg in argv if arg.endswith(PROXY_CONFIG)), None)
+                state_dir = (Path(os.readlink(proc / "cwd")) / config).parent.resolve() if config else None
+                return Listener((proc / "comm").read_text().strip(), int(proc.name), state_dir)
     return None
 
 
@@ -557,14 +570,17 @@ class LocalRuntime:
         self._write_routes(routes, host or rec["host"], rec["metrics_port"])
         log_path = self.state_dir / "logs" / "haproxy.log"
         since = log_path.stat().st_size if log_path.exists() else 0
+        before = self._api.worker_pid()
         os.kill(rec["pid"], signal.SIGUSR2)
         wanted = {backend(port) for port in routes}
         deadline = time.monotonic() + 10
         while True:
+            # the new worker answers with the new backends (the old one may list the same: a balance or host change)
             with contextlib.suppress(TritonctlError):
-                listed = {line.split(",", 1)[0] for line in self._api("show stat -1 1 -1").splitlines()[1:] if line}
-                if listed - {"metrics", ""} == wanted:
-                    return
+                if self._api.worker_pid() not in (None, before):
+                    listed = {line.split(",", 1)[0] for line in self._api("show stat -1 1 -1").splitlines()[1:] if line}
+                    if listed - {"metrics", ""} == wanted:
+                        return
             # A new configuration that cannot load (a port taken) fails at once; the old worker resumes serving.
             if time.monotonic() > deadline or any("Loading failure" in line for line in _log_since(log_path, since)):
                 self._write_routes(before, rec["host"], rec["metrics_port"])

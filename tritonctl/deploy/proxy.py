@@ -225,6 +225,14 @@ class ProxyApi:
         except TritonctlError:
             return False
 
+    def worker_pid(self) -> int | None:
+        """The pid of the worker answering the runtime API (a reload replaces it); None where nothing answers."""
+        try:
+            info = self("show info")
+        except TritonctlError:
+            return None
+        return next((int(line.split(":", 1)[1]) for line in info.splitlines() if line.startswith("Pid:")), None)
+
     def servers(self) -> dict[str, dict[str, ServerStat]]:
         return parse_stat(self("show stat"))
 

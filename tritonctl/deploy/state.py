@@ -127,9 +127,10 @@ def straight_to_instances(targets: list[Endpoint], state_dir: Path) -> list[Endp
     return [dataclasses.replace(t, url=own[t.model]) for t in targets]
 
 
-def claim_repositories(loaded: LoadedPlan) -> None:
+def claim_repositories(loaded: LoadedPlan, write: bool = True) -> None:
     """Refuse to write the plan's model repositories where a running deployment with another state folder serves
-    from; else mark the folder as this plan's deployment's (one that has stopped leaves it to whoever comes next)."""
+    from; else mark the folder as this plan's deployment's (one that has stopped leaves it to whoever comes next),
+    unless only checking (`write` False)."""
     folder = loaded.resolve(loaded.plan.runtime.repository_dir)
     ours, marker = str(loaded.state_dir.resolve()), folder / OWNER_FILE
     try:
@@ -143,6 +144,6 @@ def claim_repositories(loaded: LoadedPlan) -> None:
             file=loaded.path,
             field="runtime.repository_dir",
         )
-    if theirs != ours:
+    if write and theirs != ours:
         folder.mkdir(parents=True, exist_ok=True)
         marker.write_text(ours + "\n")

@@ -163,7 +163,7 @@ class Plan(_Strict):
     take turns (no spatial sharing, the baseline of InSS section 6). `turns`: the devices of a
     spatial plan that are shared in turns all the same (a policy may choose per device)."""
 
-    version: Literal[1] = PLAN_VERSION
+    version: Annotated[int, Field(ge=PLAN_VERSION, le=PLAN_VERSION)] = PLAN_VERSION
     cluster: Name
     cluster_file: PathText
     policy: Name
@@ -184,7 +184,8 @@ class Plan(_Strict):
 
     def decisions_digest(self) -> str:
         """A digest of what the predictions depend on: the devices, how they are shared, every model's ONNX file,
-        rate and SLO, its placements (less their predictions) and whether late requests are refused."""
+        rate and SLO, its placements (less their predictions), whether late requests are refused and how a CPU share
+        is enforced."""
         models = [
             {
                 "name": m.name,
@@ -193,13 +194,14 @@ class Plan(_Strict):
                 "slo_ms": m.slo_ms,
                 "placements": [p.model_dump(mode="json", exclude={"predicted"}) for p in m.placements],
             }
-            for m in self.models
+            for m in sorted(self.models, key=lambda m: m.name)  # their order is no decision
         ]
         decisions = {
             "devices": [d.model_dump(mode="json") for d in self.devices],
             "sharing": self.sharing,
             "turns": self.turns,
             "reject_late": self.runtime.reject_late,
+            "cpu_share": self.runtime.cpu_share,
             "models": models,
         }
         return hashlib.sha256(json.dumps(decisions, sort_keys=True).encode()).hexdigest()[:16]
