@@ -570,14 +570,14 @@ class LocalRuntime:
         self._write_routes(routes, host or rec["host"], rec["metrics_port"])
         log_path = self.state_dir / "logs" / "haproxy.log"
         since = log_path.stat().st_size if log_path.exists() else 0
-        before = self._api.worker_pid()
+        old_worker = self._api.worker_pid()
         os.kill(rec["pid"], signal.SIGUSR2)
         wanted = {backend(port) for port in routes}
         deadline = time.monotonic() + 10
         while True:
             # the new worker answers with the new backends (the old one may list the same: a balance or host change)
             with contextlib.suppress(TritonctlError):
-                if self._api.worker_pid() not in (None, before):
+                if self._api.worker_pid() not in (None, old_worker):
                     listed = {line.split(",", 1)[0] for line in self._api("show stat -1 1 -1").splitlines()[1:] if line}
                     if listed - {"metrics", ""} == wanted:
                         return
