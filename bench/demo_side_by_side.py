@@ -16,6 +16,7 @@ so every number comes from one run on one machine, under perf_analyzer and trito
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -29,13 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "cpu-demo"
 
 
-def scaled_cluster(cluster: dict, plan: dict) -> dict:
-    """The demo's cluster at the plan's rates, its runtime folders absolute (the file is written elsewhere)."""
+def scaled_cluster(cluster: dict, plan: dict, out: Path) -> dict:
+    """The demo's cluster at the plan's rates, its runtime folders those of this clone, relative to `out` (where the
+    file is written)."""
     rates = {m["name"]: m["rate"] for m in plan["models"]}
     models = [{**m, "rate": rates[m["name"]]} for m in cluster["models"]]
     runtime = dict(cluster["runtime"])
     for key in ("repository_dir", "export_dir", "state_dir"):
-        runtime[key] = str((DEMO / runtime[key]).resolve())
+        runtime[key] = os.path.relpath((DEMO / runtime[key]).resolve(), out.resolve())
     return {**cluster, "models": models, "runtime": runtime}
 
 
@@ -58,7 +60,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     scaled = {m["name"]: m["rate"] for m in plan["models"]}
     head = f"# The CPU demo at the rates `make demo` planned on this CPU ({scaled}), for bench/real_load.py.\n"
-    (args.out / "cluster.yaml").write_text(head + yaml.safe_dump(scaled_cluster(cluster, plan), sort_keys=False))
+    text = yaml.safe_dump(scaled_cluster(cluster, plan, args.out), sort_keys=False)
+    (args.out / "cluster.yaml").write_text(head + text)
     shutil.copyfile(calibrated, args.out / "latency-model-calibrated.json")
     tritonctl = [sys.executable, "-m", "tritonctl"]
     subprocess.run([*tritonctl, "down", str(plan_path)], check=True)
