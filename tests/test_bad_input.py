@@ -673,3 +673,14 @@ def test_a_plan_whose_tensors_disagree_with_the_onnx_graph_is_refused_before_any
             rc, err = run_cli(capsys, verb, str(plan))
             assert rc == 2 and f"{plan}: models.alpha." in err and words in err, (verb, err)
     assert not (load_plan(plan).state_dir / "state.json").exists()  # nothing started, nothing recorded
+
+
+def test_status_and_down_take_a_plan_or_a_state_folder(capsys, tmp_path, mlp_cluster):
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan = str(mlp_cluster.parent / "plan.yaml")
+    for verb in ("status", "down"):
+        for argv in ([verb], [verb, plan, "--state-dir", str(tmp_path)]):
+            rc, err = run_cli(capsys, *argv)
+            assert rc == 2 and "name the deployment by its plan file or by --state-dir, one of them" in err
+        rc, err = run_cli(capsys, verb, "--state-dir", str(tmp_path / "nothing"))
+        assert rc == 2 and f"{tmp_path / 'nothing'}: no deployment is recorded here (no state.json)" in err

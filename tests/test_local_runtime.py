@@ -302,8 +302,14 @@ def test_a_plan_edited_into_an_invalid_one_still_shows_and_stops_its_deployment(
     out = capsys.readouterr().out
     assert f"note: {plan}: instance 'alpha-0': share 150" in out and "records the deployment below" in out
     assert " ready " in out and "alpha-0" in out
-    assert main(["down", str(plan)]) == 0
+    plan.unlink()  # gone: the state folder still names the deployment
+    assert main(["status", str(plan)]) == 2 and "cannot read" in capsys.readouterr().err
+    assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+    assert " ready " in capsys.readouterr().out
+    assert main(["down", "--state-dir", str(tmp_path / "state")]) == 0
     assert "stopped 1 instance(s)" in capsys.readouterr().out and all_stopped([record])
+    assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+    assert "no instances running" in capsys.readouterr().out
 
 
 def test_a_running_deployments_repositories_are_not_rendered_over_by_another(tmp_path, capsys):

@@ -177,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--namespace", default="tritonctl", help="kubernetes: the namespace (default: tritonctl)")
 
+    def add_deployment(p):
+        p.add_argument("plan", nargs="?", help="plan.yaml")
+        p.add_argument(
+            "--state-dir",
+            help="instead of a plan: the deployment's state folder (its runtime.state_dir), where the plan file is "
+            "gone or unreadable",
+        )
+
     def add_runtime(p):
         p.add_argument(
             "--runtime",
@@ -395,13 +403,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit 1 when one is unhealthy)",
     )
     add_format(p)
-    p.add_argument("plan", help="plan.yaml")
+    add_deployment(p)
     add_compose_dir(p)
     p = add("endpoints", "deploy.cmd_endpoints", "show where clients send requests for each model")
     add_format(p)
     p.add_argument("plan", help="plan.yaml")
     p = add("down", "deploy.cmd_down", "stop every instance of the deployment (through the runtime that applied it)")
-    p.add_argument("plan", help="plan.yaml")
+    add_deployment(p)
     p.add_argument("--dry-run", action="store_true", help="print what would be stopped (compose: every command)")
     add_compose_dir(p)
     p = add("simulate", "planning.cmd_simulate", "replay Poisson traffic against a plan in a discrete-event simulator")
@@ -550,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         changing = name in ("cmd_apply", "cmd_down", "cmd_controller")  # a change cut short: what now
-        hint = f": `tritonctl status {args.plan}` shows what runs; apply or down it again to finish" if changing else ""
+        which = args.plan or f"--state-dir {args.state_dir}"
+        hint = f": `tritonctl status {which}` shows what runs; apply or down it again to finish" if changing else ""
         print(f"interrupted{hint}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say

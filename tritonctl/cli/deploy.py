@@ -31,7 +31,7 @@ from tritonctl.deploy.kubernetes_project import write_kubernetes
 from tritonctl.deploy.local import port_is_free
 from tritonctl.deploy.runtime import Runtime
 from tritonctl.deploy.runtimes import runtime_for, watching_runtime
-from tritonctl.deploy.state import State, claim_repositories, load_state
+from tritonctl.deploy.state import STATE_FILE, State, claim_repositories, load_state
 from tritonctl.errors import TritonctlError
 from tritonctl.files import load_yaml
 from tritonctl.latency.model import load_latency_model
@@ -280,8 +280,24 @@ def _recorded(plan_arg: str, invalid: TritonctlError) -> tuple[Path, State]:
 
 
 def _deployment(args) -> tuple[LoadedPlan | None, Path, State, Runtime | None]:
-    """The plan (None where it no longer validates but still names its deployment), the state folder, what it
-    records and the runtime that applied it (None where nothing runs)."""
+    """The plan (None where it no longer validates but still names its deployment, or `--state-dir` names the
+    deployment instead), the state folder, what it records and the runtime that applied it (None where nothing runs
+    and the plan is at hand)."""
+    if (args.plan is None) == (args.state_dir is None):
+        raise TritonctlError("name the deployment by its plan file or by --state-dir, one of them", field="PLAN")
+    if args.state_dir is not None:
+        state_dir = Path(args.state_dir)
+        if not (state_dir / STATE_FILE).is_file():
+            raise TritonctlError(f"no deployment is recorded here (no {STATE_FILE})", file=state_dir)
+        state = load_state(state_dir)
+        plan = Path(state.plan) if state.plan else state_dir / "plan.yaml"  # a Compose project's default is beside it
+        dry_run = getattr(args, "dry_run", False)
+        return (
+            None,
+            state_dir,
+            state,
+            watching_runtime(state.runtime, state_dir, plan, args.compose_dir, say, dry_run, args.namespace),
+        )
     try:
         loaded = load_plan(args.plan)
     except TritonctlError as exc:
@@ -330,7 +346,8 @@ def cmd_status(args) -> int:
         return 1 if unhealthy else 0
     _controller_status(state_dir)
     if not state.instances:
-        say(f"no instances running for {loaded.plan.cluster} (state in {state_dir})")
+        cluster = state.cluster or (loaded.plan.cluster if loaded else "the deployment")
+        say(f"no instances running for {cluster} (state in {state_dir})")
         return 0
     say(f"cluster {state.cluster}, applied from {state.plan} by the {state.runtime} runtime")
     say(  # port: the model's address (HAProxy's); grpc, http, metrics: the instance's own
