@@ -126,6 +126,8 @@ def port_holder(port: int) -> Listener | None:
                 argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
                 config = next((arg for arg in argv if arg.endswith(PROXY_CONFIG)), None)
                 state_dir = (Path(os.readlink(proc / "cwd")) / config).parent.resolve() if config else None
+                if state_dir is not None and not (state_dir / PROXY_FILE).is_file():  # an HAProxy not of tritonctl
+                    state_dir = None
                 return Listener((proc / "comm").read_text().strip(), int(proc.name), state_dir)
     return None
 
