@@ -640,10 +640,8 @@ def test_a_hand_edited_plan_is_not_judged_by_the_predictions_made_before_the_edi
     assert made.predicted_for == made.decisions_digest() and not predicted_misses(made)
     reordered = made.model_copy(update={"models": made.models[::-1]})
     assert not reordered.stale_predictions()  # the order of the models decides nothing
-    assert (
-        made.model_copy(update={"runtime": made.runtime.model_copy(update={"host": "0.0.0.0"})}).stale_predictions()
-        is False
-    )
+    elsewhere = made.runtime.model_copy(update={"host": "0.0.0.0"})  # an address is no decision either
+    assert not made.model_copy(update={"runtime": elsewhere}).stale_predictions()
     weights = made.runtime.model_copy(update={"cpu_share": "weight"})  # predicted under quotas, served by weights
     assert made.model_copy(update={"runtime": weights}).stale_predictions()
     edit(plan, lambda d: d["models"][0].update(rate=d["models"][0]["rate"] * 100))  # beyond what the CPU serves
