@@ -71,8 +71,11 @@ def cmd_demo(args) -> int:
     else:
         say(f"every model held: {100 * DEMO_WITHIN_SLO:g}% or more of its requests within its SLO")
     if args.teardown:
-        plan = {"plan": str(plan_path), "state_dir": None}
-        cmd_down(argparse.Namespace(**plan, compose_dir=None, namespace="tritonctl", dry_run=False))
+        cmd_down(
+            argparse.Namespace(
+                plan=str(plan_path), state_dir=None, compose_dir=None, namespace="tritonctl", dry_run=False
+            )
+        )
     else:
         first = endpoints(load_plan(plan_path).plan)[0]
         say(

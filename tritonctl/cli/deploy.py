@@ -21,6 +21,7 @@ from tritonctl.deploy.apply import (
     check_cluster,
     down,
     pending,
+    per_instance,
     predicted_misses,
     stale_note,
 )
@@ -250,9 +251,7 @@ def _drift(loaded: LoadedPlan, steps: list[Step], proxy_ok: bool) -> str:
     """One line: whether what runs is what the plan says, and if not what `apply` would change."""
     if not steps and proxy_ok:
         return f"the deployment matches {loaded.path}"
-    replaced = {step.uid for step in steps if step.action == "swap"}  # a swap stops what it replaces: said once
-    shown = [step for step in steps if not (step.action == "stop" and step.uid in replaced)]
-    changes = [f"{step.action} {step.instance}" for step in shown] + ([] if proxy_ok else ["start HAProxy"])
+    changes = [f"{s.action} {s.instance}" for s in per_instance(steps)] + ([] if proxy_ok else ["start HAProxy"])
     why = "`tritonctl apply --dry-run` says why"
     return f"the deployment differs from {loaded.path}: `tritonctl apply` would {', '.join(changes)} ({why})"
 
@@ -291,24 +290,17 @@ def _deployment(args) -> tuple[LoadedPlan | None, Path, State, Runtime | None]:
             raise TritonctlError(f"no deployment is recorded here (no {STATE_FILE})", file=state_dir)
         state = load_state(state_dir)
         plan = Path(state.plan) if state.plan else state_dir / "plan.yaml"  # a Compose project's default is beside it
-        dry_run = getattr(args, "dry_run", False)
-        return (
-            None,
-            state_dir,
-            state,
-            watching_runtime(state.runtime, state_dir, plan, args.compose_dir, say, dry_run, args.namespace),
-        )
-    try:
-        loaded = load_plan(args.plan)
-    except TritonctlError as exc:
-        state_dir, state = _recorded(args.plan, exc)
-        dry_run = getattr(args, "dry_run", False)
-        runtime = watching_runtime(
-            state.runtime, state_dir, Path(args.plan), args.compose_dir, say, dry_run, args.namespace
-        )
-        return None, state_dir, state, runtime
-    state = load_state(loaded.state_dir)
-    return loaded, loaded.state_dir, state, _applied_runtime(args, loaded, state) if state.instances else None
+    else:
+        try:
+            loaded = load_plan(args.plan)
+        except TritonctlError as exc:
+            (state_dir, state), plan = _recorded(args.plan, exc), Path(args.plan)
+        else:
+            state = load_state(loaded.state_dir)
+            return loaded, loaded.state_dir, state, _applied_runtime(args, loaded, state) if state.instances else None
+    dry_run = getattr(args, "dry_run", False)
+    runtime = watching_runtime(state.runtime, state_dir, plan, args.compose_dir, say, dry_run, args.namespace)
+    return None, state_dir, state, runtime
 
 
 def cmd_status(args) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from tritonctl.deploy.runtime import InstanceRecord
 from tritonctl.latency.model import LatencyModel
 from tritonctl.planning.plan import Plan, relative_to
-from tritonctl.planning.planner import predict
+from tritonctl.planning.planner import predicted
 from tritonctl.planning.policies import Choice, Demand
 from tritonctl.planning.policies.bda import bda, eager, explain, prompted, with_batches
 
@@ -96,20 +96,10 @@ def rebatch(plan: Plan, lm: LatencyModel) -> tuple[Plan | None, str]:
         served = eager(served)
     chosen = {name: choices[0] for name, choices in served.items()}
     sized = {name: {"batch": c.batch, "queue_delay_us": c.queue_delay_us} for name, c in chosen.items()}
-    models = [  # the earlier simulation spoke for other rates and batches
-        m.model_copy(
-            update={
-                "placements": [m.placements[0].model_copy(update=sized[m.name])],
-                "simulated_in_slo": None,
-                "simulated_p99_ms": None,
-            }
-        )
-        for m in plan.models
+    models = [
+        m.model_copy(update={"placements": [m.placements[0].model_copy(update=sized[m.name])]}) for m in plan.models
     ]
-    predicted = predict(
-        models, lm, log=lambda _: None, sharing=plan.sharing, turns=frozenset(plan.turns), devices=plan.devices
-    )
-    return plan.model_copy(update={"models": predicted}).stamped(), ""
+    return predicted(plan.model_copy(update={"models": models}), lm), ""
 
 
 def rebase(plan: Plan, old_dir: Path, new_dir: Path) -> Plan:

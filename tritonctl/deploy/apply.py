@@ -70,10 +70,15 @@ def stale_note(loaded: LoadedPlan) -> str | None:
     )
 
 
+def per_instance(steps: list[Step]) -> list[Step]:
+    """The steps less the stops of instances a swap replaces: one step per instance changed or kept."""
+    replaced = {step.uid for step in steps if step.action == "swap"}
+    return [step for step in steps if not (step.action == "stop" and step.uid in replaced)]
+
+
 def changed(steps: list[Step]) -> int:
     """How many instances the steps change: a swap and the stop of the instance it replaces count once."""
-    replaced = {step.uid for step in steps if step.action == "swap"}
-    return sum(step.action != "keep" and not (step.action == "stop" and step.uid in replaced) for step in steps)
+    return sum(step.action != "keep" for step in per_instance(steps))
 
 
 def diff(launches: dict[str, Launch], records: dict[str, InstanceRecord], health: dict[str, Health]) -> list[Step]:

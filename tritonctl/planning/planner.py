@@ -588,14 +588,19 @@ def make_plan(
     return plan.stamped()
 
 
-def repredicted(plan: Plan, lm: LatencyModel) -> Plan:
-    """The plan, as it is now (edited by hand, say), with fresh predictions on every placement and a fresh
-    simulation, recorded as describing its decisions."""
+def predicted(plan: Plan, lm: LatencyModel) -> Plan:
+    """The plan, as it is now (edited by hand, re-batched), with fresh predictions on every placement and without
+    the simulation of what it was, recorded as describing its decisions."""
     unsimulated = [m.model_copy(update={"simulated_in_slo": None, "simulated_p99_ms": None}) for m in plan.models]
     models = predict(
         unsimulated, lm, log=lambda _: None, sharing=plan.sharing, turns=frozenset(plan.turns), devices=plan.devices
     )
-    return with_simulation(plan.model_copy(update={"models": models}), lm).stamped()
+    return plan.model_copy(update={"models": models}).stamped()
+
+
+def repredicted(plan: Plan, lm: LatencyModel) -> Plan:
+    """`predicted`, with a fresh simulation."""
+    return with_simulation(predicted(plan, lm), lm).stamped()
 
 
 def simulated_plan(
