@@ -240,10 +240,15 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
     data["models"][0]["onnx"] = "broken.onnx"  # a new model version that onnxruntime cannot load
     data["models"][0]["onnx_sha256"] = sha256_file(tmp_path / "broken.onnx")
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    repository = tmp_path / "repo"
+    loaded_files = {p: p.read_bytes() for p in (repository / "alpha-0").rglob("*") if p.is_file()}
     assert main(["apply", str(plan)]) == 3  # failed and rolled back
     assert "rolled back (the running instances keep serving)" in capsys.readouterr().err
     assert list(state_of(plan).instances) == [old.uid]
     assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
+    # the old instance's repository is what it loaded, not the failed plan's model
+    assert {p: p.read_bytes() for p in (repository / "alpha-0").rglob("*") if p.is_file()} == loaded_files
+    assert not (repository / ".tritonctl-previous").exists()
     data["cluster"] = "another-cluster"  # a plan for another cluster, pointed at this deployment's state
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     for verb in ("apply", "status", "down"):  # nor looked at or stopped through it
@@ -426,6 +431,7 @@ def test_model_that_fails_to_load_rolls_back_the_whole_apply(tmp_path, capsys):
     assert "ready    good-0" in captured.out  # the good instance did start ...
     assert "apply failed and was rolled back" in captured.err and "zbroken-0" in captured.err
     assert state_of(plan).instances == {}  # ... and was stopped again
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == [".tritonctl-deployment"]  # nothing rendered left
     assert len(list(logs.glob("*.log"))) == 2
     if share.mechanism() != "none":
         assert not list((share.V1_ROOT / "tritonctl").glob("good-0.*"))

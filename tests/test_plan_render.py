@@ -116,6 +116,38 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
     assert launch.share == 50 and launch.env == {"TRITONCTL_ORT_SPINNING": "0"}  # no MPS variables on a CPU
 
 
+def test_a_repository_snapshot_puts_back_what_a_new_render_replaced(mlp_cluster):
+    from tritonctl.cli import main
+    from tritonctl.deploy.state import RepositorySnapshot
+
+    assert main(["plan", str(mlp_cluster)]) == 0
+    plan_path = mlp_cluster.parent / "plan.yaml"
+    render(load_plan(plan_path))
+    loaded = load_plan(plan_path)
+    repo = loaded.resolve(loaded.plan.runtime.repository_dir)
+    before = tree_digest(repo)
+    data = yaml.safe_load(plan_path.read_text())
+    data["models"][0]["placements"][0]["batch"] = 4
+    data["models"][1]["placements"][0]["instance"] = "beta-new"
+    plan_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    edited = load_plan(plan_path)
+    names = [p.instance for _, p in edited.plan.instances()]
+    assert names == ["alpha-0", "beta-new"]
+
+    snapshot = RepositorySnapshot.take(repo, names)
+    onnx = repo / "alpha-0" / "models" / "alpha" / "1" / "model.onnx"
+    assert onnx.stat().st_nlink >= 3  # the export, the repository, the snapshot: linked, not copied
+    render(edited)
+    assert tree_digest(repo) != before and (repo / "beta-new").is_dir()
+    snapshot.restore()
+    assert tree_digest(repo) == before  # alpha-0's old config back, beta-new gone, the snapshot folder too
+
+    snapshot = RepositorySnapshot.take(repo, names)
+    render(edited)
+    snapshot.discard()
+    assert not snapshot.folder.exists() and (repo / "beta-new").is_dir()
+
+
 def test_reject_late_renders_the_slo_for_the_glue_and_is_a_reload(mlp_cluster):
     from tritonctl.cli import main
 

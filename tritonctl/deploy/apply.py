@@ -20,7 +20,14 @@ from typing import Literal
 
 from tritonctl.deploy.local import ephemeral_ports, port_holder, port_is_free
 from tritonctl.deploy.runtime import Health, InstanceRecord, Runtime, StartError, stop_all
-from tritonctl.deploy.state import State, apply_lock, claim_repositories, load_state, save_state
+from tritonctl.deploy.state import (
+    RepositorySnapshot,
+    State,
+    apply_lock,
+    claim_repositories,
+    load_state,
+    save_state,
+)
 from tritonctl.errors import RolledBack, TritonctlError
 from tritonctl.planning.plan import LoadedPlan, Plan
 from tritonctl.planning.simulate import simulated_misses
@@ -369,9 +376,8 @@ def apply_plan(
     changed port at its running instances (the old port closed); then stop
     what the plan no longer has. A plan refused (bad input, a port taken) changes nothing; a
     failed start, opening or reload closes what this apply opened, stops the instances it
-    started and touches nothing else. The model repositories on disk hold the latest plan
-    apply went ahead with (a rolled-back one too); a running instance keeps what it loaded
-    until it is reloaded or replaced.
+    started and touches nothing else, its model repositories put back as they were
+    (`RepositorySnapshot`): on disk they hold what the running instances loaded.
 
     A dry run takes no lock and writes nothing: it reads the state and prints the steps, and,
     with a runtime that rehearses (Compose in dry-run mode), walks through them with it, so
@@ -401,10 +407,19 @@ def apply_plan(
         steps = _steps(loaded, runtime, state, run.rendered, log)
         if not dry_run and runtime.name != "kubernetes":  # a pod's ports are its own
             _check_ports(loaded, steps, run.rendered, state)
-        if not dry_run:  # checked: now the repositories are written
+        snapshot = None
+        if not dry_run:  # checked: now the repositories are written, as they were kept until the new instances serve
             claim_repositories(loaded)
-            render(loaded, write=True)
+            root = loaded.resolve(loaded.plan.runtime.repository_dir)
+            snapshot = RepositorySnapshot.take(root, [p.instance for _, p in loaded.plan.instances()])
+            try:
+                render(loaded, write=True)
+            except BaseException:
+                snapshot.restore()
+                raise
         if all(step.action == "keep" for step in steps):
+            if snapshot:
+                snapshot.discard()
             run.route(steps, log=lambda _: None)  # restarts a proxy that died
             return steps
         before = (state.cluster, state.plan, state.runtime)
@@ -423,10 +438,14 @@ def apply_plan(
                 if isinstance(exc, TritonctlError) and not isinstance(exc, RolledBack):
                     raise rolled_back(exc.message, bool(state.instances), exc.file or loaded.path, exc.field) from None
                 raise
-        except BaseException:  # rolled back: the state says what runs, which is the previous plan
+        except BaseException:  # rolled back: the state and the repositories say what runs, the previous plan
             state.cluster, state.plan, state.runtime = before
             save(state)
+            if snapshot:
+                snapshot.restore()
             raise
+        if snapshot:
+            snapshot.discard()
         run.route(steps, log, opened, left=run.move_all(steps))
         run.stop_steps(steps)
         return steps

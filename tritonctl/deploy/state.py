@@ -7,7 +7,9 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import tempfile
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -21,6 +23,7 @@ from tritonctl.triton.client import Endpoint
 STATE_FILE = "state.json"
 KEY_FILE = "control.key"
 OWNER_FILE = ".tritonctl-deployment"  # in a repository folder: the state folder of the deployment it serves
+SNAPSHOT_DIR = ".tritonctl-previous"  # in a repository folder: its instance folders while an apply may roll back
 
 
 @dataclass
@@ -147,3 +150,48 @@ def claim_repositories(loaded: LoadedPlan, write: bool = True) -> None:
     if write and theirs != ours:
         folder.mkdir(parents=True, exist_ok=True)
         marker.write_text(ours + "\n")
+
+
+@dataclass(frozen=True)
+class RepositorySnapshot:
+    """The instance folders of a repository root as they were before an apply rewrote them, kept as hard links (the
+    renderer replaces files, never writes into them), so that a rolled-back apply leaves the repositories of the
+    instances still running as they loaded them."""
+
+    root: Path
+    names: tuple[str, ...]
+
+    @property
+    def folder(self) -> Path:
+        return self.root / SNAPSHOT_DIR
+
+    @classmethod
+    def take(cls, root: Path, names: Iterable[str]) -> RepositorySnapshot:
+        """Snapshot the folders `names` under `root` (one an interrupted apply left is dropped first)."""
+        snapshot = cls(root, tuple(names))
+        shutil.rmtree(snapshot.folder, ignore_errors=True)
+        for name in snapshot.names:
+            if (root / name).is_dir():
+                shutil.copytree(root / name, snapshot.folder / name, symlinks=True, copy_function=_link_or_copy)
+        return snapshot
+
+    def restore(self) -> None:
+        """Put every snapshot folder back; a folder the apply created is removed."""
+        trash = self.folder / ".replaced"
+        trash.mkdir(parents=True, exist_ok=True)
+        for name in self.names:
+            if (self.root / name).exists():
+                os.rename(self.root / name, trash / name)
+            if (self.folder / name).is_dir():
+                os.rename(self.folder / name, self.root / name)
+        self.discard()
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _link_or_copy(source: str, dest: str) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)

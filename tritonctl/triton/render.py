@@ -28,7 +28,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonctl.errors import TritonctlError
 from tritonctl.export import TensorSig, inspect_onnx
-from tritonctl.files import check_output_dir, sha256_unchanged
+from tritonctl.files import check_output_dir, sha256_unchanged, write_text_atomic
 from tritonctl.planning.plan import Device, LoadedPlan, Placement, PlannedModel, Tensor
 from tritonctl.shares import CFS_PERIOD_US, MIN_QUOTA_US, cpu_cores, cpu_weight, threads_for
 from tritonctl.spec import DTYPES, ZERO_INPUTS
@@ -216,8 +216,9 @@ def place_file(source: Path, dest: Path) -> None:
 
 
 def _write(path: Path, text: str) -> None:
+    """Replace the file (a new inode, so a snapshot's hard link keeps the old text) unless it already holds `text`."""
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        write_text_atomic(path, text)
 
 
 def render_instance(
