@@ -520,3 +520,42 @@ def test_apply_without_docker_compose_is_refused_before_anything_changes(gpu_pla
                        r"docker: unknown command: docker compose\).*nothing changed"):  # fmt: skip
         apply_plan(load_plan(gpu_plan), ComposeRuntime(gpu_plan.parent / "compose", runner), log=lambda _: None)
     assert runner.steps == [["docker", "compose", "version"]] and _snapshot(gpu_plan) == before
+
+
+class Reloading(CommandRunner):
+    """Docker as HAProxy in a container answers it: a new worker lists `port` after `polls` stat reads following
+    the USR2 that reloads it (never, with `polls` None)."""
+
+    def __init__(self, port: int, polls: int | None):
+        super().__init__(log=lambda _: None)
+        self.port, self.polls, self.reads_since_reload = port, polls, None
+
+    def run(self, argv: list[str]) -> Outcome:
+        self.steps.append(argv)
+        if argv[-3:] == ["-s", "USR2", "haproxy"]:
+            self.reads_since_reload = 0
+        return Outcome(True)
+
+    def proxy(self, address: str, command: str, servers=None) -> Outcome:
+        self.steps.append(["proxy", command])
+        listed = ["port1"]
+        if self.reads_since_reload is not None:
+            self.reads_since_reload += 1
+            if self.polls is not None and self.reads_since_reload > self.polls:
+                listed.append(f"port{self.port}")
+        return Outcome(True, "# pxname,svname\n" + "".join(f"{name},FRONTEND\n" for name in listed))
+
+
+@pytest.mark.parametrize("polls", [3, None])
+def test_a_new_model_port_is_open_once_haproxys_new_worker_lists_it(gpu_plan, monkeypatch, polls):
+    _deploy(gpu_plan)
+    record = next(iter(load_state(load_plan(gpu_plan).state_dir).instances.values()))
+    runner = Reloading(9999, polls)
+    runtime = ComposeRuntime(gpu_plan.parent / "compose", runner)
+    monkeypatch.setattr("tritonctl.deploy.compose.PROXY_RELOAD_S", 1.0)
+    if polls is None:
+        with pytest.raises(TritonctlError, match=r"did not open port 9999 after a reload within 1.0 s \(docker compose"):
+            runtime.route("0.0.0.0", 9999, [(record, 1.0)])
+    else:
+        assert "9999" in runtime.route("0.0.0.0", 9999, [(record, 1.0)])
+        assert runner.reads_since_reload == polls + 1  # it waited for the new worker, and no longer

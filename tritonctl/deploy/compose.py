@@ -51,6 +51,7 @@ from tritonctl.planning.plan import LoadedPlan
 from tritonctl.triton.render import Launch
 
 PROXY_START_S = 30  # seconds for HAProxy's runtime API to answer once `up` returned
+PROXY_RELOAD_S = 10  # seconds for HAProxy's new worker to serve a new model port once told to reload
 
 
 @dataclass(frozen=True)
@@ -271,16 +272,20 @@ class ComposeRuntime:
         started = self.runner.run(self._compose("up", "-d", "--no-deps", PROXY, with_file=True))
         if not started.ok:
             raise TritonctlError(f"HAProxy did not start: {started.error.strip()}", file=self.compose_file)
-        deadline = time.monotonic() + PROXY_START_S
-        while self._frontends() is None:
+        self._await_proxy(lambda: self._frontends() is not None, PROXY_START_S, "its runtime API did not answer")
+        self._proxy_up = True
+
+    def _await_proxy(self, done: Callable[[], bool], limit_s: float, failure: str) -> None:
+        """Wait until `done()` holds; TritonctlError saying HAProxy's `failure` after `limit_s` seconds."""
+        deadline = time.monotonic() + limit_s
+        while not done():
             if time.monotonic() > deadline:
                 raise TritonctlError(
-                    f"HAProxy's runtime API {self.proxy_api} did not answer within {PROXY_START_S} s "
+                    f"HAProxy ({self.proxy_api}): {failure} within {limit_s} s "
                     f"(docker compose -p {self.project} logs {PROXY})",
                     file=self.compose_file,
                 )
-            time.sleep(1)
-        self._proxy_up = True
+            time.sleep(0.1)
 
     def route(self, host: str, port: int, backends: list[tuple[InstanceRecord, float]]) -> str:
         self._start_proxy()
@@ -291,8 +296,7 @@ class ComposeRuntime:
         ]
         described = [f"{s.host}:{s.port} weight {s.weight}" for s in servers]
         if servers and not self.runner.dry_run and backend(port) not in (self._frontends() or set()):
-            # a new model port: HAProxy reloads the configuration `prepare` rendered, which has it
-            self.runner.run(self._compose("kill", "-s", "USR2", PROXY))
+            self._reload_proxy(port)
             return route_summary(port, described, {})
         answer = self.runner.proxy(self.proxy_api, backend(port), servers)
         if not answer.ok:
@@ -303,6 +307,18 @@ class ComposeRuntime:
         except ValueError:  # a dry run's answer
             done = {}
         return route_summary(port, described, done)
+
+    def _reload_proxy(self, port: int) -> None:
+        """Open a new model port: HAProxy reloads the configuration `prepare` rendered, which has it; the port is open
+        once HAProxy's new worker answers with it (the old one finishes what it holds)."""
+        sent = self.runner.run(self._compose("kill", "-s", "USR2", PROXY))
+        if not sent.ok:
+            raise TritonctlError(f"HAProxy could not be told to reload: {sent.error.strip()}", file=self.compose_file)
+        self._await_proxy(
+            lambda: backend(port) in (self._frontends() or set()),
+            PROXY_RELOAD_S,
+            f"its new worker did not open port {port} after a reload",
+        )
 
     def proxy_ok(self) -> bool:
         return self._frontends() is not None
