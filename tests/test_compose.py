@@ -554,7 +554,7 @@ def test_a_new_model_port_is_open_once_haproxys_new_worker_lists_it(gpu_plan, mo
     runtime = ComposeRuntime(gpu_plan.parent / "compose", runner)
     monkeypatch.setattr("tritonctl.deploy.compose.PROXY_RELOAD_S", 1.0)
     if polls is None:
-        with pytest.raises(TritonctlError, match=r"did not open port 9999 after a reload within 1.0 s \(docker compose"):
+        with pytest.raises(TritonctlError, match=r"did not open port 9999 after a reload within 1.0 s \(docker"):
             runtime.route("0.0.0.0", 9999, [(record, 1.0)])
     else:
         assert "9999" in runtime.route("0.0.0.0", 9999, [(record, 1.0)])
