@@ -5,6 +5,7 @@ and refusals that write nothing. No Kubernetes API server runs here: nothing is 
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import stat
 import subprocess
@@ -14,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import edit, make_mlp, mlp_model, write_cluster
-from tritonctl.cli import main
+from conftest import REPO, edit, make_mlp, mlp_model, write_cluster
+from tritonctl.cli import build_parser, main
 from tritonctl.deploy.local import haproxy_binary
 from tritonctl.deploy.proxy import LARGE_BUFFER_BYTES, MALLOC_ENV
 from tritonctl.planning.plan import load_plan
@@ -26,6 +27,20 @@ KUBERNETES = "1.34.0"  # a recent release; kubernetes-validate ships its schemas
 def rendered(out: Path) -> dict[str, list[dict]]:
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     return {name: list(yaml.safe_load_all((out / name).read_text())) for name in kustomization["resources"]}
+
+
+def test_the_controller_runs_the_images_entrypoint_with_arguments_tritonctl_takes(gpu_plan, tmp_path):
+    out = tmp_path / "k8s"
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out)]) == 0
+    (deployment,) = [o for o in rendered(out)["controller.yaml"] if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    (entrypoint,) = [
+        json.loads(line.split(None, 1)[1]) for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT")
+    ]
+    assert container["command"] == entrypoint == ["tritonctl", "controller"]
+    parsed = build_parser().parse_args([*container["command"][1:], *container["args"]])  # argparse exits on a stray one
+    assert parsed.plan == "/etc/tritonctl/plan.yaml" and parsed.runtime == "kubernetes"
 
 
 def test_every_manifest_is_valid_kubernetes_and_every_reference_resolves(gpu_plan, tmp_path):

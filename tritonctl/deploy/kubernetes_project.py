@@ -65,6 +65,7 @@ PROXY_BUFFER = image_buffer(f"haproxy:{PROXY_TAG}")
 LABEL = "tritonctl.io"
 FILES = ("storage.yaml", "mps.yaml", "triton.yaml", "proxy.yaml", "controller.yaml")
 CONTROLLER = "tritonctl-controller"
+CONTROLLER_COMMAND = ("tritonctl", "controller")  # docker/Dockerfile's ENTRYPOINT
 PLAN_DIR = "/etc/tritonctl"
 WRITE = ["get", "list", "create", "update", "delete"]
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -374,13 +375,14 @@ def controller_objects(namespace: str) -> list[dict]:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": CONTROLLER},
         "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": namespace}],
     }
-    args = ["tritonctl", "controller", f"{PLAN_DIR}/plan.yaml", "--runtime", "kubernetes", "--namespace", namespace]
+    args = [f"{PLAN_DIR}/plan.yaml", "--runtime", "kubernetes", "--namespace", namespace]
     pod = {
         "serviceAccountName": CONTROLLER,
         "containers": [
             {
                 "name": CONTROLLER,
                 "image": "tritonctl",
+                "command": list(CONTROLLER_COMMAND),  # the image's entrypoint, named so that no other image's runs
                 "args": [*args, "--host", "0.0.0.0"],
                 "ports": [{"name": "state", "containerPort": 9300}],
                 "readinessProbe": {"httpGet": {"path": "/state", "port": "state"}, "periodSeconds": 10},
