@@ -368,6 +368,15 @@ def test_simulate_refuses_an_endless_run_and_a_trace_for_other_models(capsys, ml
     assert rc == 2 and f"{trace}: no request is for a model of the plan (it names foo)" in err
 
 
+def test_simulate_refuses_a_latency_model_of_another_kind_of_device(capsys):
+    cpu_plan, gpu_plan = (REPO / f"bench/results/inss{kind}-six-4/plan-search.yaml" for kind in ("", "-gpu"))
+    cpu_lm, gpu_lm = (REPO / f"profiles/inss-{kind}/latency-model.json" for kind in ("scaled", "gpu"))
+    rc, err = run_cli(capsys, "simulate", str(cpu_plan), "--latency-model", str(gpu_lm))
+    assert rc == 2 and "fitted for a gpu device of 100 units; the plan's cpu0 is a cpu device of" in err
+    rc, err = run_cli(capsys, "simulate", str(gpu_plan), "--latency-model", str(cpu_lm))
+    assert rc == 2 and "fitted for a cpu device of 100 units standing for 2 cores; the plan's gpu0 is a gpu" in err
+
+
 def test_an_energy_sweep_with_a_bad_cell_or_a_plot_of_no_known_format_writes_nothing(capsys, tmp_path):
     sweep = tmp_path / "sweep.csv"
     sweep.write_text("model,batch,sm_clock_read_mhz,batch_ms,joules_per_image\nresnet50,2.5,1500,3.0,0.1\n")

@@ -28,6 +28,7 @@ from tritonctl.planning.plan import Plan, PlannedModel, load_plan, save_plan
 from tritonctl.planning.planner import (
     HEADROOM,
     check_latency_model,
+    describe_device,
     fewest_devices,
     make_plan,
     on_another_cpu,
@@ -36,6 +37,7 @@ from tritonctl.planning.planner import (
     repredicted,
     simulated_plan,
     sources_of,
+    speaks_for,
     warn_changed_exports,
 )
 from tritonctl.planning.policies import POLICIES
@@ -190,6 +192,14 @@ def cmd_simulate(args) -> int:
     missing = [m.name for m in loaded.plan.models if m.name not in lm.models]
     if missing:
         raise TritonctlError(f"models {missing} are not in the latency model", file=args.latency_model)
+    for device in loaded.plan.devices:
+        if not speaks_for(lm, device.kind, device.units, device.cores, device.units):
+            raise TritonctlError(
+                f"fitted for {describe_device(lm.device.kind, lm.device.units, lm.device.cores)}; the plan's "
+                f"{device.id} is {describe_device(device.kind, device.units, device.cores)}",
+                file=args.latency_model,
+                field="device",
+            )
     if loaded.plan.target == "cpu" and on_another_cpu(lm):
         say(other_cpu_note(args.latency_model, lm))
     trace = None

@@ -130,7 +130,7 @@ def _footprint_mb(model: ModelSpec, artifacts: dict[str, Artifact], lm: LatencyM
     return math.ceil(2 * artifacts[model.name].weights_mb + RUNTIME_OVERHEAD_MB)
 
 
-def _describe(kind: str, units: int, cores: float | None) -> str:
+def describe_device(kind: str, units: int, cores: float | None) -> str:
     return f"a {kind} device of {units} units" + (f" standing for {cores:g} cores" if cores else "")
 
 
@@ -144,6 +144,15 @@ def other_cpu_note(lm_path: str | Path, lm: LatencyModel) -> str:
     return f"note: {lm_path} speaks for the CPU it was profiled on ({lm.device.fingerprint.get('model')})"
 
 
+def speaks_for(lm: LatencyModel, kind: str, units: int, cores: float | None, usable_units: int) -> bool:
+    """Whether `lm`'s shares are those of a device of this kind whose `units` stand for `cores` (on a GPU, the same
+    units), `usable_units` of them planned with."""
+    same_units = lm.device.kind == kind and (
+        lm.device.units == units if kind == "gpu" else math.isclose(lm.device.cores / lm.device.units, cores / units)
+    )
+    return same_units and lm.device.units >= usable_units
+
+
 def check_latency_model(
     cluster: Cluster, lm: LatencyModel, lm_path: Path, log: Callable[[str], None], deploys_here: bool = True
 ) -> None:
@@ -155,15 +164,10 @@ def check_latency_model(
     A GPU plan may be made anywhere; on a host with a GPU, a model not made (or calibrated) on that GPU
     through Triton is refused the same way."""
     group, usable = cluster.spec.devices[0], devices_of(cluster)[0]
-    same_units = lm.device.kind == group.kind and (
-        lm.device.units == group.units
-        if group.kind == "gpu"
-        else math.isclose(lm.device.cores / lm.device.units, group.cores / group.units)
-    )
-    if not same_units or lm.device.units < usable.units:
+    if not speaks_for(lm, group.kind, group.units, group.cores, usable.units):
         raise TritonctlError(
-            f"fitted for {_describe(lm.device.kind, lm.device.units, lm.device.cores)}; the cluster plans with "
-            f"{_describe(usable.kind, usable.units, usable.cores)}",
+            f"fitted for {describe_device(lm.device.kind, lm.device.units, lm.device.cores)}; the cluster plans with "
+            f"{describe_device(usable.kind, usable.units, usable.cores)}",
             file=lm_path,
             field="device",
         )
