@@ -274,6 +274,18 @@ def test_plan_minimise_devices_uses_the_fewest_that_serve_every_model(tmp_path, 
     assert all(p.predicted.meets_slo for _, p in planned.instances())
 
 
+def test_plan_minimise_devices_batches_as_asked_and_says_what_the_kept_plan_extrapolates(inss_plan, capsys):
+    from tritonctl.cli import main
+
+    cluster, plan = inss_plan.path.parent / "cluster.yaml", inss_plan.path.parent / "minimised.yaml"
+    lm = REPO / "profiles" / "inss-gpu" / "latency-model.json"
+    argv = ["plan", str(cluster), "--latency-model", str(lm), "--minimise", "devices", "--batching", "eager"]
+    assert main([*argv, "-o", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "fewest devices: 1 of 4 (gpu0)" in out and load_plan(plan).plan.batching == "eager"
+    assert out.count("lies outside the profiled range") == 8  # eight models at shares of 12-13 (profiled 25-100)
+
+
 def test_plan_minimise_devices_says_why_where_not_even_all_serve(tmp_path, capsys, synthetic_lm):
     from conftest import make_mlp, mlp_model, write_cluster
     from tritonctl.cli import main

@@ -78,7 +78,7 @@ def _plan(
         lm = lm.with_margin(margin)
     trained = Path(policy_file) if policy_file else None
     if minimise:  # "devices", the one objective offered
-        plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained)
+        plan = fewest_devices(cluster, artifacts, policy, out, lm, log=say, policy_file=trained, batching=batching)
     elif lm is not None and energy is None:
         plan = simulated_plan(
             cluster, artifacts, policy, out, lm, log=say, strict=strict, policy_file=trained, batching=batching

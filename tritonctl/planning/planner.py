@@ -844,21 +844,28 @@ def fewest_devices(
     lm: LatencyModel,
     log: Callable[[str], None] = print,
     policy_file: Path | None = None,
+    batching: str = "fill",
 ) -> Plan:
-    """The plan of `policy` on the fewest of the cluster's devices that serves every model within its SLO at its
-    rate, as predicted (how many GPUs do these models need?): device sets tried from the smallest
-    (`device_sets`). Where not even all of them do, the error says why for all of them."""
+    """The plan of `policy` (batching as `batching`) on the fewest of the cluster's devices that serves every model
+    within its SLO at its rate, as predicted (how many GPUs do these models need?): device sets tried from the
+    smallest (`device_sets`), what the plan kept says (its warnings) said. Where not even all of them do, the error
+    says why for all of them."""
     *smaller, every = device_sets(cluster)
     plan = None
     for only in smaller:
+        said: list[str] = []
         with contextlib.suppress(TritonctlError):
             plan = make_plan(
-                cluster, artifacts, policy, plan_path, lm, log=lambda _: None, strict=True, policy_file=policy_file,
-                only=only,
+                cluster, artifacts, policy, plan_path, lm, log=said.append, strict=True, policy_file=policy_file,
+                only=only, batching=batching,
             )  # fmt: skip
+            for line in said:
+                log(line)
             break
     if plan is None:
-        plan = make_plan(cluster, artifacts, policy, plan_path, lm, log=log, strict=True, policy_file=policy_file)
+        plan = make_plan(
+            cluster, artifacts, policy, plan_path, lm, log=log, strict=True, policy_file=policy_file, batching=batching
+        )
     used = [d.id for d in plan.devices]
     log(f"fewest devices: {len(used)} of {len(every)} ({', '.join(used)}) serve every model within its SLO")
     return plan
