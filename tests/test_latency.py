@@ -24,7 +24,14 @@ from tritonctl.latency.dataset import WakePoint, load_dataset
 from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import MAX_BATCH, LatencyModel, load_latency_model
-from tritonctl.latency.queueing import eq2, sample_task_latency, task_latency, warm_tables
+from tritonctl.latency.queueing import (
+    batcher_latency,
+    eq2,
+    sample_batcher_latencies,
+    sample_task_latency,
+    task_latency,
+    warm_tables,
+)
 from tritonctl.latency.report import repeat_gaps
 from tritonctl.planning.plan import load_plan
 from tritonctl.planning.planner import predict
@@ -76,6 +83,16 @@ def test_task_latency_matches_md1_for_batch_one():
     expected = t + rho * t / (2 * (1 - rho))
     got = sample_task_latency(rate, 1, t, tasks=100_000).mean_ms
     assert got == pytest.approx(expected, rel=0.05)
+
+
+def test_the_dynamic_batcher_is_eq2s_queue_at_batch_one_and_waits_at_most_its_queue_delay():
+    for rate, t in ((50.0, 10.0), (90.0, 10.0)):  # one request a batch: the same M/D/1 queue on the same arrivals
+        assert batcher_latency(rate, (t,), 0.0, 100.0)[0].p99_ms == pytest.approx(task_latency(rate, 1, t).p99_ms, 0.01)
+    times = tuple(2.0 + 0.5 * k for k in range(8))  # a batch of 8 at 200 requests/s takes 5.5 ms, 36% of the time
+    eager, capped, filled = (batcher_latency(200.0, times, delay, 25.0)[0] for delay in (0.0, 12.5, 1e9))
+    assert eager.p99_ms < capped.p99_ms < 12.5 + 2 * times[-1] < filled.p99_ms  # the cap: a wait and two batches
+    assert sample_batcher_latencies(200.0, times, 12.5).max() <= 12.5 + 2 * times[-1]
+    assert not batcher_latency(2000.0, times, 0.0, 25.0)[0].stable  # beyond what full batches serve
 
 
 def test_task_latency_depends_on_time_only_through_the_load():

@@ -286,6 +286,22 @@ def test_plan_minimise_devices_batches_as_asked_and_says_what_the_kept_plan_extr
     assert out.count("lies outside the profiled range") == 8  # eight models at shares of 12-13 (profiled 25-100)
 
 
+@pytest.mark.parametrize("batching", ["eager", "fill"])
+def test_batches_are_predicted_as_tritons_batcher_runs_them_as_the_simulator_does(inss_plan, capsys, batching):
+    from tritonctl.cli import main
+
+    cluster, plan = inss_plan.path.parent / "cluster.yaml", inss_plan.path.parent / f"gpulet-{batching}.yaml"
+    lm = REPO / "profiles" / "inss-gpu" / "latency-model.json"
+    argv = ["plan", str(cluster), "--latency-model", str(lm), "--policy", "gpulet", "--batching", batching]
+    assert main([*argv, "-o", str(plan)]) == 0
+    assert "predicted to miss" not in capsys.readouterr().out
+    planned = load_plan(plan).plan
+    assert {p.batch for _, p in planned.instances()} != {1}  # batches that a queue delay cuts short
+    for model, p in planned.instances():  # eq. 2 waited for every batch to fill: 159 ms for AlexNet's 32 at 200/s
+        assert p.predicted.meets_slo and p.predicted.latency_ms <= 1.5 * model.simulated_p99_ms + 1
+    assert main(["validate", str(plan)]) == 0
+
+
 def test_plan_minimise_devices_says_why_where_not_even_all_serve(tmp_path, capsys, synthetic_lm):
     from conftest import make_mlp, mlp_model, write_cluster
     from tritonctl.cli import main

@@ -14,7 +14,7 @@ from tritonctl.export import Artifact, inspect_onnx, materialize, served_as
 from tritonctl.latency.device import cpu_fingerprint, visible_gpu
 from tritonctl.latency.energy import EnergyModel
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import goodput, task_latency
+from tritonctl.latency.queueing import batcher_latency, goodput, task_latency
 from tritonctl.planning.energy import least_energy
 from tritonctl.planning.plan import (
     Device,
@@ -226,7 +226,9 @@ def predict(
 ) -> list[PlannedModel]:
     """The plan's models with a prediction on every placement, given everything else on its device.
 
-    Spatial sharing: the batch runs next to its co-runners (interference), queueing by eq. 2.
+    Spatial sharing: the batch runs next to its co-runners (interference), queueing by eq. 2 at batch 1 and, for
+    larger batches, through Triton's dynamic batcher (`queueing.batcher_latency`: a batch runs once it is whole or
+    its oldest request has waited the queue delay, where eq. 2 waits for it to fill).
     Temporal sharing (the plan's, or a device's in `turns`): instances on a device take turns
     with the whole device. On a GPU a batch runs alone but waits for one round of the others
     (the duty cycle d): latency is bounded by d + t_inf and throughput is b / d (Nexus's
@@ -270,10 +272,15 @@ def predict(
             else:
                 corunners = tuple((m.name, q.share, q.batch) for m, q in placed if q.device == p.device and q is not p)
                 exec_ms = lm.t_inf(model.name, p.batch, p.share, corunners)
-                task = task_latency(rate, p.batch, exec_ms)
                 throughput = 1000 * p.batch / exec_ms
-                latency = task.p99_ms if task.stable else None
                 in_slo = goodput(rate, p.batch, exec_ms, model.slo_ms)
+                if p.batch == 1:
+                    task = task_latency(rate, p.batch, exec_ms)
+                else:  # Triton's batcher runs what waits once the oldest has waited the queue delay: not eq. 2's wait
+                    times = tuple(lm.t_inf(model.name, b, p.share, corunners) for b in range(1, p.batch + 1))
+                    task, within = batcher_latency(rate, times, p.queue_delay_us / 1000, model.slo_ms)
+                    in_slo = rate * within if task.stable else in_slo  # beyond capacity: what refusing keeps
+                latency = task.p99_ms if task.stable else None
             placements.append(
                 p.model_copy(
                     update={

@@ -238,7 +238,7 @@ def with_batches(
 def eager(choices: dict[str, list[Choice]]) -> dict[str, list[Choice]]:
     """`choices` with no queue delay on any placement that splits its device: Triton's dynamic batcher then starts
     a batch as soon as the instance is free, of what is queued up to BDA's batch, so batches grow only with the
-    load (the simulator runs them so; eq. 2, which fills every batch, bounds their latency from above)."""
+    load (the simulator and the plan's predictions run them so: `queueing.batcher_latency`)."""
     return {name: [c if c.turns else replace(c, queue_delay_us=0) for c in cs] for name, cs in choices.items()}
 
 
