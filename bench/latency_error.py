@@ -45,7 +45,7 @@ HELD = 0.01  # a plan missing less than this part of its requests without errors
 def violations(plan, cluster, lm, seed: int, error: float) -> tuple[float, float]:
     """Simulated goodput and the share of requests not served within their SLO."""
     sim = simulate(plan, lm, DURATION_S, seed=seed, drop=True, latency_error=error)
-    return sim.goodput, 1 - sum(m.good for m in sim.models) / arrived_requests(sim, plan, cluster)
+    return sim.goodput, 1 - sum(m.good for m in sim.models) / max(1, arrived_requests(sim, plan, cluster))
 
 
 def main() -> None:

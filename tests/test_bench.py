@@ -60,6 +60,24 @@ def test_bench_compares_policies_and_writes_table_plans_and_plot(tmp_path, capsy
     assert (out / "bench.md").read_text().count("|") > 20 and (out / "bench.png").stat().st_size > 5_000
 
 
+def test_bench_exits_1_where_no_policy_plans_and_counts_nothing_late_where_nothing_arrives(tmp_path, capsys):
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    lm = str(tmp_path / "profile" / "latency-model.json")
+    make_mlp(tmp_path / "mlp.onnx")
+    argv = ["bench", "--latency-model", lm, "--policies", "search", "spread", "--duration", "5"]
+    tight = write_cluster(tmp_path, [mlp_model("alpha", slo_ms=0.01)])  # under any batch's time
+    capsys.readouterr()
+    assert main([*argv, str(tight), "-o", str(tmp_path / "tight")]) == 1
+    out = capsys.readouterr().out
+    assert "No tritonctl policy produced a plan." in out and "search | failed" in out.replace("  ", " ")
+    idle = write_cluster(tmp_path, [mlp_model("alpha", rate=0), mlp_model("beta", rate=0)])
+    assert main([*argv, str(idle), "-o", str(tmp_path / "idle")]) == 0
+    out = capsys.readouterr().out
+    assert "100.00%" not in out and "0.00%" in out  # no request arrived: none late
+    assert "- search: \n" not in out + "\n"  # a margin line only where there is something to compare with
+
+
 def test_a_latency_margin_plans_for_slower_batches_and_the_simulator_runs_the_exact_model(tmp_path):
     synthetic_dataset(tmp_path / "profile")
     assert main(["fit", str(tmp_path / "profile")]) == 0

@@ -439,7 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write into the plan file the predictions and simulation of the plan as it is now (after a hand "
         "edit: apply then checks them again)",
     )
-    p = add("bench", "planning.cmd_bench", "plan a cluster with several policies and simulate each plan side by side")
+    p = add(
+        "bench",
+        "planning.cmd_bench",
+        "plan a cluster with several policies (batches filling up to their queue delay, as `plan --batching fill`) "
+        "and simulate each plan side by side, a request that can only be late dropped (exit 1: no policy planned)",
+    )
     add_format(p)
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("--latency-model", required=True, help="fitted latency model (tritonctl fit)")

@@ -268,11 +268,11 @@ def cmd_bench(args) -> int:
     write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin)
     if output.JSON:
         emit({"output": str(out), "rows": [dataclasses.asdict(row) for row in rows]})
-        return 0
-    say(format_rows(rows))
-    say(margins(rows))
-    say(f"table, plans and plot written to {out}")
-    return 0
+    else:
+        say(format_rows(rows))
+        say(margins(rows))
+        say(f"table, plans and plot written to {out}")
+    return 1 if all(row.error for row in rows) else 0
 
 
 def cmd_train(args) -> int:

@@ -1,15 +1,16 @@
 """`tritonctl bench`: several policies on one cluster and workload, judged the same way.
 
-Each policy plans the cluster (timed once the one-time queueing tables are built), and its
-plan is simulated at the cluster's rates. Reported per policy: planning time, models left
-unserved, placements the latency model predicts to miss their SLO, planned capacity (sum of
-b / t_inf, the objective of InSS problem (1)) and its share of a simple upper bound (every
-device's units spent on the model with the best throughput per unit, interference ignored),
-the goodput the plan predicts and its share of the `optimal` policy's (the proven optimum of
-that goodput over search's layouts, where optimal is among the policies), and from the
-simulator throughput, goodput, SLO violations, drops and devices used. The margins of the
-best of tritonctl's own policies over each baseline are by simulated goodput (requests
-served within their SLO per second).
+Each policy plans the cluster with batches that fill up to their queue delay (`plan --batching
+fill`, on a GPU too; timed once the one-time queueing tables are built), and its plan is simulated
+at the cluster's rates, a request that can only be late dropped (`simulate --drop`). Reported per
+policy: planning time, models left unserved, placements the latency model predicts to miss their
+SLO, planned capacity (sum of b / t_inf, the objective of InSS problem (1)) and its share of a
+simple upper bound (every device's units spent on the model with the best throughput per unit,
+interference ignored), the goodput the plan predicts and its share of the `optimal` policy's (the
+proven optimum of that goodput over search's layouts, where optimal is among the policies), and from
+the simulator throughput, goodput, SLO violations, drops and devices used. The margins of the best
+of tritonctl's own policies over each baseline are by simulated goodput (requests served within
+their SLO per second).
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ def _simulated(
     capacity = sum(p.predicted.throughput_rps for _, p in plan.instances())
     sim = simulate(plan, lm, duration_s, drop=drop)
     arrived = arrived_requests(sim, plan, cluster)
+    late = 1 - sum(m.good for m in sim.models) / arrived if arrived else 0.0  # nothing arrived: nothing late
     return BenchRow(
         policy=label,
         plan_ms=plan_ms,
@@ -203,8 +205,8 @@ def _simulated(
         of_bound=capacity / bound,
         throughput_rps=sim.throughput,
         goodput_rps=sim.goodput,
-        violations=1 - sum(m.good for m in sim.models) / arrived,
-        drops=sum(m.dropped for m in sim.models) / arrived,
+        violations=late,
+        drops=sum(m.dropped for m in sim.models) / arrived if arrived else 0.0,
         devices=sim.devices_used,
         unserved=len(plan.unserved),
         predicted_misses=sum(not p.predicted.meets_slo for _, p in plan.instances()),
@@ -215,10 +217,10 @@ def _simulated(
 
 def arrived_requests(sim: SimResult, plan: Plan, cluster: Cluster) -> int:
     """What arrived in the simulation, the requests of models the plan leaves unserved included (their
-    rate x the duration): these count as violations too. At least 1."""
+    rate x the duration): these count as violations too."""
     unserved = {u.name for u in plan.unserved}
     lost = sum(round(m.rate * sim.duration_s) for m in cluster.spec.models if m.name in unserved)
-    return max(1, sum(m.arrived for m in sim.models) + lost)
+    return sum(m.arrived for m in sim.models) + lost
 
 
 def format_rows(rows: list[BenchRow]) -> str:
@@ -270,8 +272,9 @@ def margins(rows: list[BenchRow]) -> str:
     best = max(own, key=lambda r: r.goodput_rps)
     lines = [f"Best tritonctl policy: {best.policy} ({best.goodput_rps:.1f} req/s within SLO)."]
     lines += [f"- vs {name}: {margin(best, name)}" for name in others]
-    lines.append("Each of tritonctl's policies, by goodput:")
-    lines += [f"- {r.policy}: " + ", ".join(f"vs {name} {margin(r, name)}" for name in others) for r in own]
+    if others:
+        lines.append("Each of tritonctl's policies, by goodput:")
+        lines += [f"- {r.policy}: " + ", ".join(f"vs {name} {margin(r, name)}" for name in others) for r in own]
     return "\n".join(lines)
 
 
@@ -308,7 +311,8 @@ def write_bench(
         else ""
     )
     text = (
-        f"# Policies on {cluster.spec.name}\n\n{planned}Simulated {duration_s:g} s at the cluster's rates; upper bound "
+        f"# Policies on {cluster.spec.name}\n\n{planned}Planned with `--batching fill`; simulated {duration_s:g} s at "
+        "the cluster's rates, requests that can only be late dropped; upper bound "
         f"{bound:.1f} req/s.\n\n{format_rows(rows)}\n\n{margins(rows)}\n\n![bench](bench.png)\n"
     )
     (out_dir / "bench.md").write_text(text)
