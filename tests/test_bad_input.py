@@ -366,6 +366,14 @@ def test_simulate_refuses_an_endless_run_and_a_trace_for_other_models(capsys, ml
     trace.write_text("model,time_s\nfoo,0.1\nfoo,0.2\n")
     rc, err = run_cli(capsys, "simulate", str(plan), "--latency-model", str(synthetic_lm), "--trace", str(trace))
     assert rc == 2 and f"{trace}: no request is for a model of the plan (it names foo)" in err
+    trace.write_text("model,time_s\nalpha,nan\n")
+    rc, err = run_cli(capsys, "simulate", str(plan), "--latency-model", str(synthetic_lm), "--trace", str(trace))
+    assert rc == 2 and "line 2: time_s nan is not a time from 0" in err
+    trace.write_text("model,time_s\nalpha,0.5\nalpha,70\nbeta,99\n")
+    assert main(["simulate", str(plan), "--latency-model", str(synthetic_lm), "--trace", str(trace)]) == 0
+    assert "2 of the trace's 3 requests come at or after --duration 60 s: they are not simulated" in (
+        capsys.readouterr().out
+    )
 
 
 def test_simulate_refuses_a_latency_model_of_another_kind_of_device(capsys):

@@ -213,6 +213,11 @@ def cmd_simulate(args) -> int:
             )
         if unknown:
             say(f"WARNING: the trace has requests for models the plan does not serve: {', '.join(unknown)}")
+        late = sum(int((times >= 1000 * args.duration).sum()) for times in trace.values())
+        if late:
+            total = sum(len(times) for times in trace.values())
+            say(f"WARNING: {late} of the trace's {total} requests come at or after --duration {args.duration:g} s: "
+                "they are not simulated")  # fmt: skip
     if args.update:
         if loaded.plan.target == "cpu" and on_another_cpu(lm):  # apply would trust what another CPU predicts
             raise TritonctlError(

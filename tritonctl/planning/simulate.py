@@ -167,8 +167,8 @@ def read_trace(path: Path) -> dict[str, np.ndarray]:
                     raise TritonctlError(
                         f"time_s {row['time_s']!r} is not a number", file=path, field=f"line {line}"
                     ) from None
-                if t < 0:
-                    raise TritonctlError(f"time_s {t} is negative", file=path, field=f"line {line}")
+                if not math.isfinite(t) or t < 0:
+                    raise TritonctlError(f"time_s {t} is not a time from 0", file=path, field=f"line {line}")
                 times.setdefault(row["model"], []).append(1000.0 * t)
     except OSError as exc:
         raise TritonctlError(f"cannot read the trace ({exc.strerror})", file=path) from None
