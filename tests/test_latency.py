@@ -248,9 +248,11 @@ def test_configurations_left_out_of_a_profile_are_predicted_no_faster_than_the_s
 def test_wake_up_is_fitted_over_back_to_back_and_survives_a_round_trip(tmp_path):
     dataset = synthetic_dataset(tmp_path / "profile")
     dataset.append([], [], [WakePoint("alpha", g, p50) for g, p50 in ((0, 5.0), (20, 7.0), (200, 9.5))])
-    model = fit_latency_model(load_dataset(tmp_path / "profile"), log=lambda _: None)
+    said: list[str] = []
+    model = fit_latency_model(load_dataset(tmp_path / "profile"), log=said.append)
     assert model.models["alpha"].wake == ((0, 0.0), (20, 2.0), (200, 4.5))
-    assert model.models["beta"].wake == ()  # not measured: no wake-up
+    assert model.models["beta"].wake == ()  # not measured: no wake-up, and the fit says so
+    assert "  beta: no wake.csv row (the others have some): no wake-up fitted (profile again)" in said
     model.save(tmp_path / "lm.json")
     loaded = load_latency_model(tmp_path / "lm.json")
     assert [loaded.wake_ms("alpha", idle) for idle in (0, 10, 110, 1e9)] == pytest.approx([0, 1.0, 3.25, 4.5])
@@ -264,6 +266,18 @@ def test_a_short_row_in_wake_csv_is_refused_with_the_file_and_line(tmp_path, cap
     assert main(["fit", str(tmp_path / "profile")]) == 2
     err = capsys.readouterr().err
     assert "wake.csv (line 2)" in err and "p50_ms" in err and "Traceback" not in err
+
+
+def test_a_negative_latency_in_a_profile_is_refused_with_the_file_and_line(tmp_path, capsys):
+    synthetic_dataset(tmp_path / "profile")
+    path = tmp_path / "profile" / "measurements.csv"
+    header, first, *rest = path.read_text().splitlines()
+    cells = first.split(",")
+    cells[header.split(",").index("p50_ms")] = "-5"
+    path.write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
+    assert main(["fit", str(tmp_path / "profile")]) == 2
+    err = capsys.readouterr().err
+    assert "measurements.csv (line 2)" in err and "column 'p50_ms': '-5' is negative" in err
 
 
 def test_fit_report_and_saved_model_round_trip(tmp_path, capsys):

@@ -124,6 +124,8 @@ def _typed(cls, row: dict[str, str], where: str):
             raise TritonctlError(f"column {f.name!r}: {raw!r} is not a {f.type}", file=where) from None
         if f.type == "float" and f.name != "rss_mb" and not math.isfinite(value):
             raise TritonctlError(f"column {f.name!r}: {raw!r} is not a finite number", file=where)
+        if f.type in ("int", "float") and value < 0:  # times, counts, sizes, shares: none is below 0
+            raise TritonctlError(f"column {f.name!r}: {raw!r} is negative", file=where)
         values[f.name] = value
     return cls(**values)
 

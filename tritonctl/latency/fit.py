@@ -73,6 +73,7 @@ def fit_latency_model(
             limits.get(name, math.inf),
             [m for m in dataset.memory if m.model == name],
             [w for w in dataset.wake if w.model == name],
+            bool(dataset.wake),
             kind,
             c0,
             per_byte,
@@ -117,6 +118,7 @@ def _fit_model(
     slower_than_ms: float,
     memory: list[MemoryPoint],
     wake: list[WakePoint],
+    has_wake: bool,
     kind: str,
     c0: float,
     per_byte: float,
@@ -124,7 +126,7 @@ def _fit_model(
     log: Callable[[str], None],
 ) -> ModelParams:
     """One model's solo parameters: LWR running time (with the points slower than `slower_than_ms` as floors),
-    pressure on co-runners, memory by batch, wake-up."""
+    pressure on co-runners, memory by batch, wake-up (`has_wake`: the profile measured it for some model)."""
     X = np.array([(math.log2(r.batch), math.log(_eff(r, kind))) for r in rows])
     # Running time: the measured latency less the fitted upload and feedback, so t_io + t_run
     # reproduces the measurement and errors of the two parts do not add up.
@@ -153,6 +155,8 @@ def _fit_model(
     woken = wake_curve(wake)
     if wake and not woken:
         log(f"  {feat.model}: wake.csv has no back-to-back point (gap 0): no wake-up fitted")
+    elif not wake and has_wake:
+        log(f"  {feat.model}: no wake.csv row (the others have some): no wake-up fitted (profile again)")
     log(
         f"  {feat.model}: LWR bandwidth {bandwidth} degree {degree}, pressure {cache_a:.2f} x eff + {cache_b:.2f}, "
         f"memory {mem0:.0f} + {mem1:.1f} x batch MB, spread sigma {spread0:.3f} {spread1:+.3f} x log2 batch"
