@@ -357,3 +357,19 @@ def test_deadline_monotonic_ranks_and_what_they_predict(lm):
     stretched = [w / t for w, t in zip(weighted, alone, strict=True)]
     assert stretched[0] == pytest.approx(1) and stretched[0] < stretched[1] < stretched[2]
     assert all(w < a for w, a in zip(weighted, alike, strict=True))
+
+
+def test_a_model_the_planner_leaves_out_is_told_so_not_blamed_for_another_models_error():
+    from tritonctl.planning.planner import place
+
+    demands = [Demand("small", 50, 10, 100), Demand("large", 50, 10, 4000)]  # without a latency model: memory is work
+
+    def policy(remaining, devices, lm):
+        if len(remaining) > 1:
+            raise PlacementError("no device with room for small")  # names a model, sheds none
+        return {d.name: [Choice("gpu0", 100)] for d in remaining}
+
+    choices, unserved = place("toy", policy, demands, [], None)
+    assert list(choices) == ["small"]
+    why = "left out, the model of most work, where toy found no plan for them all (no device with room for small)"
+    assert unserved == {"large": why}

@@ -375,8 +375,9 @@ def place(
                 unserved[remaining[0].name] = str(exc)
                 return {}, unserved
             named = [d for d in remaining if d.name in exc.shed]
+            why = "the devices cannot carry it beside the others" if named else "left out, the model of most work"
             for demand in named or [max(remaining, key=lambda d: (_work(d, lm), d.name))]:
-                unserved[demand.name] = f"the devices cannot carry it beside the others ({policy}: {exc})"
+                unserved[demand.name] = f"{why}, where {policy} found no plan for them all ({exc})"
                 remaining.remove(demand)
             continue
         return choices, unserved
