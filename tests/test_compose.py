@@ -214,11 +214,20 @@ def test_a_bad_latency_model_for_the_sidecar_is_refused_before_anything_is_writt
     assert not (tmp_path / "out").exists()
 
 
-def test_model_port_on_the_proxys_api_port_is_refused(gpu_plan, tmp_path, capsys):
-    edit(gpu_plan, lambda d: d["models"][1].update(port=18090))
+@pytest.mark.parametrize(
+    ("port", "holder"),
+    [
+        (18090, "HAProxy's PROXY_API_PORT"),
+        (18091, "HAProxy's PROXY_METRICS_PORT"),
+        (2375, "the socket proxy's SOCKET_PROXY_PORT"),
+        (9300, "the sidecar's state endpoint"),
+    ],
+)
+def test_a_model_port_on_a_port_of_the_projects_own_services_is_refused(gpu_plan, tmp_path, capsys, port, holder):
+    edit(gpu_plan, lambda d: d["models"][1].update(port=port))
     assert render(gpu_plan, tmp_path / "out") == 2
     err = capsys.readouterr().err
-    assert "models[1].port" in err and "HAProxy's PROXY_API_PORT" in err
+    assert "models[1].port" in err and f"port {port} is {holder}" in err and not (tmp_path / "out").exists()
 
 
 def _gpus_1(plan: Path) -> list[str]:

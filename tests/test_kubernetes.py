@@ -43,6 +43,13 @@ def test_the_controller_runs_the_images_entrypoint_with_arguments_tritonctl_take
     assert parsed.plan == "/etc/tritonctl/plan.yaml" and parsed.runtime == "kubernetes"
 
 
+def test_a_model_port_on_haproxys_metrics_port_is_refused(gpu_plan, tmp_path, capsys):
+    edit(gpu_plan, lambda d: d["models"][1].update(port=8404))
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(tmp_path / "k8s")]) == 2
+    err = capsys.readouterr().err
+    assert "models[1].port" in err and "port 8404 is HAProxy's metrics port" in err and not (tmp_path / "k8s").exists()
+
+
 def test_every_manifest_is_valid_kubernetes_and_every_reference_resolves(gpu_plan, tmp_path):
     out = tmp_path / "k8s"
     assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out), "--node", "gpu-node-1"]) == 0

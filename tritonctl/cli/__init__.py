@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tritonctl import __version__
 from tritonctl.cli import output
+from tritonctl.deploy import CONTROLLER_PORT
 from tritonctl.errors import TritonctlError
 from tritonctl.files import check_output_dir
 from tritonctl.planning.policies import POLICIES
@@ -387,7 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address of the state and metrics endpoint (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=_port, default=9300, help="port of the state and metrics endpoint (default 9300; 0: any free)"
+        "--port",
+        type=_port,
+        default=CONTROLLER_PORT,
+        help=f"port of the state and metrics endpoint (default {CONTROLLER_PORT}; 0: any free)",
     )
     p.add_argument("--interval", type=_positive, default=1.0, help="seconds between metric scrapes (default 1)")
     p.add_argument("--threshold", type=_positive, default=0.25, help="relative rate change that acts (default 0.25)")

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from tritonctl.deploy import mps
+from tritonctl.deploy import CONTROLLER_PORT, mps
 from tritonctl.deploy.local import EXIT_TIMEOUT_S, one_host
 from tritonctl.deploy.proxy import Routes, Server, environment, haproxy_weights, image_buffer, render_config
 from tritonctl.deploy.runtime import server_flags
@@ -221,12 +221,12 @@ def read_previous(folder: Path) -> dict[str, Previous]:
         ) from None
 
 
-def check_ports(loaded: LoadedPlan, previous: dict[str, Previous], proxy_ports: dict[str, int], folder: Path) -> None:
-    """A model's port belongs to HAProxy: it must be none of HAProxy's own ports nor a port of a service
-    of the previous render (it runs until its replacement is ready). New instances' ports are allocated
+def check_ports(loaded: LoadedPlan, previous: dict[str, Previous], own: dict[str, int], folder: Path) -> None:
+    """A model's port belongs to HAProxy: it must be none of the project's own ports (`own_ports`) nor a port of a
+    service of the previous render (it runs until its replacement is ready). New instances' ports are allocated
     clear of model ports."""
     for i, model in enumerate(loaded.plan.models):
-        held = [f"HAProxy's {name} in {folder / ENV_FILE}" for name, port in proxy_ports.items() if model.port == port]
+        held = [what for what, port in own.items() if model.port == port]
         held += [
             f"held by service {name} ({prev.model}) of the deployment in {folder / COMPOSE_FILE}, which runs "
             "until its replacement is ready"
@@ -351,14 +351,21 @@ def proxy_api(values: dict[str, str]) -> str:
     return f"{'127.0.0.1' if address == '0.0.0.0' else address}:{values['PROXY_API_PORT']}"
 
 
-def proxy_ports(values: dict[str, str], folder: Path) -> dict[str, int]:
-    """HAProxy's own ports from the settings, by setting name; TritonctlError for one that is not a port."""
+def own_ports(values: dict[str, str], folder: Path) -> dict[str, int]:
+    """The ports the project's own services listen on, by what holds them: HAProxy's runtime API and metrics, the
+    socket proxy's and the sidecar's endpoint (on the host's network); TritonctlError for a setting that is not a
+    port."""
     ports = {}
-    for name in ("PROXY_API_PORT", "PROXY_METRICS_PORT"):
+    for name, service in (
+        ("PROXY_API_PORT", "HAProxy's"),
+        ("PROXY_METRICS_PORT", "HAProxy's"),
+        ("SOCKET_PROXY_PORT", "the socket proxy's"),
+    ):
         try:
-            ports[name] = int(values[name])
+            ports[f"{service} {name} in {folder / ENV_FILE}"] = int(values[name])
         except ValueError:
             raise TritonctlError(f"{name}={values[name]!r} is not a port number", file=folder / ENV_FILE) from None
+    ports["the sidecar's state endpoint (`tritonctl controller`, on the host's network)"] = CONTROLLER_PORT
     return ports
 
 
@@ -603,11 +610,11 @@ def write_compose(
     local = LoadedPlan(plan.model_copy(update={"runtime": runtime}), loaded.path)
     launches = {name: launch for name, (_, launch) in render(local, write=False).items()}
     values = settings(loaded, folder, latency_model)
-    own_ports = proxy_ports(values, folder)
+    own = own_ports(values, folder)
     previous = read_previous(folder)
-    check_ports(loaded, previous, own_ports, folder)
+    check_ports(loaded, previous, own, folder)
     names = [service_name(i, launch.process_hash) for i, launch in launches.items()]
-    ports = allocate_ports(names, previous, {m.port for m in plan.models} | set(own_ports.values()))
+    ports = allocate_ports(names, previous, {m.port for m in plan.models} | set(own.values()))
     services = {
         instance: TritonService(name, launch, plan.device(launch.device).index, *ports[name])
         for (instance, launch), name in zip(launches.items(), names, strict=True)

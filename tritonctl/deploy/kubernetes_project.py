@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from tritonctl.deploy import mps
+from tritonctl.deploy import CONTROLLER_PORT, mps
 from tritonctl.deploy.compose_project import check_plan, write_private
 from tritonctl.deploy.local import EXIT_TIMEOUT_S
 from tritonctl.deploy.proxy import Routes, Server, environment, haproxy_weights, image_buffer, render_config
@@ -384,7 +384,7 @@ def controller_objects(namespace: str) -> list[dict]:
                 "image": "tritonctl",
                 "command": list(CONTROLLER_COMMAND),  # the image's entrypoint, named so that no other image's runs
                 "args": [*args, "--host", "0.0.0.0"],
-                "ports": [{"name": "state", "containerPort": 9300}],
+                "ports": [{"name": "state", "containerPort": CONTROLLER_PORT}],
                 "readinessProbe": {"httpGet": {"path": "/state", "port": "state"}, "periodSeconds": 10},
                 "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
                 "volumeMounts": [
@@ -461,6 +461,14 @@ def check_kubernetes(loaded: LoadedPlan, node: str | None) -> dict[str, Launch]:
             field="devices",
         )
     _names(plan, loaded)
+    for i, model in enumerate(plan.models):
+        if model.port == PROXY_METRICS:  # HAProxy's pod serves every model's port beside its metrics
+            raise TritonctlError(
+                f"port {model.port} is HAProxy's metrics port in the Kubernetes deployment; give {model.name} "
+                "another port",
+                file=loaded.path,
+                field=f"models[{i}].port",
+            )
     return {name: launch for name, (_, launch) in render(loaded, write=False).items()}
 
 
