@@ -354,6 +354,7 @@ def test_apply_refuses_a_plan_predicted_to_miss_unless_told(capsys, synthetic_lm
     plan = mlp_cluster.parent / "plan.yaml"
     rc, out, _ = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(synthetic_lm))
     assert rc == 0 and "WARNING: cpu0 is predicted" in out  # 600/s leaves no headroom
+    assert "WARNING: alpha-0: predicted to miss its SLO" in out and "`--policy optimal` searches every" in out
     rc, out, err = run_cli(capsys, "apply", str(plan))
     assert rc == 2 and "predicted to miss SLOs" in err and "alpha-0" in err and "--accept-misses" in err
     assert not load_state(load_plan(plan).state_dir).instances

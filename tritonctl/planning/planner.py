@@ -566,13 +566,13 @@ def make_plan(
                 file=cluster.path,
                 field="models",
             )
-        for m in planned:
-            for p in m.placements:
-                if not p.predicted.meets_slo:
-                    log(
-                        f"WARNING: {p.instance}: predicted to miss its SLO: {p.predicted.in_slo_rps:g} of "
-                        f"{m.rate_of(p):g} requests/s within {m.slo_ms:g} ms"
-                    )
+        for m, p in misses:
+            log(
+                f"WARNING: {p.instance}: predicted to miss its SLO: {p.predicted.in_slo_rps:g} of "
+                f"{m.rate_of(p):g} requests/s within {m.slo_ms:g} ms"
+            )
+        if misses and policy == "search":  # a climb from its starts: a placement two moves away can escape it
+            log("note: `--policy optimal` searches every placement of these (exact, slower) and may meet every SLO")
     plan = Plan(
         cluster=cluster.spec.name,
         cluster_file=relative_to(cluster.path, base),
