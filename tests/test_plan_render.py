@@ -325,3 +325,13 @@ def test_a_swap_and_the_stop_of_what_it_replaces_count_as_one_changed_instance()
         Step("stop", "d-0", "not in the plan", "d.1"),
     ]
     assert changed(steps) == 3  # a-0 swapped, b-0 started, d-0 stopped
+
+
+def test_a_plan_made_with_a_latency_margin_says_so(mlp_cluster, synthetic_lm, capsys):
+    from tritonctl.cli import main
+
+    argv = ["plan", str(mlp_cluster), "--latency-model", str(synthetic_lm), "--latency-margin", "0.3"]
+    assert main(argv) == 0
+    (note,) = [n for n in load_plan(mlp_cluster.parent / "plan.yaml").plan.notes if "margin" in n]
+    assert note.startswith("planned with a latency margin of 30%: its predictions and simulation are of batches 1.3 x")
+    assert f"note: {note}" in capsys.readouterr().out

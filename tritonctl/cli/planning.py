@@ -91,6 +91,13 @@ def _plan(
     if lm is not None and (minimise or energy is not None):
         clock = plan.devices[0].clock_mhz
         plan = with_simulation(plan, lm if clock is None else clocked(lm, energy, clock, sources_of(cluster)))
+    if margin:
+        note = (
+            f"planned with a latency margin of {100 * margin:g}%: its predictions and simulation are of batches "
+            f"{1 + margin:g} x as long as {latency_model} predicts"
+        )
+        plan = plan.model_copy(update={"notes": [*plan.notes, note]})
+        say(f"note: {note}")
     save_plan(plan, out)
     say(f"plan ({plan.policy}) written to {out}")
     for model, placement in plan.instances():
