@@ -292,6 +292,11 @@ def test_fit_report_and_saved_model_round_trip(tmp_path, capsys):
         assert (report / f"{png}.png").stat().st_size > 10_000
     model = load_latency_model(tmp_path / "profile" / "latency-model.json")
     assert model.t_inf("alpha", 4, 50) == pytest.approx(true_latency("alpha", 4, 50, ()), rel=0.05)
+    written = (report / "report.md").stat().st_mtime_ns
+    (tmp_path / "elsewhere").mkdir()
+    assert main(["fit", str(tmp_path / "profile"), "--report", "-o", str(tmp_path / "elsewhere" / "lm.json")]) == 0
+    assert (tmp_path / "elsewhere" / "report" / "report.md").is_file()  # beside the model: the profile's is left
+    assert (report / "report.md").stat().st_mtime_ns == written
 
 
 def test_too_few_points_and_corrupt_datasets_are_refused(tmp_path, capsys):

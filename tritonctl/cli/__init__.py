@@ -298,7 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o", "--output", type=_output_file, help="model file (default: latency-model.json in the profile folder)"
     )
-    p.add_argument("--report", action="store_true", help="also evaluate on held-out measurements (see report)")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="also evaluate on held-out measurements (as `tritonctl report`), into report/ beside the latency model",
+    )
     p.add_argument(
         "--predictor",
         choices=["inss", "mlp"],

@@ -103,7 +103,7 @@ def cmd_fit(args) -> int:
     model.save(out)
     say(f"latency model written to {out}")
     if args.report:
-        _report(dataset, out, dataset.folder / "report")
+        _report(dataset, out, out.parent / "report")
     return 0
 
 
@@ -131,6 +131,8 @@ def cmd_fit_energy(args) -> int:
 
 
 def _report(dataset, model_path: Path, out: Path) -> None:
+    say("evaluating on held-out measurements beside a linear and an MLP predictor fitted for the comparison "
+        "(a minute or two on 2 cores) ...")  # fmt: skip
     figures = write_report(load_latency_model(model_path), dataset, out)
     say(f"report written to {out / 'report.md'}")
     say(

@@ -275,7 +275,7 @@ def cmd_bench(args) -> int:
     energy = load_energy_model(args.energy_model) if args.energy_model else None
     rows = run_policies(
         cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin,
-        energy=energy,
+        energy=energy, log=say,
     )  # fmt: skip
     write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin)
     if output.JSON:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,21 +82,35 @@ def run_policies(
     policy_file: Path | None = None,
     margin: float = 0.0,
     energy: EnergyModel | None = None,
+    log: Callable[[str], None] = lambda _: None,
 ) -> list[BenchRow]:
     """Plan with every policy (against `lm` with a latency margin, when one is given; plans saved in
-    `out_dir`) and simulate each plan on `lm` itself at the cluster's rates. With an `energy` model, each row
-    says its joules per request too, and one more row is search's placement under the energy objective
-    (simulated at its clock)."""
+    `out_dir`) and simulate each plan on `lm` itself at the cluster's rates, saying which policy is at work
+    (`log`). With an `energy` model, each row says its joules per request too, and one more row is search's
+    placement under the energy objective (simulated at its clock)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     bound = upper_bound_rps(cluster, lm)
     planning_lm = lm.with_margin(margin)
     warm_tables(MAX_BATCH)  # the planning times below leave out this one-time cost
-    rows = [
-        _bench_row(
-            policy, policy, cluster, artifacts, planning_lm, lm, out_dir, bound, duration_s, drop, policy_file, energy
+    rows = []
+    for policy in policies:
+        log(f"  {policy}: planning, then simulating {duration_s:g} s ...")
+        rows.append(
+            _bench_row(
+                policy,
+                policy,
+                cluster,
+                artifacts,
+                planning_lm,
+                lm,
+                out_dir,
+                bound,
+                duration_s,
+                drop,
+                policy_file,
+                energy,
+            )  # fmt: skip
         )
-        for policy in policies
-    ]
     if energy is not None:
         label = "search, energy objective"
         planned = _plan(label, "search", cluster, artifacts, planning_lm, _plan_path(out_dir, label), energy=energy)
