@@ -274,7 +274,7 @@ def test_inss_refuses_a_policy_for_another_cluster(tmp_path, lm):
         load_trained(tmp_path / "none.pt", "lab-a", ["alpha", "beta"], cpus(4096, 4096))
     assert missing.value.file == str(tmp_path / "none.pt")
     (tmp_path / "junk.pt").write_text("not torch")
-    with pytest.raises(TritonctlError, match="cannot load a trained policy"):
+    with pytest.raises(TritonctlError, match=r"not a trained policy that `tritonctl train` writes \(UnpicklingError\)"):
         load_trained(tmp_path / "junk.pt", "lab-a", ["alpha", "beta"], cpus(4096, 4096))
     assert POLICIES["inss"].trained
 

@@ -399,7 +399,9 @@ def _actor(path: Path, *identity: int):
     try:
         return TrainedActor.load(path)
     except Exception as exc:  # a torch file of another kind, truncated, or not one at all
-        raise TritonctlError(f"cannot load a trained policy ({type(exc).__name__}: {exc})", file=path) from None
+        lines = str(exc).strip().splitlines()
+        why = f"{type(exc).__name__}: {lines[0]}" if len(lines) == 1 and len(lines[0]) <= 160 else type(exc).__name__
+        raise TritonctlError(f"not a trained policy that `tritonctl train` writes ({why})", file=path) from None
 
 
 def load_trained(path: Path, cluster: str, models: list[str], devices: list[Device]) -> Trained:
