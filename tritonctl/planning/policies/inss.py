@@ -173,7 +173,8 @@ class Layout:
 
 
 def _show(slots: tuple[Slot, ...]) -> str:
-    return ", ".join(f"{s.id} ({s.units} units, {s.memory_mb} MB)" for s in slots)
+    """The devices as `mismatch` compares them: by id and memory (their units may be fewer than at training)."""
+    return ", ".join(f"{s.id} ({s.memory_mb} MB)" for s in slots)
 
 
 def action_mask(layout: Layout, demands: list[Demand], lm: LatencyModel) -> np.ndarray:
