@@ -43,6 +43,18 @@ def test_the_controller_runs_the_images_entrypoint_with_arguments_tritonctl_take
     assert parsed.plan == "/etc/tritonctl/plan.yaml" and parsed.runtime == "kubernetes"
 
 
+def test_a_folder_holding_the_other_targets_rendering_is_refused(gpu_plan, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["render", str(gpu_plan), "--target", "compose", "-o", str(out), "--gpus", "2"]) == 0
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(out)]) == 2
+    assert "holds a Compose project (compose.yaml): render into another folder" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(tmp_path / "k8s")]) == 0
+    assert main(["render", str(gpu_plan), "--target", "compose", "-o", str(tmp_path / "k8s"), "--gpus", "2"]) == 2
+    assert "holds a Kubernetes folder (kustomization.yaml)" in capsys.readouterr().err
+
+
 def test_a_model_port_on_haproxys_metrics_port_is_refused(gpu_plan, tmp_path, capsys):
     edit(gpu_plan, lambda d: d["models"][1].update(port=8404))
     assert main(["render", str(gpu_plan), "--target", "kubernetes", "-o", str(tmp_path / "k8s")]) == 2

@@ -63,6 +63,12 @@ def _clock_note(loaded: LoadedPlan) -> None:
         say(f"note: the plan's SM clock is not locked by the containers; on the GPU host, as root: {line}")
 
 
+def _not_the_other_target(out: Path, marker: str, what: str) -> None:
+    """Refuse to render into a folder that holds the other target's rendering (its `marker` file)."""
+    if (out / marker).exists():
+        raise TritonctlError(f"{out} holds {what} ({marker}): render into another folder", field="-o")
+
+
 def cmd_render(args) -> int:
     loaded = load_plan(args.plan)
     if args.target in ("compose", "kubernetes"):
@@ -72,6 +78,7 @@ def cmd_render(args) -> int:
         if gpus is None:
             say("note: no GPU found here (or no pynvml): the plan's GPUs are not checked; pass --gpus N to check")
         out = Path(args.output) if args.output else loaded.path.parent / "compose"
+        _not_the_other_target(out, "kustomization.yaml", "a Kubernetes folder")
         latency_model = Path(args.latency_model) if args.latency_model else None
         if latency_model is not None:
             load_latency_model(latency_model)  # refused here, not in the sidecar on the GPU host
@@ -89,6 +96,7 @@ def cmd_render(args) -> int:
         raise TritonctlError("only the compose target's sidecar re-plans", field="--latency-model")
     if args.target == "kubernetes":
         out = Path(args.output) if args.output else loaded.path.parent / "kubernetes"
+        _not_the_other_target(out, "compose.yaml", "a Compose project")
         for name in write_kubernetes(loaded, out, args.node, args.namespace):
             say(f"  {name}")
         say(
