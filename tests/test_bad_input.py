@@ -498,6 +498,10 @@ def test_a_latency_model_of_another_cpu_is_refused_before_any_export(capsys, mlp
     rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(other))
     assert rc == 2 and "profiled on another CPU" in err
     assert not (mlp_cluster.parent / "exports").exists()
+    data["meta"]["synthetic"] = "made up for a test"
+    other.write_text(json.dumps(data))
+    rc, err = run_cli(capsys, "plan", str(mlp_cluster), "--latency-model", str(other))
+    assert rc == 2 and "meta.synthetic: a SYNTHETIC latency model" in err and "tritonctl bench" in err
 
 
 def test_a_plan_edited_beyond_its_devices_is_named(capsys, mlp_cluster):

@@ -85,7 +85,8 @@ def fit_latency_model(
     for name in params:
         costs = [c for c in dataset.requests if c.model == name]
         if not costs:
-            log(f"  {name}: no requests.csv row: the CPU its requests cost outside it is not counted (profile again)")
+            if kind == "cpu":  # on a GPU the host's CPU is not what the plan shares
+                log(f"  {name}: no requests.csv row: the CPU its requests cost outside it is uncounted (profile again)")
             continue
         server, proxy = (float(np.median([getattr(c, k) for c in costs])) for k in ("server_cpu_ms", "proxy_cpu_ms"))
         params[name] = dataclasses.replace(params[name], request_cpu_ms=round(server + proxy, 4))

@@ -188,6 +188,13 @@ def check_latency_model(
     elsewhere = group.kind == "cpu" and on_another_cpu(lm)
     if elsewhere and not deploys_here:
         log(other_cpu_note(lm_path, lm))
+    elif elsewhere and "synthetic" in lm.meta:
+        raise TritonctlError(
+            "a SYNTHETIC latency model (its meta.synthetic says how it was made): it speaks for no CPU, so no plan is "
+            f"deployed from it; compare policies on it with `tritonctl bench {cluster.path} --latency-model {lm_path}`",
+            file=lm_path,
+            field="meta.synthetic",
+        )
     elif elsewhere:
         raise TritonctlError(
             f"profiled on another CPU ({lm.device.fingerprint.get('model')}, id {lm.device.fingerprint.get('id')}; "
