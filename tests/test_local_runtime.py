@@ -242,13 +242,14 @@ def test_swap_to_a_model_that_fails_to_load_keeps_the_old_instance_serving(tmp_p
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     repository = tmp_path / "repo"
     loaded_files = {p: p.read_bytes() for p in (repository / "alpha-0").rglob("*") if p.is_file()}
+    folder = (repository / "alpha-0").stat().st_ino
     assert main(["apply", str(plan)]) == 3  # failed and rolled back
     assert "rolled back (the running instances keep serving)" in capsys.readouterr().err
     assert list(state_of(plan).instances) == [old.uid]
     assert infer(url, "alpha", np.ones((1, 16), np.float32)).shape == (1, 4)
     # the old instance's repository is what it loaded, not the failed plan's model
     assert {p: p.read_bytes() for p in (repository / "alpha-0").rglob("*") if p.is_file()} == loaded_files
-    assert not (repository / ".tritonctl-previous").exists()
+    assert not (repository / ".tritonctl-previous").exists() and (repository / "alpha-0").stat().st_ino == folder
     data["cluster"] = "another-cluster"  # a plan for another cluster, pointed at this deployment's state
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     for verb in ("apply", "status", "down"):  # nor looked at or stopped through it

@@ -116,8 +116,9 @@ def test_cpu_render_is_deterministic_and_valid(mlp_cluster, tmp_path):
     assert launch.share == 50 and launch.env == {"TRITONCTL_ORT_SPINNING": "0"}  # no MPS variables on a CPU
 
 
-def test_a_repository_snapshot_puts_back_what_a_new_render_replaced(mlp_cluster):
+def test_a_repository_snapshot_puts_back_what_a_new_render_replaced(mlp_cluster, monkeypatch):
     from tritonctl.cli import main
+    from tritonctl.deploy.apply import put_back
     from tritonctl.deploy.state import RepositorySnapshot
 
     assert main(["plan", str(mlp_cluster)]) == 0
@@ -125,7 +126,7 @@ def test_a_repository_snapshot_puts_back_what_a_new_render_replaced(mlp_cluster)
     render(load_plan(plan_path))
     loaded = load_plan(plan_path)
     repo = loaded.resolve(loaded.plan.runtime.repository_dir)
-    before = tree_digest(repo)
+    before, folder = tree_digest(repo), (repo / "alpha-0").stat().st_ino
     data = yaml.safe_load(plan_path.read_text())
     data["models"][0]["placements"][0]["batch"] = 4
     data["models"][1]["placements"][0]["instance"] = "beta-new"
@@ -138,12 +139,31 @@ def test_a_repository_snapshot_puts_back_what_a_new_render_replaced(mlp_cluster)
     onnx = repo / "alpha-0" / "models" / "alpha" / "1" / "model.onnx"
     assert onnx.stat().st_nlink >= 3  # the export, the repository, the snapshot: linked, not copied
     render(edited)
+    (repo / "alpha-0" / "stray.txt").write_text("written by the apply")
     assert tree_digest(repo) != before and (repo / "beta-new").is_dir()
     snapshot.restore()
     assert tree_digest(repo) == before  # alpha-0's old config back, beta-new gone, the snapshot folder too
+    assert (repo / "alpha-0").stat().st_ino == folder  # the same folder, which a container's bind mount follows
 
     snapshot = RepositorySnapshot.take(repo, names)
     render(edited)
+    rendered = tree_digest(repo / "alpha-0")
+    snapshot.restore(keep={"alpha-0"})  # reloaded with the new config before the apply failed: it keeps it
+    assert tree_digest(repo / "alpha-0") == rendered and not (repo / "beta-new").exists()
+
+    said: list[str] = []
+    snapshot = RepositorySnapshot.take(repo, names)
+    render(edited)
+
+    def full_disk(self, keep=()):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RepositorySnapshot, "restore", full_disk)
+    put_back(snapshot, (), said.append)  # says so, and the apply raises its own error after it
+    assert said == [
+        f"WARNING: the model repositories were not put back as they were ([Errno 28] No space left on device); "
+        f"{snapshot.folder} holds them"
+    ]
     snapshot.discard()
     assert not snapshot.folder.exists() and (repo / "beta-new").is_dir()
 

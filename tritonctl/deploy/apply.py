@@ -13,7 +13,7 @@ import ipaddress
 import time
 from collections.abc import Callable, Collection
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -216,6 +216,7 @@ class _Run:
     rendered: dict[str, tuple[Path, Launch]]
     log: Callable[[str], None]
     save: Save
+    reloaded: set[str] = field(default_factory=set)  # the instances reloaded in place by this apply
 
     def discard(self, records: list[InstanceRecord]) -> None:
         """Stop instances this apply started and forget them."""
@@ -301,6 +302,7 @@ class _Run:
                 ) from None
             record.config_hash = self.rendered[step.instance][1].config_hash
             self.save(self.state)
+            self.reloaded.add(step.instance)
             self.log(f"  reloaded {step.instance} in {time.monotonic() - began:.2f} s, no restart")
 
     def move_all(self, steps: list[Step]) -> set[int]:
@@ -407,19 +409,19 @@ def apply_plan(
         steps = _steps(loaded, runtime, state, run.rendered, log)
         if not dry_run and runtime.name != "kubernetes":  # a pod's ports are its own
             _check_ports(loaded, steps, run.rendered, state)
+        changing = any(step.action != "keep" for step in steps)
         snapshot = None
-        if not dry_run:  # checked: now the repositories are written, as they were kept until the new instances serve
+        if not dry_run:  # checked: now the repositories are written, kept as they were until the new instances serve
             claim_repositories(loaded)
-            root = loaded.resolve(loaded.plan.runtime.repository_dir)
-            snapshot = RepositorySnapshot.take(root, [p.instance for _, p in loaded.plan.instances()])
+            if changing:
+                root = loaded.resolve(loaded.plan.runtime.repository_dir)
+                snapshot = RepositorySnapshot.take(root, [p.instance for _, p in loaded.plan.instances()])
             try:
                 render(loaded, write=True)
             except BaseException:
-                snapshot.restore()
+                put_back(snapshot, (), log)
                 raise
-        if all(step.action == "keep" for step in steps):
-            if snapshot:
-                snapshot.discard()
+        if not changing:
             run.route(steps, log=lambda _: None)  # restarts a proxy that died
             return steps
         before = (state.cluster, state.plan, state.runtime)
@@ -441,14 +443,24 @@ def apply_plan(
         except BaseException:  # rolled back: the state and the repositories say what runs, the previous plan
             state.cluster, state.plan, state.runtime = before
             save(state)
-            if snapshot:
-                snapshot.restore()
+            put_back(snapshot, run.reloaded, log)
             raise
         if snapshot:
             snapshot.discard()
         run.route(steps, log, opened, left=run.move_all(steps))
         run.stop_steps(steps)
         return steps
+
+
+def put_back(snapshot: RepositorySnapshot | None, reloaded: Collection[str], log: Callable[[str], None]) -> None:
+    """Put a rolled-back apply's repositories back, but those of the instances it reloaded (they run what it
+    wrote); where that fails, say so, leaving the rollback's own error to be raised."""
+    if snapshot is None:
+        return
+    try:
+        snapshot.restore(keep=reloaded)
+    except OSError as exc:
+        log(f"WARNING: the model repositories were not put back as they were ({exc}); {snapshot.folder} holds them")
 
 
 def exposure(loaded: LoadedPlan) -> str | None:

@@ -9,7 +9,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -156,7 +156,8 @@ def claim_repositories(loaded: LoadedPlan, write: bool = True) -> None:
 class RepositorySnapshot:
     """The instance folders of a repository root as they were before an apply rewrote them, kept as hard links (the
     renderer replaces files, never writes into them), so that a rolled-back apply leaves the repositories of the
-    instances still running as they loaded them."""
+    instances still running as they loaded them. Restoring puts the files back into the same folders, which
+    Compose's bind mounts and Kubernetes' subPath mounts follow."""
 
     root: Path
     names: tuple[str, ...]
@@ -167,23 +168,39 @@ class RepositorySnapshot:
 
     @classmethod
     def take(cls, root: Path, names: Iterable[str]) -> RepositorySnapshot:
-        """Snapshot the folders `names` under `root` (one an interrupted apply left is dropped first)."""
+        """Snapshot the folders `names` under `root` (a snapshot an interrupted apply left is dropped first: the
+        apply after it renders and compares afresh)."""
         snapshot = cls(root, tuple(names))
         shutil.rmtree(snapshot.folder, ignore_errors=True)
+        snapshot.folder.mkdir(parents=True)
         for name in snapshot.names:
             if (root / name).is_dir():
                 shutil.copytree(root / name, snapshot.folder / name, symlinks=True, copy_function=_link_or_copy)
         return snapshot
 
-    def restore(self) -> None:
-        """Put every snapshot folder back; a folder the apply created is removed."""
-        trash = self.folder / ".replaced"
-        trash.mkdir(parents=True, exist_ok=True)
+    def restore(self, keep: Collection[str] = ()) -> None:
+        """Put the snapshot's files back where the apply replaced them, and remove what it added (a folder it
+        created, whole), but for the instances in `keep` (reloaded with what the apply wrote); then forget it."""
         for name in self.names:
-            if (self.root / name).exists():
-                os.rename(self.root / name, trash / name)
-            if (self.folder / name).is_dir():
-                os.rename(self.folder / name, self.root / name)
+            live, kept = self.root / name, self.folder / name
+            if name in keep or not live.exists():
+                continue
+            if not kept.is_dir():
+                shutil.rmtree(live)
+                continue
+            for path in sorted(live.rglob("*"), reverse=True):  # what the apply added, deepest first
+                if (kept / path.relative_to(live)).exists():
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    path.rmdir()
+                else:
+                    path.unlink()
+            for path in sorted(kept.rglob("*")):  # folders before what they hold
+                target = live / path.relative_to(kept)
+                if path.is_dir() and not path.is_symlink():
+                    target.mkdir(exist_ok=True)
+                else:
+                    os.replace(path, target)
         self.discard()
 
     def discard(self) -> None:
