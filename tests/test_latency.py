@@ -25,12 +25,14 @@ from tritonctl.latency.fit import fit_latency_model
 from tritonctl.latency.lwr import LocallyWeightedRegression
 from tritonctl.latency.model import MAX_BATCH, LatencyModel, load_latency_model
 from tritonctl.latency.queueing import (
+    TaskLatency,
     batcher_latency,
     eq2,
     sample_batcher_latencies,
     sample_task_latency,
     task_latency,
     warm_tables,
+    without_queueing,
 )
 from tritonctl.latency.report import repeat_gaps
 from tritonctl.planning.plan import load_plan
@@ -93,6 +95,10 @@ def test_the_dynamic_batcher_is_eq2s_queue_at_batch_one_and_waits_at_most_its_qu
     assert eager.p99_ms < capped.p99_ms < 12.5 + 2 * times[-1] < filled.p99_ms  # the cap: a wait and two batches
     assert sample_batcher_latencies(200.0, times, 12.5).max() <= 12.5 + 2 * times[-1]
     assert not batcher_latency(2000.0, times, 0.0, 25.0)[0].stable  # beyond what full batches serve
+    busy = tuple(1.0 + 0.3 * k for k in range(32))  # 3000 requests/s fill a batch of 32 in about 11 ms
+    assert sample_batcher_latencies(3000.0, busy, 50.0).max() < 30  # the last ones too: none waits out the delay
+    with without_queueing():  # the ablation: a request takes its full batch's time
+        assert batcher_latency(200.0, times, 0.0, 25.0) == (TaskLatency(5.5, 5.5, True), 1.0)
 
 
 def test_task_latency_depends_on_time_only_through_the_load():

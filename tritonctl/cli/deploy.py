@@ -66,7 +66,7 @@ def _clock_note(loaded: LoadedPlan) -> None:
 def _not_the_other_target(out: Path, marker: str, what: str) -> None:
     """Refuse to render into a folder that holds the other target's rendering (its `marker` file)."""
     if (out / marker).exists():
-        raise TritonctlError(f"{out} holds {what} ({marker}): render into another folder", field="-o")
+        raise TritonctlError(f"{out} holds {what} ({marker}): render into another folder (-o)")
 
 
 def cmd_render(args) -> int:

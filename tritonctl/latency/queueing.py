@@ -97,29 +97,40 @@ def sample_batcher_latencies(
     rate: float, t_inf_ms: Sequence[float], delay_ms: float, seed: int = 0, tasks: int = SAMPLE_TASKS
 ) -> np.ndarray:
     """Task latencies (ms) of a seeded Poisson arrival sequence at `rate` through Triton's dynamic batcher: the
-    instance, once free, runs what is queued (at most len(t_inf_ms), the batch) as soon as a whole batch waits or
-    the oldest request has waited `delay_ms`; a batch of k takes t_inf_ms[k - 1]. Eq. 2's batch server is the
-    same with no limit on the wait, which bounds these latencies from above."""
-    arrivals = _unit_arrivals(seed, tasks) * (1000.0 / rate)  # ms
+    instance, once free, runs what is queued (at most len(t_inf_ms), the batch) as soon as a whole batch waits
+    or the oldest request has waited `delay_ms`; a batch of k takes t_inf_ms[k - 1]. With no limit on the wait
+    its batches are those of eq. 2's batch server, whose formula waits the mean time to fill one. The sequence
+    runs a batch beyond the `tasks` it reports, so that the last of them do not wait out the delay for requests
+    that never come."""
     batch, times = len(t_inf_ms), list(t_inf_ms)
+    arrivals = (_unit_arrivals(seed, tasks + batch) * (1000.0 / rate)).tolist()  # ms; Python floats: a loop reads them
     latencies = np.empty(tasks)
     head, free = 0, 0.0
     while head < tasks:
-        full = arrivals[head + batch - 1] if head + batch <= tasks else math.inf
-        start = max(free, min(full, arrivals[head] + delay_ms))
-        taken = min(batch, int(np.searchsorted(arrivals, start, side="right")) - head)
+        start = max(free, min(arrivals[head + batch - 1], arrivals[head] + delay_ms))
+        taken = min(batch, bisect.bisect_right(arrivals, start) - head)
         free = start + times[taken - 1]
-        latencies[head : head + taken] = free - arrivals[head : head + taken]
+        for k in range(head, min(head + taken, tasks)):
+            latencies[k] = free - arrivals[k]
         head += taken
     return latencies
 
 
-@functools.lru_cache(maxsize=1024)
 def batcher_latency(
     rate: float, t_inf_ms: tuple[float, ...], delay_ms: float, slo_ms: float
 ) -> tuple[TaskLatency, float]:
     """Mean and p99 latency, and the share of requests within `slo_ms`, through the dynamic batcher
-    (`sample_batcher_latencies`); not stable where full batches cannot keep up with the rate."""
+    (`sample_batcher_latencies`); not stable where full batches cannot keep up with the rate. Without the
+    queueing model (`without_queueing`), a request takes the full batch's time."""
+    if not _QUEUEING.get():
+        return TaskLatency(t_inf_ms[-1], t_inf_ms[-1], True), float(t_inf_ms[-1] <= slo_ms)
+    return _batcher_latency(rate, t_inf_ms, delay_ms, slo_ms)
+
+
+@functools.lru_cache(maxsize=1024)
+def _batcher_latency(
+    rate: float, t_inf_ms: tuple[float, ...], delay_ms: float, slo_ms: float
+) -> tuple[TaskLatency, float]:
     if rate <= 0:
         return TaskLatency(t_inf_ms[0], t_inf_ms[0], True), float(t_inf_ms[0] <= slo_ms)
     if rate * t_inf_ms[-1] / 1000.0 >= len(t_inf_ms):
@@ -323,7 +334,14 @@ def goodputs(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> tuple[f
     """
     if t_inf_ms > slo_ms:
         return 0.0, 0.0
-    capacity = 1000.0 * batch / t_inf_ms
     served = rate * in_slo(rate, batch, t_inf_ms, slo_ms)
-    rejecting = (1 - OVERLOAD_LOSS) * min(rate, capacity) * min(1.0, (slo_ms - t_inf_ms) / t_inf_ms)
-    return max(served, rejecting), served
+    return max(served, refusing_goodput(rate, batch, t_inf_ms, slo_ms)), served
+
+
+def refusing_goodput(rate: float, batch: int, t_inf_ms: float, slo_ms: float) -> float:
+    """`goodputs`' second estimate: requests per second served within `slo_ms` by an instance that refuses what
+    can no longer make it, running full batches back to back."""
+    if t_inf_ms > slo_ms:
+        return 0.0
+    capacity = 1000.0 * batch / t_inf_ms
+    return (1 - OVERLOAD_LOSS) * min(rate, capacity) * min(1.0, (slo_ms - t_inf_ms) / t_inf_ms)

@@ -6,8 +6,10 @@ at the cluster's rates, a request that can only be late dropped (`simulate --dro
 policy: planning time, models left unserved, placements the latency model predicts to miss their
 SLO, planned capacity (sum of b / t_inf, the objective of InSS problem (1)) and its share of a
 simple upper bound (every device's units spent on the model with the best throughput per unit,
-interference ignored), the goodput the plan predicts and its share of the `optimal` policy's (the
-proven optimum of that goodput over search's layouts, where optimal is among the policies), and from
+interference ignored), the goodput the plan predicts and its share of the `optimal` policy's plan's
+(where optimal is among the policies; optimal proves the optimum of eq. 2's goodput over search's
+layouts, while a plan's predictions run batches larger than one through the dynamic batcher, so the
+share can pass 100%), and from
 the simulator throughput, goodput, SLO violations, drops and devices used. The margins of the best
 of tritonctl's own policies over each baseline are by simulated goodput (requests served within
 their SLO per second).

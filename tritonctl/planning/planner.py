@@ -14,7 +14,7 @@ from tritonctl.export import Artifact, inspect_onnx, materialize, served_as
 from tritonctl.latency.device import cpu_fingerprint, visible_gpu
 from tritonctl.latency.energy import EnergyModel
 from tritonctl.latency.model import MAX_BATCH, LatencyModel
-from tritonctl.latency.queueing import batcher_latency, goodput, task_latency
+from tritonctl.latency.queueing import batcher_latency, goodput, refusing_goodput, task_latency
 from tritonctl.planning.energy import least_energy
 from tritonctl.planning.plan import (
     Device,
@@ -280,13 +280,13 @@ def predict(
                 corunners = tuple((m.name, q.share, q.batch) for m, q in placed if q.device == p.device and q is not p)
                 exec_ms = lm.t_inf(model.name, p.batch, p.share, corunners)
                 throughput = 1000 * p.batch / exec_ms
-                in_slo = goodput(rate, p.batch, exec_ms, model.slo_ms)
                 if p.batch == 1:
                     task = task_latency(rate, p.batch, exec_ms)
+                    in_slo = goodput(rate, p.batch, exec_ms, model.slo_ms)
                 else:  # Triton's batcher runs what waits once the oldest has waited the queue delay: not eq. 2's wait
-                    times = tuple(lm.t_inf(model.name, b, p.share, corunners) for b in range(1, p.batch + 1))
+                    times = tuple(lm.t_infs(model.name, p.share, corunners)[: p.batch].tolist())
                     task, within = batcher_latency(rate, times, p.queue_delay_us / 1000, model.slo_ms)
-                    in_slo = rate * within if task.stable else in_slo  # beyond capacity: what refusing keeps
+                    in_slo = max(rate * within, refusing_goodput(rate, p.batch, exec_ms, model.slo_ms))
                 latency = task.p99_ms if task.stable else None
             placements.append(
                 p.model_copy(
@@ -863,8 +863,8 @@ def fewest_devices(
 ) -> Plan:
     """The plan of `policy` (batching as `batching`) on the fewest of the cluster's devices that serves every model
     within its SLO at its rate, as predicted (how many GPUs do these models need?): device sets tried from the
-    smallest (`device_sets`), what the plan kept says (its warnings) said. Where not even all of them do, the error
-    says why for all of them."""
+    smallest (`device_sets`), only the kept plan's warnings printed. Where not even all of them do, the error says
+    why for all of them."""
     *smaller, every = device_sets(cluster)
     plan = None
     for only in smaller:
