@@ -13,6 +13,7 @@ from tritonctl.latency.dataset import WakePoint
 from tritonctl.latency.model import load_latency_model
 from tritonctl.latency.queueing import in_slo, task_latency, without_queueing
 from tritonctl.planning.compare import run_policies
+from tritonctl.planning.plan import load_plan
 from tritonctl.planning.policies import POLICIES
 from tritonctl.spec import load_cluster
 
@@ -77,6 +78,21 @@ def test_bench_exits_1_where_no_policy_plans_and_counts_nothing_late_where_nothi
     (search,) = [line.split("|") for line in out.splitlines() if line.startswith("| search ")]
     assert [cell.strip() for cell in search[11:13]] == ["0.00%", "0.00%"]  # no request arrived: none late or dropped
     assert "- search: \n" not in out + "\n"  # a margin line only where there is something to compare with
+
+
+def test_bench_plans_every_policy_with_the_batching_asked_for(tmp_path, capsys):
+    synthetic_dataset(tmp_path / "profile")
+    assert main(["fit", str(tmp_path / "profile")]) == 0
+    make_mlp(tmp_path / "mlp.onnx")
+    cluster = write_cluster(tmp_path, [mlp_model("alpha", rate=150, slo_ms=150), mlp_model("beta", rate=40)])
+    lm = str(tmp_path / "profile" / "latency-model.json")
+    argv = ["bench", str(cluster), "--latency-model", lm, "--policies", "search", "bda", "--duration", "5"]
+    assert main([*argv, "--batching", "eager", "-o", str(tmp_path / "eager")]) == 0
+    assert {load_plan(tmp_path / "eager" / f"plan-{p}.yaml").plan.batching for p in ("search", "bda")} == {"eager"}
+    assert "Planned with `--batching eager`" in (tmp_path / "eager" / "bench.md").read_text()
+    capsys.readouterr()
+    assert main([*argv, "--batching", "eager", "--ablate", "-o", str(tmp_path / "ablate")]) == 2
+    assert "--ablate plans with fill batching" in capsys.readouterr().err
 
 
 def test_a_latency_margin_plans_for_slower_batches_and_the_simulator_runs_the_exact_model(tmp_path):

@@ -450,8 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "bench",
         "planning.cmd_bench",
-        "plan a cluster with several policies (batches filling up to their queue delay, as `plan --batching fill`) "
-        "and simulate each plan side by side, a request that can only be late dropped (exit 1: no policy planned)",
+        "plan a cluster with several policies and simulate each plan side by side, a request that can only be late "
+        "dropped (exit 1: no policy planned)",
     )
     add_format(p)
     p.add_argument("cluster", help="cluster.yaml")
@@ -475,6 +475,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy-file", help="inss: the trained policy (default: rl/policies/<cluster name>.pt)")
     add_margin(p)
+    p.add_argument(
+        "--batching",
+        choices=["fill", "prompt", "eager"],
+        default="fill",
+        help="how every policy's plan sizes its batches, as `plan --batching` (default fill, on a GPU too, so that "
+        "the policies compare on InSS's batching; the energy objective's row plans with fill)",
+    )
     p.add_argument(
         "--ablate",
         action="store_true",

@@ -258,6 +258,8 @@ def cmd_bench(args) -> int:
         raise TritonctlError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
     out = Path(args.output) if args.output else cluster.path.parent / "bench"
     policy_file = Path(args.policy_file) if args.policy_file else default_policy_file(cluster.spec.name)
+    if args.ablate and args.batching != "fill":
+        raise TritonctlError("--ablate plans with fill batching: leave --batching out", field="--batching")
     if args.ablate:
         rows = run_ablations(cluster, artifacts, lm, out, args.duration)
         path = write_ablation(rows, cluster, args.duration, out)
@@ -275,9 +277,9 @@ def cmd_bench(args) -> int:
     energy = load_energy_model(args.energy_model) if args.energy_model else None
     rows = run_policies(
         cluster, artifacts, lm, policies, out, args.duration, policy_file=policy_file, margin=args.latency_margin,
-        energy=energy, log=say,
+        energy=energy, log=say, batching=args.batching,
     )  # fmt: skip
-    write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin)
+    write_bench(rows, upper_bound_rps(cluster, lm), cluster, args.duration, out, args.latency_margin, args.batching)
     if output.JSON:
         emit({"output": str(out), "rows": [dataclasses.asdict(row) for row in rows]})
     else:

@@ -1,18 +1,17 @@
 """`tritonctl bench`: several policies on one cluster and workload, judged the same way.
 
 Each policy plans the cluster with batches that fill up to their queue delay (`plan --batching
-fill`, on a GPU too; timed once the one-time queueing tables are built), and its plan is simulated
-at the cluster's rates, a request that can only be late dropped (`simulate --drop`). Reported per
-policy: planning time, models left unserved, placements the latency model predicts to miss their
-SLO, planned capacity (sum of b / t_inf, the objective of InSS problem (1)) and its share of a
-simple upper bound (every device's units spent on the model with the best throughput per unit,
-interference ignored), the goodput the plan predicts and its share of the `optimal` policy's plan's
-(where optimal is among the policies; optimal proves the optimum of eq. 2's goodput over search's
-layouts, while a plan's predictions run batches larger than one through the dynamic batcher, so the
-share can pass 100%), and from
-the simulator throughput, goodput, SLO violations, drops and devices used. The margins of the best
-of tritonctl's own policies over each baseline are by simulated goodput (requests served within
-their SLO per second).
+fill`, on a GPU too, unless `--batching` says otherwise; timed once the one-time queueing tables are
+built), and its plan is simulated at the cluster's rates, a request that can only be late dropped
+(`simulate --drop`). Reported per policy: planning time, models left unserved, placements the
+latency model predicts to miss their SLO, planned capacity (sum of b / t_inf, the objective of InSS
+problem (1)) and its share of a simple upper bound (every device's units spent on the model with the
+best throughput per unit, interference ignored), the goodput the plan predicts and its share of the
+`optimal` policy's plan's (where optimal is among the policies; optimal proves the optimum of eq.
+2's goodput over search's layouts, while a plan's predictions run batches larger than one through
+the dynamic batcher, so the share can pass 100%), and from the simulator throughput, goodput, SLO
+violations, drops and devices used. The margins of the best of tritonctl's own policies over each
+baseline are by simulated goodput (requests served within their SLO per second).
 """
 
 from __future__ import annotations
@@ -85,9 +84,10 @@ def run_policies(
     margin: float = 0.0,
     energy: EnergyModel | None = None,
     log: Callable[[str], None] = lambda _: None,
+    batching: str = "fill",
 ) -> list[BenchRow]:
-    """Plan with every policy (against `lm` with a latency margin, when one is given; plans saved in
-    `out_dir`) and simulate each plan on `lm` itself at the cluster's rates, saying which policy is at work
+    """Plan with every policy (against `lm` with a latency margin, when one is given; batches as `batching`; plans
+    saved in `out_dir`) and simulate each plan on `lm` itself at the cluster's rates, saying which policy is at work
     (`log`). With an `energy` model, each row says its joules per request too, and one more row is search's
     placement under the energy objective (simulated at its clock)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -111,6 +111,7 @@ def run_policies(
                 drop,
                 policy_file,
                 energy,
+                batching,
             )  # fmt: skip
         )
     if energy is not None:
@@ -161,11 +162,12 @@ def _bench_row(
     drop: bool,
     policy_file: Path | None = None,
     energy: EnergyModel | None = None,
+    batching: str = "fill",
 ) -> BenchRow:
     """One plan made by `policy` with `planning_lm` (saved in `out_dir`), simulated on `lm`; with an `energy`
     model, its joules per request too."""
     plan_path = _plan_path(out_dir, label)
-    planned = _plan(label, policy, cluster, artifacts, planning_lm, plan_path, policy_file)
+    planned = _plan(label, policy, cluster, artifacts, planning_lm, plan_path, policy_file, batching=batching)
     return _simulated(planned, cluster, lm, bound, duration_s, drop, energy)
 
 
@@ -182,13 +184,14 @@ def _plan(
     plan_path: Path,
     policy_file: Path | None = None,
     energy: EnergyModel | None = None,
+    batching: str = "fill",
 ) -> tuple[str, Plan | str, float]:
     """(label, the plan or why there is none, planning time in ms); the plan saved at `plan_path`."""
     try:
         started = time.perf_counter()
         plan = make_plan(
             cluster, artifacts, policy, plan_path, planning_lm, log=lambda _: None, policy_file=policy_file,
-            energy=energy,
+            energy=energy, batching=batching,
         )  # fmt: skip
     except TritonctlError as exc:
         return label, exc.message.splitlines()[0], 0.0
@@ -319,7 +322,13 @@ def write_ablation(rows: list[BenchRow], cluster: Cluster, duration_s: float, ou
 
 
 def write_bench(
-    rows: list[BenchRow], bound: float, cluster: Cluster, duration_s: float, out_dir: Path, margin: float
+    rows: list[BenchRow],
+    bound: float,
+    cluster: Cluster,
+    duration_s: float,
+    out_dir: Path,
+    margin: float,
+    batching: str = "fill",
 ) -> None:
     """The table and plot of `run_policies`'s rows in `out_dir` (bench.md, bench.png)."""
     planned = (
@@ -328,8 +337,8 @@ def write_bench(
         else ""
     )
     text = (
-        f"# Policies on {cluster.spec.name}\n\n{planned}Planned with `--batching fill`; simulated {duration_s:g} s at "
-        "the cluster's rates, requests that can only be late dropped; upper bound "
+        f"# Policies on {cluster.spec.name}\n\n{planned}Planned with `--batching {batching}`; simulated "
+        f"{duration_s:g} s at the cluster's rates, requests that can only be late dropped; upper bound "
         f"{bound:.1f} req/s.\n\n{format_rows(rows)}\n\n{margins(rows)}\n\n![bench](bench.png)\n"
     )
     (out_dir / "bench.md").write_text(text)
