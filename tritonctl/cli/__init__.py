@@ -25,6 +25,7 @@ from tritonctl.planning.policies import POLICIES
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_SIMULATED_S = 3600.0  # a simulation draws all its arrivals at once: its length bounds their memory
 MAX_RATE_SCALE = 100.0
+BATCHING = ("fill", "prompt", "eager")  # how a plan sizes its batches (`plan --batching`)
 
 DEMO_CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "cluster.yaml"  # in a checkout
 
@@ -257,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--energy-model", help="energy: batch time and energy per image over batch x clock (fit-energy)")
     p.add_argument(
         "--batching",
-        choices=["fill", "prompt", "eager"],
+        choices=BATCHING,
         help="fill: each instance serves the largest batch that meets its SLO (InSS's BDA), Triton's queue delay "
         "filling it: the most requests a share serves, each waiting up to the SLO's slack; prompt: the "
         "batch of least predicted p99 that still meets the SLO at 1.5x the rate: answers sooner, less headroom; "
@@ -477,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_margin(p)
     p.add_argument(
         "--batching",
-        choices=["fill", "prompt", "eager"],
+        choices=BATCHING,
         default="fill",
         help="how every policy's plan sizes its batches, as `plan --batching` (default fill, on a GPU too, so that "
         "the policies compare on InSS's batching; the energy objective's row plans with fill)",

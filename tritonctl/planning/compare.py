@@ -97,23 +97,9 @@ def run_policies(
     rows = []
     for policy in policies:
         log(f"  {policy}: planning, then simulating {duration_s:g} s ...")
-        rows.append(
-            _bench_row(
-                policy,
-                policy,
-                cluster,
-                artifacts,
-                planning_lm,
-                lm,
-                out_dir,
-                bound,
-                duration_s,
-                drop,
-                policy_file,
-                energy,
-                batching,
-            )  # fmt: skip
-        )
+        row = _bench_row(policy, policy, cluster, artifacts, planning_lm, lm, out_dir, bound, duration_s, drop,
+                         policy_file, energy, batching)  # fmt: skip
+        rows.append(row)
     if energy is not None:
         label = "search, energy objective"
         planned = _plan(label, "search", cluster, artifacts, planning_lm, _plan_path(out_dir, label), energy=energy)
