@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -27,6 +28,7 @@ from tritonctl.deploy.local import (
     LocalRuntime,
     haproxy_binary,
     haproxy_version,
+    port_holder,
     process_alive,
 )
 from tritonctl.deploy.proxy import (
@@ -301,6 +303,27 @@ def test_haproxy_runs_in_a_cgroup_of_the_largest_weight_removed_by_down(tmp_path
     finally:
         assert main(["down", str(plan)]) == 0
     assert not group.exists()
+
+
+def test_the_holder_of_a_port_is_the_process_whose_address_a_bind_would_collide_with():
+    here = socket.socket()
+    here.bind(("127.0.0.3", 0))
+    here.listen()
+    port = here.getsockname()[1]
+    code = (
+        f"import socket, time; s = socket.socket(); s.bind(('127.0.0.2', {port})); s.listen(); print(1, flush=True); "
+        "time.sleep(30)"
+    )
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        other.stdout.readline()  # listening
+        assert port_holder(port, "127.0.0.3").pid == os.getpid()  # not the other listener on the same port
+        assert port_holder(port, "127.0.0.2").pid == other.pid
+        assert port_holder(port, "127.0.0.4") is None
+        assert port_holder(port, "0.0.0.0") is not None and port_holder(port) is not None
+    finally:
+        other.kill()
+        here.close()
 
 
 def test_a_model_port_taken_by_another_program_is_refused_before_anything_starts(tmp_path, capsys):

@@ -143,7 +143,7 @@ def _check_ports(loaded: LoadedPlan, steps: list[Step], rendered: dict[str, tupl
             continue
         if port_is_free(host, port):
             continue
-        holder = port_holder(port)
+        holder = port_holder(port, host)
         if holder is not None and holder.state_dir == loaded.state_dir.resolve():
             continue
         raise TritonctlError(

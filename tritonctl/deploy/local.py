@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import ipaddress
 import json
 import os
 import secrets
@@ -108,16 +109,36 @@ class Listener:
         return f"{self.name} (pid {self.pid}){ours}"
 
 
-def port_holder(port: int) -> Listener | None:
-    """Which process listens on the TCP port (from /proc: Linux, and the processes this user may see); None where
-    none is found."""
+def _listening_address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A /proc/net/tcp{,6} local address (its host part: 32-bit words in the host's byte order) as an address."""
+    words = b"".join(bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, len(hex_address), 8))
+    return ipaddress.ip_address(words)
+
+
+def _in_the_way(listening: ipaddress.IPv4Address | ipaddress.IPv6Address, host: str | None) -> bool:
+    """Whether a socket listening on `listening` keeps a bind to `host` (None: any address) from its port."""
+    try:
+        wanted = ipaddress.ip_address(host) if host is not None else None
+    except ValueError:  # a host name: as any address
+        wanted = None
+    if wanted is None or listening.is_unspecified:
+        return True
+    if isinstance(listening, ipaddress.IPv6Address) and listening.ipv4_mapped is not None:
+        listening = listening.ipv4_mapped
+    return wanted.is_unspecified or listening == wanted
+
+
+def port_holder(port: int, host: str | None = None) -> Listener | None:
+    """Which process listens on the TCP port where a bind to `host` would collide with it (any address where None;
+    from /proc: Linux, and the processes this user may see); None where none is found."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for row in Path(table).read_text().splitlines()[1:]:
                 fields = row.split()
-                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: listening
-                    inodes.add(f"socket:[{fields[9]}]")
+                address, hex_port = fields[1].rsplit(":", 1)
+                if fields[3] == "0A" and int(hex_port, 16) == port and _in_the_way(_listening_address(address), host):
+                    inodes.add(f"socket:[{fields[9]}]")  # 0A: listening
     for proc in Path("/proc").iterdir() if inodes else ():
         if not proc.name.isdigit():
             continue
